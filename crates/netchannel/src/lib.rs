@@ -1,0 +1,34 @@
+//! NetChannel in user space: virtual sockets with stream semantics, multiplexed over many kernel
+//! TCP connections ("channels") by an engine embedded in the application process.
+//!
+//! Layers (see docs/ARCHITECTURE.md):
+//! - [`wire`]: handshake and frame codec (pure).
+//! - [`vns`]: virtual sockets: ordering, credit, the application API.
+//! - [`scheduler`]: which channel carries each chunk.
+//! - [`driver`]: channels (the queues of a multi-queue "device") and the TCP transport.
+//! - [`engine`]: threads and execution model.
+//!
+//! ```no_run
+//! use netchannel::{Config, Engine};
+//! let server = Engine::new(Config::default())?;
+//! let listener = server.listen(80)?;
+//! let client = Engine::new(Config::default())?;
+//! let sock = client.connect(server.local_addr(), 80)?;
+//! sock.send(b"hello")?;
+//! let peer = listener.accept()?;
+//! let mut buf = [0u8; 5];
+//! peer.recv(&mut buf)?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+pub mod driver;
+pub mod engine;
+pub mod scheduler;
+mod sys;
+pub mod vns;
+pub mod wire;
+
+pub use engine::{Config, Engine, EngineStats, PeerChannelStats};
+pub use scheduler::Policy;
+pub use vns::socket::{Listener, SocketStats, VSocket};
+pub use wire::Class;

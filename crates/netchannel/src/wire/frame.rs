@@ -1,0 +1,374 @@
+//! Frames inside a channel's byte stream, after the handshake.
+//!
+//! Every frame starts with an 8-byte common header, followed by a type-specific part (big-endian):
+//!
+//! ```text
+//! common   type u8 | flags u8 (0) | reserved u16 (0) | stream u32
+//! DATA   1 offset u64 | length u32 | payload[length]        20 + length
+//! SYN    2 port u16 | class u8 | reserved u8 (0) | window u32   16
+//! SYNACK 3 source stream u32 | window u32                    16
+//! RST    4 reason u8 | reserved [u8; 3] (0)                  12
+//! FIN    5 final offset u64                                  16
+//! CREDIT 6 consumed u64 | window u32                         20
+//! ```
+//!
+//! `stream` is the *receiver's* stream id for every type but SYN, where it is the sender's own id
+//! (the receiver has none yet). The decoder never panics and never reads past the slice: every
+//! length is checked before a field is read, and every field is validated.
+
+use super::{Class, WireError};
+
+pub const COMMON_LEN: usize = 8;
+pub const DATA_HEADER_LEN: usize = 20;
+/// Largest DATA payload a peer may send.
+pub const MAX_PAYLOAD: usize = 256 * 1024;
+/// Largest window a SYN, SYN_ACK or CREDIT may grant (1 GiB), so offsets cannot be pushed toward
+/// overflow by a single frame.
+pub const MAX_WINDOW: u32 = 1 << 30;
+/// Longest encoded control frame (anything but DATA).
+pub const MAX_CONTROL_LEN: usize = 20;
+
+const T_DATA: u8 = 1;
+const T_SYN: u8 = 2;
+const T_SYN_ACK: u8 = 3;
+const T_RST: u8 = 4;
+const T_FIN: u8 = 5;
+const T_CREDIT: u8 = 6;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RstReason {
+    /// No listener on the requested port.
+    NoListener,
+    /// A listener exists but refused the stream (backlog full, stream limit).
+    Refused,
+    /// The stream was aborted (closed with unread data, channel lost, peer gone).
+    Aborted,
+    /// A reason code this version does not know; treated as `Aborted`.
+    Unknown(u8),
+}
+
+impl RstReason {
+    fn code(self) -> u8 {
+        match self {
+            RstReason::NoListener => 1,
+            RstReason::Refused => 2,
+            RstReason::Aborted => 3,
+            RstReason::Unknown(n) => n,
+        }
+    }
+    fn from_code(n: u8) -> Self {
+        match n {
+            1 => RstReason::NoListener,
+            2 => RstReason::Refused,
+            3 => RstReason::Aborted,
+            n => RstReason::Unknown(n),
+        }
+    }
+}
+
+/// A decoded frame borrowing its payload from the input buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame<'a> {
+    Data { stream: u32, offset: u64, payload: &'a [u8] },
+    Syn { src: u32, port: u16, class: Class, window: u32 },
+    SynAck { dst: u32, src: u32, window: u32 },
+    Rst { dst: u32, reason: RstReason },
+    Fin { dst: u32, final_offset: u64 },
+    Credit { dst: u32, consumed: u64, window: u32 },
+}
+
+/// What [`decode`] found at the front of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoded<'a> {
+    /// A whole frame that occupies the first `len` bytes.
+    Frame(Frame<'a>, usize),
+    /// A valid DATA header whose payload is not all there yet. Lets a reader place the rest of
+    /// the payload straight into its own buffer instead of staging it.
+    PartialData { stream: u32, offset: u64, len: usize },
+    /// Not enough bytes to decide; at least `needed` bytes in total are required.
+    Incomplete { needed: usize },
+}
+
+impl Frame<'_> {
+    /// Bytes this frame occupies on the wire, payload included.
+    pub fn wire_len(&self) -> usize {
+        match self {
+            Frame::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
+            Frame::Syn { .. } | Frame::SynAck { .. } | Frame::Fin { .. } => 16,
+            Frame::Rst { .. } => 12,
+            Frame::Credit { .. } => 20,
+        }
+    }
+
+    /// Writes the header (for DATA: without the payload) into `out` and returns its length.
+    /// `out` must hold at least [`MAX_CONTROL_LEN`] bytes.
+    pub fn encode_header(&self, out: &mut [u8]) -> usize {
+        let (ty, stream) = match *self {
+            Frame::Data { stream, .. } => (T_DATA, stream),
+            Frame::Syn { src, .. } => (T_SYN, src),
+            Frame::SynAck { dst, .. } => (T_SYN_ACK, dst),
+            Frame::Rst { dst, .. } => (T_RST, dst),
+            Frame::Fin { dst, .. } => (T_FIN, dst),
+            Frame::Credit { dst, .. } => (T_CREDIT, dst),
+        };
+        out[..COMMON_LEN].fill(0);
+        out[0] = ty;
+        out[4..8].copy_from_slice(&stream.to_be_bytes());
+        let rest = &mut out[COMMON_LEN..];
+        match *self {
+            Frame::Data { offset, payload, .. } => {
+                rest[0..8].copy_from_slice(&offset.to_be_bytes());
+                rest[8..12].copy_from_slice(&(payload.len() as u32).to_be_bytes());
+                DATA_HEADER_LEN
+            }
+            Frame::Syn { port, class, window, .. } => {
+                rest[0..2].copy_from_slice(&port.to_be_bytes());
+                rest[2] = class.code();
+                rest[3] = 0;
+                rest[4..8].copy_from_slice(&window.to_be_bytes());
+                16
+            }
+            Frame::SynAck { src, window, .. } => {
+                rest[0..4].copy_from_slice(&src.to_be_bytes());
+                rest[4..8].copy_from_slice(&window.to_be_bytes());
+                16
+            }
+            Frame::Rst { reason, .. } => {
+                rest[0] = reason.code();
+                rest[1..4].fill(0);
+                12
+            }
+            Frame::Fin { final_offset, .. } => {
+                rest[0..8].copy_from_slice(&final_offset.to_be_bytes());
+                16
+            }
+            Frame::Credit { consumed, window, .. } => {
+                rest[0..8].copy_from_slice(&consumed.to_be_bytes());
+                rest[8..12].copy_from_slice(&window.to_be_bytes());
+                20
+            }
+        }
+    }
+
+    /// Appends the whole frame, payload included, to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut header = [0u8; MAX_CONTROL_LEN];
+        let n = self.encode_header(&mut header);
+        out.extend_from_slice(&header[..n]);
+        if let Frame::Data { payload, .. } = self {
+            out.extend_from_slice(payload);
+        }
+    }
+}
+
+fn be_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+fn be_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn be_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+fn check_window(window: u32) -> Result<u32, WireError> {
+    if window > MAX_WINDOW {
+        return Err(WireError::BadField { field: "window", value: window as u64 });
+    }
+    Ok(window)
+}
+
+/// Decodes the frame at the front of `buf`.
+pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
+    if buf.len() < COMMON_LEN {
+        return Ok(Decoded::Incomplete { needed: COMMON_LEN });
+    }
+    let ty = buf[0];
+    let fixed = match ty {
+        T_DATA | T_CREDIT => 20,
+        T_SYN | T_SYN_ACK | T_FIN => 16,
+        T_RST => 12,
+        t => return Err(WireError::UnknownType(t)),
+    };
+    if buf[1] != 0 {
+        return Err(WireError::BadField { field: "flags", value: buf[1] as u64 });
+    }
+    if buf[2] != 0 || buf[3] != 0 {
+        return Err(WireError::BadField { field: "reserved", value: be_u16(buf, 2) as u64 });
+    }
+    if buf.len() < fixed {
+        return Ok(Decoded::Incomplete { needed: fixed });
+    }
+    let stream = be_u32(buf, 4);
+    let r = COMMON_LEN;
+    let frame = match ty {
+        T_DATA => {
+            let offset = be_u64(buf, r);
+            let len = be_u32(buf, r + 8) as usize;
+            if len == 0 || len > MAX_PAYLOAD {
+                return Err(WireError::BadField { field: "payload length", value: len as u64 });
+            }
+            if offset.checked_add(len as u64).is_none() {
+                return Err(WireError::BadField { field: "offset", value: offset });
+            }
+            let total = DATA_HEADER_LEN + len;
+            if buf.len() < total {
+                return Ok(Decoded::PartialData { stream, offset, len });
+            }
+            return Ok(Decoded::Frame(
+                Frame::Data { stream, offset, payload: &buf[DATA_HEADER_LEN..total] },
+                total,
+            ));
+        }
+        T_SYN => {
+            let class = Class::from_code(buf[r + 2])
+                .ok_or(WireError::BadField { field: "class", value: buf[r + 2] as u64 })?;
+            if buf[r + 3] != 0 {
+                return Err(WireError::BadField { field: "reserved", value: buf[r + 3] as u64 });
+            }
+            Frame::Syn {
+                src: stream,
+                port: be_u16(buf, r),
+                class,
+                window: check_window(be_u32(buf, r + 4))?,
+            }
+        }
+        T_SYN_ACK => Frame::SynAck {
+            dst: stream,
+            src: be_u32(buf, r),
+            window: check_window(be_u32(buf, r + 4))?,
+        },
+        T_RST => {
+            if buf[r + 1..r + 4] != [0; 3] {
+                return Err(WireError::BadField { field: "reserved", value: 0 });
+            }
+            Frame::Rst { dst: stream, reason: RstReason::from_code(buf[r]) }
+        }
+        T_FIN => Frame::Fin { dst: stream, final_offset: be_u64(buf, r) },
+        T_CREDIT => {
+            let consumed = be_u64(buf, r);
+            let window = check_window(be_u32(buf, r + 8))?;
+            if consumed.checked_add(window as u64).is_none() {
+                return Err(WireError::BadField { field: "consumed", value: consumed });
+            }
+            Frame::Credit { dst: stream, consumed, window }
+        }
+        _ => unreachable!("type checked above"),
+    };
+    Ok(Decoded::Frame(frame, fixed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_frame() -> impl Strategy<Value = (u8, u32, u64, u32, u16, bool, Vec<u8>)> {
+        (
+            0u8..6,
+            any::<u32>(),
+            0u64..u64::MAX / 2,
+            0u32..=MAX_WINDOW,
+            any::<u16>(),
+            any::<bool>(),
+            proptest::collection::vec(any::<u8>(), 1..2048),
+        )
+    }
+
+    fn build(spec: &(u8, u32, u64, u32, u16, bool, Vec<u8>)) -> Frame<'_> {
+        let (ty, s, off, win, port, lat, payload) = spec;
+        let class = if *lat { Class::Latency } else { Class::Throughput };
+        match ty {
+            0 => Frame::Data { stream: *s, offset: *off, payload },
+            1 => Frame::Syn { src: *s, port: *port, class, window: *win },
+            2 => Frame::SynAck { dst: *s, src: off.wrapping_mul(3) as u32, window: *win },
+            3 => Frame::Rst { dst: *s, reason: RstReason::from_code((*port % 4) as u8) },
+            4 => Frame::Fin { dst: *s, final_offset: *off },
+            _ => Frame::Credit { dst: *s, consumed: *off, window: *win },
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(specs in proptest::collection::vec(arb_frame(), 1..8)) {
+            let frames: Vec<Frame<'_>> = specs.iter().map(build).collect();
+            let mut buf = Vec::new();
+            for f in &frames { f.encode(&mut buf); }
+            let mut at = 0;
+            for f in &frames {
+                match decode(&buf[at..]).unwrap() {
+                    Decoded::Frame(got, n) => {
+                        prop_assert_eq!(&got, f);
+                        prop_assert_eq!(n, f.wire_len());
+                        at += n;
+                    }
+                    other => prop_assert!(false, "unexpected {:?}", other),
+                }
+            }
+            prop_assert_eq!(at, buf.len());
+        }
+
+        #[test]
+        fn every_prefix_is_incomplete_never_wrong(spec in arb_frame()) {
+            let f = build(&spec);
+            let mut buf = Vec::new();
+            f.encode(&mut buf);
+            for cut in 0..buf.len() {
+                match decode(&buf[..cut]).unwrap() {
+                    Decoded::Incomplete { needed } => prop_assert!(needed > cut),
+                    Decoded::PartialData { len, .. } => prop_assert!(DATA_HEADER_LEN + len > cut),
+                    Decoded::Frame(..) => prop_assert!(false, "frame from a prefix"),
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut rest: &[u8] = &bytes;
+            // Walk the buffer as a channel reader would, until an error or a short frame.
+            while let Ok(Decoded::Frame(f, n)) = decode(rest) {
+                prop_assert_eq!(n, f.wire_len());
+                prop_assert!(n <= rest.len());
+                rest = &rest[n..];
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_fields_are_errors() {
+        let mut b = Vec::new();
+        Frame::Data { stream: 1, offset: 0, payload: &[1, 2, 3] }.encode(&mut b);
+        let mut bad = b.clone();
+        bad[0] = 99;
+        assert_eq!(decode(&bad), Err(WireError::UnknownType(99)));
+        let mut bad = b.clone();
+        bad[1] = 1;
+        assert!(matches!(decode(&bad), Err(WireError::BadField { field: "flags", .. })));
+        let mut bad = b.clone();
+        bad[16..20].copy_from_slice(&((MAX_PAYLOAD as u32) + 1).to_be_bytes());
+        assert!(matches!(decode(&bad), Err(WireError::BadField { .. })));
+        let mut bad = b.clone();
+        bad[16..20].copy_from_slice(&0u32.to_be_bytes());
+        assert!(matches!(decode(&bad), Err(WireError::BadField { .. })));
+        let mut bad = b;
+        bad[8..16].copy_from_slice(&(u64::MAX - 1).to_be_bytes());
+        assert!(matches!(decode(&bad), Err(WireError::BadField { field: "offset", .. })));
+        let mut c = Vec::new();
+        Frame::Credit { dst: 1, consumed: 0, window: 5 }.encode(&mut c);
+        c[16..20].copy_from_slice(&(MAX_WINDOW + 1).to_be_bytes());
+        assert!(matches!(decode(&c), Err(WireError::BadField { field: "window", .. })));
+    }
+
+    #[test]
+    fn partial_data_reports_header() {
+        let payload = vec![7u8; 1000];
+        let mut b = Vec::new();
+        Frame::Data { stream: 9, offset: 77, payload: &payload }.encode(&mut b);
+        assert_eq!(
+            decode(&b[..DATA_HEADER_LEN + 10]).unwrap(),
+            Decoded::PartialData { stream: 9, offset: 77, len: 1000 }
+        );
+    }
+}
