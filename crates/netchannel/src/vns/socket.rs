@@ -629,3 +629,19 @@ impl Drop for Listener {
         }
     }
 }
+
+impl std::fmt::Debug for VSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VSocket")
+            .field("id", &self.stream.id)
+            .field("port", &self.stream.port)
+            .field("peer", &self.stream.session.peer_addr)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("port", &self.port).finish()
+    }
+}

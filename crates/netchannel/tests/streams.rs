@@ -1,0 +1,302 @@
+//! Stream semantics between two engines, over loopback and across two network namespaces.
+
+mod common;
+
+use std::io::ErrorKind;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use netchannel::{Class, Policy};
+
+both_testbeds!(
+    one_gib_striped_over_four_channels,
+    ten_thousand_concurrent_sockets,
+    half_close,
+    close_with_unread_data_resets_peer,
+    fin_overtaking_data_never_truncates,
+    sticky_policy_keeps_a_stream_on_one_channel,
+    latency_class_never_touches_throughput_channels,
+    nonblocking_with_epoll_readiness,
+);
+
+fn one_gib_striped_over_four_channels(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| {
+        c.channels = 4;
+        c.policy = Policy::RoundRobin;
+    });
+    let l = b.listen(1).unwrap();
+    let s = a.connect(b.local_addr(), 1).unwrap();
+    let p = l.accept().unwrap();
+    const LEN: u64 = 1 << 30;
+    let sender = std::thread::spawn(move || {
+        send_pattern(&s, 7, LEN, 1 << 20);
+        s.shutdown().unwrap();
+        s
+    });
+    assert_eq!(recv_pattern(&p, 7, 1 << 20), LEN);
+    let s = sender.join().unwrap();
+    let stats = a.stats();
+    let striped: Vec<u64> = stats
+        .channels
+        .iter()
+        .filter(|c| c.channel.class == Class::Throughput)
+        .map(|c| c.channel.tx_bytes)
+        .collect();
+    assert_eq!(striped.len(), 4, "{striped:?}");
+    for bytes in &striped {
+        assert!(*bytes > LEN / 16, "round-robin should use every channel: {striped:?}");
+    }
+    assert_eq!(s.stats().bytes_sent, LEN);
+    assert_eq!(stats.protocol_errors, 0);
+}
+
+fn ten_thousand_concurrent_sockets(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    const N: usize = 10_000;
+    const THREADS: usize = 4;
+    let l = b.listen(2).unwrap();
+    let addr = b.local_addr();
+    let size = |i: usize, salt: u64| 1 + Rng(i as u64 * 7919 + salt).below(16 * 1024) as usize;
+
+    // Server: accept all N first, so every socket is open at once, then serve them.
+    let server = std::thread::spawn(move || {
+        let socks: Vec<_> = (0..N).map(|_| l.accept().unwrap()).collect();
+        let socks = Arc::new(socks);
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let socks = socks.clone();
+                std::thread::spawn(move || {
+                    for s in socks.iter().skip(t).step_by(THREADS) {
+                        let mut msg = Vec::new();
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            let n = s.recv(&mut buf).unwrap();
+                            if n == 0 {
+                                break;
+                            }
+                            msg.extend_from_slice(&buf[..n]);
+                        }
+                        let i = u32::from_be_bytes(msg[..4].try_into().unwrap()) as usize;
+                        assert_eq!(msg.len() - 4, size(i, 1), "socket {i}: request length");
+                        let mut expect = vec![0u8; msg.len() - 4];
+                        pattern(i as u64, 0, &mut expect);
+                        assert!(msg[4..] == expect[..], "socket {i}: request bytes");
+                        let mut reply = vec![0u8; size(i, 2)];
+                        pattern(!(i as u64), 0, &mut reply);
+                        s.send(&reply).unwrap();
+                        s.shutdown().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        socks
+    });
+
+    let socks: Vec<_> = (0..N).map(|_| a.connect(addr, 2).unwrap()).collect();
+    assert!(a.stats().open_sockets >= N);
+    for (i, s) in socks.iter().enumerate() {
+        let mut msg = (i as u32).to_be_bytes().to_vec();
+        let mut body = vec![0u8; size(i, 1)];
+        pattern(i as u64, 0, &mut body);
+        msg.extend_from_slice(&body);
+        s.send(&msg).unwrap();
+        s.shutdown().unwrap();
+    }
+    for (i, s) in socks.iter().enumerate() {
+        assert_eq!(recv_pattern(s, !(i as u64), 8192), size(i, 2) as u64, "socket {i}: reply");
+    }
+    let server_socks = server.join().unwrap();
+    drop(socks);
+    drop(server_socks);
+    assert_eq!(a.stats().protocol_errors + b.stats().protocol_errors, 0);
+}
+
+fn half_close(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(3).unwrap();
+    let s = a.connect(b.local_addr(), 3).unwrap();
+    let p = l.accept().unwrap();
+    send_pattern(&s, 1, 100_000, 4096);
+    s.shutdown().unwrap();
+    assert_eq!(s.send(b"late").unwrap_err().kind(), ErrorKind::BrokenPipe);
+    assert_eq!(recv_pattern(&p, 1, 1000), 100_000);
+    // The other direction still works after the client's shutdown.
+    send_pattern(&p, 2, 300_000, 65536);
+    p.shutdown().unwrap();
+    assert_eq!(recv_pattern(&s, 2, 7777), 300_000);
+    let mut buf = [0u8; 4];
+    assert_eq!(s.recv(&mut buf).unwrap(), 0, "EOF is sticky");
+}
+
+fn close_with_unread_data_resets_peer(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(4).unwrap();
+    let s = a.connect(b.local_addr(), 4).unwrap();
+    let p = l.accept().unwrap();
+    s.send(&[1u8; 1000]).unwrap();
+    while p.stats().unread_bytes < 1000 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    p.close();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 8];
+    assert_eq!(s.recv(&mut buf).unwrap_err().kind(), ErrorKind::ConnectionReset);
+    assert_eq!(s.send(b"x").unwrap_err().kind(), ErrorKind::ConnectionReset);
+}
+
+fn fin_overtaking_data_never_truncates(hosts: Hosts) {
+    // Tiny frames over four round-robin channels, FIN right after the last write: the FIN (on
+    // the stream's home channel) regularly arrives before DATA queued on other channels.
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| {
+        c.max_frame_payload = 512;
+        c.channels = 4;
+    });
+    let l = b.listen(5).unwrap();
+    for round in 0..100u64 {
+        let s = a.connect(b.local_addr(), 5).unwrap();
+        let p = l.accept().unwrap();
+        let len = 1 + Rng(round + 1).below(200_000);
+        send_pattern(&s, round, len, 50_000);
+        s.shutdown().unwrap();
+        assert_eq!(recv_pattern(&p, round, 3000), len, "round {round}");
+    }
+}
+
+fn sticky_policy_keeps_a_stream_on_one_channel(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| c.policy = Policy::Sticky);
+    let l = b.listen(6).unwrap();
+    let s = a.connect(b.local_addr(), 6).unwrap();
+    let p = l.accept().unwrap();
+    const LEN: u64 = 64 << 20;
+    let t = std::thread::spawn(move || recv_pattern(&p, 3, 1 << 16));
+    send_pattern(&s, 3, LEN, 1 << 20);
+    s.shutdown().unwrap();
+    assert_eq!(t.join().unwrap(), LEN);
+    let busy: Vec<u64> = a
+        .stats()
+        .channels
+        .iter()
+        .map(|c| c.channel.tx_bytes)
+        .filter(|&bytes| bytes > 1 << 20)
+        .collect();
+    assert_eq!(busy.len(), 1, "sticky stream spread over channels: {busy:?}");
+}
+
+fn latency_class_never_touches_throughput_channels(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| {
+        c.channels = 4;
+        c.latency_channels = 1;
+    });
+    let l = b.listen(7).unwrap();
+    let lat = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
+    let lat_peer = l.accept().unwrap();
+    let bulk = a.connect(b.local_addr(), 7).unwrap();
+    let bulk_peer = l.accept().unwrap();
+    const BULK: u64 = 32 << 20;
+    const LAT: u64 = 4 << 20;
+    let r1 = std::thread::spawn(move || recv_pattern(&bulk_peer, 1, 1 << 16));
+    let r2 = std::thread::spawn(move || recv_pattern(&lat_peer, 2, 4096));
+    let t = std::thread::spawn(move || {
+        send_pattern(&bulk, 1, BULK, 1 << 20);
+        bulk.shutdown().unwrap();
+        bulk
+    });
+    send_pattern(&lat, 2, LAT, 4096);
+    lat.shutdown().unwrap();
+    let _bulk = t.join().unwrap();
+    assert_eq!(r1.join().unwrap(), BULK);
+    assert_eq!(r2.join().unwrap(), LAT);
+    let stats = a.stats();
+    let sum = |class| -> u64 {
+        stats.channels.iter().filter(|c| c.channel.class == class).map(|c| c.channel.tx_bytes).sum()
+    };
+    let (on_lat, on_bulk) = (sum(Class::Latency), sum(Class::Throughput));
+    assert!(on_lat >= LAT && on_lat < LAT + LAT / 8, "latency channel carried {on_lat}");
+    assert!(on_bulk >= BULK && on_bulk < BULK + LAT / 8, "throughput channels carried {on_bulk}");
+    // The receiving engine answers on the same classes (its credits for each socket).
+    let stats_b = b.stats();
+    let lat_channels: Vec<_> =
+        stats_b.channels.iter().filter(|c| c.channel.class == Class::Latency).collect();
+    assert_eq!(lat_channels.len(), 1);
+}
+
+fn epoll_wait_one(epfd: RawFd, timeout_ms: i32) -> usize {
+    let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // SAFETY: `ev` is a writable array of the length passed.
+    let n = unsafe { libc::epoll_wait(epfd, ev.as_mut_ptr(), 4, timeout_ms) };
+    assert!(n >= 0);
+    n as usize
+}
+
+fn nonblocking_with_epoll_readiness(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(8).unwrap();
+    l.set_nonblocking(true);
+    assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::WouldBlock);
+    // SAFETY: plain syscalls on fds owned by this test; closed at the end.
+    let epfd = unsafe { libc::epoll_create1(0) };
+    let lfd = l.readiness_fd().unwrap();
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 1 };
+    // SAFETY: registers a live eventfd with a live epoll instance.
+    assert_eq!(unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, lfd, &mut ev) }, 0);
+    let s = a.connect(b.local_addr(), 8).unwrap();
+    assert_eq!(epoll_wait_one(epfd, 5000), 1, "listener readiness fired");
+    l.clear_readiness();
+    let p = l.accept().unwrap();
+    p.set_nonblocking(true);
+    let mut buf = [0u8; 64];
+    assert_eq!(p.recv(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
+    let pfd = p.readiness_fd().unwrap();
+    p.clear_readiness();
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 2 };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, pfd, &mut ev) }, 0);
+    l.clear_readiness();
+    s.send(b"ping").unwrap();
+    assert!(epoll_wait_one(epfd, 5000) >= 1, "socket readiness fired");
+    p.clear_readiness();
+    assert_eq!(p.recv(&mut buf).unwrap(), 4);
+    assert_eq!(p.recv(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
+    // Non-blocking send until the peer's window is full: WouldBlock, never a hang.
+    s.set_nonblocking(true);
+    let chunk = vec![0u8; 1 << 20];
+    let mut total = 0usize;
+    loop {
+        match s.send(&chunk) {
+            Ok(n) => total += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The 4 bytes read above were consumed but are below the credit batching threshold.
+    assert_eq!(total as u32, a.config().stream_window - 4, "send stops at the granted window");
+    // SAFETY: closes the epoll fd created above.
+    unsafe { libc::close(epfd) };
+}
+
+#[test]
+fn ipv6_loopback() {
+    let cfg = || netchannel::Config::new("[::1]:0".parse().unwrap());
+    let (a, b) = (netchannel::Engine::new(cfg()).unwrap(), netchannel::Engine::new(cfg()).unwrap());
+    assert!(b.local_addr().is_ipv6());
+    let l = b.listen(1).unwrap();
+    let s = a.connect(b.local_addr(), 1).unwrap();
+    let p = l.accept().unwrap();
+    let reader = std::thread::spawn(move || recv_pattern(&p, 9, 65536));
+    send_pattern(&s, 9, 5 << 20, 100_000);
+    s.shutdown().unwrap();
+    assert_eq!(reader.join().unwrap(), 5 << 20);
+}
