@@ -1,0 +1,329 @@
+//! Bad input and faults. Each fault closes at most the channel it concerns, is counted, and
+//! leaves other peers and their sockets working.
+
+mod common;
+
+use std::io::{BufRead, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use netchannel::wire::frame::MAX_CONTROL_LEN;
+use netchannel::wire::{self, Decoded, Frame, Handshake, HandshakeKind, RejectReason};
+use netchannel::{Class, Engine, VSocket};
+
+both_testbeds!(
+    connect_where_no_engine_listens,
+    connect_to_port_without_listener,
+    killed_peer_resets_every_socket,
+    garbage_instead_of_handshake,
+    wrong_version_is_refused_by_the_acceptor,
+    wrong_version_or_magic_is_refused_by_the_dialer,
+    truncated_frame,
+    unknown_stream_id,
+    data_beyond_credit,
+    garbage_frame_after_handshake,
+);
+
+/// A working socket from a legitimate peer, checked before and after each fault.
+struct Bystander {
+    client: VSocket,
+    server: VSocket,
+}
+
+impl Bystander {
+    fn new(a: &Engine, b: &Engine) -> Bystander {
+        let l = b.listen(4000).unwrap();
+        let client = a.connect(b.local_addr(), 4000).unwrap();
+        let server = l.accept().unwrap();
+        let by = Bystander { client, server };
+        by.check();
+        by
+    }
+
+    fn check(&self) {
+        for msg in [&b"before"[..], &[7u8; 50_000][..]] {
+            self.client.send(msg).unwrap();
+            let mut got = vec![0u8; msg.len()];
+            (&self.server).read_exact(&mut got).unwrap();
+            assert_eq!(got, msg);
+            self.server.send(msg).unwrap();
+            (&self.client).read_exact(&mut got).unwrap();
+            assert_eq!(got, msg);
+        }
+    }
+}
+
+/// A hand-driven peer on host A speaking raw bytes to engine `to`.
+fn raw_peer(tb: &Testbed, to: SocketAddr) -> TcpStream {
+    let s = tb.on_a(move || TcpStream::connect(to).unwrap());
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+fn raw_channel(tb: &Testbed, to: SocketAddr) -> TcpStream {
+    let mut s = raw_peer(tb, to);
+    s.write_all(&Handshake::hello(0xBAD, 0, Class::Throughput).encode()).unwrap();
+    let mut reply = [0u8; 24];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(Handshake::decode(&reply).unwrap().kind, HandshakeKind::Accept);
+    s
+}
+
+/// Reads until the engine closes the connection.
+fn expect_closed(s: &mut TcpStream) {
+    let mut sink = Vec::new();
+    match s.read_to_end(&mut sink) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}"),
+    }
+}
+
+/// Waits until `engine` has counted `n` protocol errors and returns the closed channels' reasons.
+fn wait_for_errors(engine: &Engine, n: u64) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = engine.stats();
+        if stats.protocol_errors >= n {
+            return stats.closed_channels.iter().filter_map(|c| c.channel.close_reason.clone()).collect();
+        }
+        assert!(Instant::now() < deadline, "no protocol error counted: {stats:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn connect_where_no_engine_listens(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, _b) = tb.engines(|_| {});
+    // A port nobody listens on, on host B.
+    let port = match hosts {
+        Hosts::Loopback => TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port(),
+        Hosts::Netns => 9,
+    };
+    let start = Instant::now();
+    let err = a.connect(SocketAddr::new(tb.addr_b, port), 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
+    assert!(start.elapsed() < Duration::from_secs(1), "took {:?}", start.elapsed());
+}
+
+fn connect_to_port_without_listener(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let _l = b.listen(1).unwrap();
+    let err = a.connect(b.local_addr(), 2).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
+    // The channels stay up: the refusal was per stream.
+    assert!(a.connect(b.local_addr(), 1).is_ok());
+    assert_eq!(a.stats().channels.len(), 5);
+}
+
+fn killed_peer_resets_every_socket(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, _) = tb.engines(|_| {});
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nc-echo"));
+    cmd.args(["--listen", &SocketAddr::new(tb.addr_b, 0).to_string(), "--port", "7"]);
+    if let Some(ns) = &tb.b {
+        cmd.arg("--netns").arg(ns);
+    }
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let peer: SocketAddr = line.trim().parse().unwrap();
+    let socks: Vec<VSocket> = (0..8).map(|_| a.connect(peer, 7).unwrap()).collect();
+    for s in &socks {
+        s.send(b"echo?").unwrap();
+        let mut buf = [0u8; 5];
+        (&*s).read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"echo?");
+    }
+    let socks = std::sync::Arc::new(socks);
+    let readers: Vec<_> = (0..4)
+        .map(|i| {
+            let socks = socks.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16];
+                socks[i].recv(&mut buf).unwrap_err().kind()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let killed = Instant::now();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for r in readers {
+        assert_eq!(r.join().unwrap(), ErrorKind::ConnectionReset);
+    }
+    for s in &socks[4..] {
+        let err = loop {
+            match s.send(&[0u8; 65536]) {
+                Ok(_) => assert!(killed.elapsed() < Duration::from_secs(5), "send never failed"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
+    }
+    assert!(killed.elapsed() < Duration::from_secs(5), "took {:?}", killed.elapsed());
+}
+
+fn garbage_instead_of_handshake(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let by = Bystander::new(&a, &b);
+    let mut s = raw_peer(&tb, b.local_addr());
+    s.write_all(b"GET / HTTP/1.1\r\nHost: netchannel\r\n\r\n").unwrap();
+    let mut reply = [0u8; 24];
+    s.read_exact(&mut reply).unwrap();
+    let reply = Handshake::decode(&reply).unwrap();
+    assert_eq!(reply.kind, HandshakeKind::Reject(RejectReason::BadMagic));
+    expect_closed(&mut s);
+    let reasons = wait_for_errors(&b, 1);
+    assert!(reasons.iter().any(|r| r.contains("bad magic")), "{reasons:?}");
+    assert_eq!(b.stats().handshake_failures, 1);
+    by.check();
+}
+
+fn wrong_version_is_refused_by_the_acceptor(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let by = Bystander::new(&a, &b);
+    let mut hello = Handshake::hello(1, 0, Class::Throughput).encode();
+    hello[4..6].copy_from_slice(&2u16.to_be_bytes());
+    let mut s = raw_peer(&tb, b.local_addr());
+    s.write_all(&hello).unwrap();
+    let mut reply = [0u8; 24];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        Handshake::decode(&reply).unwrap().kind,
+        HandshakeKind::Reject(RejectReason::UnsupportedVersion)
+    );
+    expect_closed(&mut s);
+    let reasons = wait_for_errors(&b, 1);
+    assert!(reasons.iter().any(|r| r.contains("unsupported protocol version 2")), "{reasons:?}");
+    by.check();
+}
+
+fn wrong_version_or_magic_is_refused_by_the_dialer(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, _b) = tb.engines(|_| {});
+    // A fake engine on host B answering every hello with a corrupted accept.
+    let ns = tb.b.clone();
+    let bind = SocketAddr::new(tb.addr_b, 0);
+    let fake = std::thread::spawn(move || {
+        if let Some(ns) = ns {
+            netchannel::enter_netns(&ns).unwrap();
+        }
+        TcpListener::bind(bind).unwrap()
+    })
+    .join()
+    .unwrap();
+    let fake_addr = fake.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        for corrupt in [4usize, 0] {
+            // First a wrong version (byte 4..6), then a wrong magic (byte 0); every channel.
+            for _ in 0..5 {
+                let (mut s, _) = fake.accept().unwrap();
+                let mut hello = [0u8; 24];
+                if s.read_exact(&mut hello).is_err() {
+                    continue;
+                }
+                let mut reply = Handshake::accept(42, 0, Class::Throughput).encode();
+                if corrupt == 4 {
+                    reply[4..6].copy_from_slice(&2u16.to_be_bytes());
+                } else {
+                    reply[0] = b'X';
+                }
+                let _ = s.write_all(&reply);
+            }
+        }
+    });
+    let err = a.connect(fake_addr, 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
+    assert!(err.to_string().contains("unsupported protocol version 2"), "{err}");
+    let err = a.connect(fake_addr, 1).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
+    assert!(err.to_string().contains("bad magic"), "{err}");
+    server.join().unwrap();
+}
+
+fn truncated_frame(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let by = Bystander::new(&a, &b);
+    let mut s = raw_channel(&tb, b.local_addr());
+    let mut frame = Vec::new();
+    Frame::Data { stream: 0, offset: 0, payload: &[1, 2, 3, 4] }.encode(&mut frame);
+    s.write_all(&frame[..12]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    expect_closed(&mut s);
+    let reasons = wait_for_errors(&b, 1);
+    assert!(reasons.iter().any(|r| r.contains("truncated")), "{reasons:?}");
+    by.check();
+}
+
+fn unknown_stream_id(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let by = Bystander::new(&a, &b);
+    let mut s = raw_channel(&tb, b.local_addr());
+    let mut frame = Vec::new();
+    Frame::Credit { dst: 0x00AB_CDEF, consumed: 0, window: 10 }.encode(&mut frame);
+    s.write_all(&frame).unwrap();
+    expect_closed(&mut s);
+    let reasons = wait_for_errors(&b, 1);
+    assert!(reasons.iter().any(|r| r.contains("unknown stream id")), "{reasons:?}");
+    by.check();
+}
+
+fn garbage_frame_after_handshake(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let by = Bystander::new(&a, &b);
+    let mut s = raw_channel(&tb, b.local_addr());
+    s.write_all(&[0xEE; 64]).unwrap();
+    expect_closed(&mut s);
+    let reasons = wait_for_errors(&b, 1);
+    assert!(reasons.iter().any(|r| r.contains("unknown frame type 238")), "{reasons:?}");
+    by.check();
+}
+
+/// Reads frames from a raw channel until a SYN_ACK; returns the acceptor's stream id.
+fn read_syn_ack(s: &mut TcpStream) -> u32 {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 256];
+    loop {
+        while let Ok(Decoded::Frame(f, n)) = wire::decode(&buf) {
+            if let Frame::SynAck { src, .. } = f {
+                return src;
+            }
+            buf.drain(..n);
+        }
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "channel closed before SYN_ACK");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn data_beyond_credit(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| c.stream_window = 65536);
+    let by = Bystander::new(&a, &b);
+    let l = b.listen(77).unwrap();
+    let mut s = raw_channel(&tb, b.local_addr());
+    let mut out = Vec::with_capacity(MAX_CONTROL_LEN);
+    Frame::Syn { src: 1, port: 77, class: Class::Throughput, window: 65536 }.encode(&mut out);
+    s.write_all(&out).unwrap();
+    let id = read_syn_ack(&mut s);
+    let victim = l.accept().unwrap();
+    out.clear();
+    let payload = vec![0u8; 65537];
+    Frame::Data { stream: id, offset: 0, payload: &payload }.encode(&mut out);
+    s.write_all(&out).unwrap();
+    expect_closed(&mut s);
+    let reasons = wait_for_errors(&b, 1);
+    assert!(reasons.iter().any(|r| r.contains("beyond granted credit")), "{reasons:?}");
+    assert_eq!(victim.stats().protocol_errors, 1);
+    let mut buf = [0u8; 8];
+    assert_eq!(victim.recv(&mut buf).unwrap_err().kind(), ErrorKind::ConnectionReset);
+    by.check();
+}
