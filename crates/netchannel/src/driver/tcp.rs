@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::pool::BufferPool;
 use super::{owned_control, ChannelError, ChannelIo, ChannelQueues, InFrame};
 use crate::sys::{self, Epoll, READABLE, WRITABLE};
 use crate::wire::frame::{self, DATA_HEADER_LEN, MAX_CONTROL_LEN};
@@ -68,9 +69,9 @@ pub fn dial(
     sock.set_read_timeout(Some(timeout))?;
     sock.write_all(&hello.encode())?;
     let reply = read_handshake(&mut sock).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
-            refused(format!("engine at {addr} closed the channel during the handshake"))
-        }
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => refused(format!(
+            "engine at {addr} closed the channel during the handshake"
+        )),
         io::ErrorKind::WouldBlock => io::Error::new(
             io::ErrorKind::TimedOut,
             format!("engine at {addr} did not answer the channel handshake"),
@@ -84,7 +85,9 @@ pub fn dial(
     match reply.kind {
         HandshakeKind::Accept => {}
         HandshakeKind::Reject(reason) => {
-            return Err(refused(format!("engine at {addr} refused the channel: {reason}")))
+            return Err(refused(format!(
+                "engine at {addr} refused the channel: {reason}"
+            )))
         }
         HandshakeKind::Hello => {
             return Err(io::Error::new(
@@ -106,13 +109,19 @@ pub fn accept_handshake(
     timeout: Duration,
     opts: &TcpOptions,
 ) -> Result<Handshake, WireError> {
-    let bad_io = |_: io::Error| WireError::BadField { field: "handshake (i/o)", value: 0 };
+    let bad_io = |_: io::Error| WireError::BadField {
+        field: "handshake (i/o)",
+        value: 0,
+    };
     configure(sock, opts).map_err(bad_io)?;
     sock.set_read_timeout(Some(timeout)).map_err(bad_io)?;
     let buf = read_handshake(sock).map_err(bad_io)?;
     let hello = match Handshake::decode(&buf) {
         Ok(h) if h.kind == HandshakeKind::Hello => h,
-        Ok(_) => Err(WireError::BadField { field: "handshake kind", value: buf[6] as u64 })?,
+        Ok(_) => Err(WireError::BadField {
+            field: "handshake kind",
+            value: buf[6] as u64,
+        })?,
         Err(e) => {
             let _ = sock.write_all(&Handshake::reject_for(&e, local_engine).encode());
             return Err(e);
@@ -150,11 +159,19 @@ pub struct TcpChannelIo {
     tx_data: VecDeque<bool>,
     tx_written: usize,
     blocked_on_write: bool,
+    /// False once a read returned EAGAIN, until epoll reports the socket readable again: saves
+    /// a failing `read` per round on a channel that only transmits.
+    maybe_readable: bool,
+    pool: Arc<BufferPool>,
     control_scratch: Vec<crate::wire::Frame<'static>>,
 }
 
 impl TcpChannelIo {
-    pub fn new(sock: TcpStream, queues: Arc<ChannelQueues>) -> io::Result<Self> {
+    pub fn new(
+        sock: TcpStream,
+        queues: Arc<ChannelQueues>,
+        pool: Arc<BufferPool>,
+    ) -> io::Result<Self> {
         let epoll = Epoll::new()?;
         epoll.add(sock.as_raw_fd(), READABLE, TOKEN_SOCKET)?;
         epoll.add(queues.wake_fd().raw(), READABLE, TOKEN_WAKE)?;
@@ -170,6 +187,8 @@ impl TcpChannelIo {
             tx_data: VecDeque::new(),
             tx_written: 0,
             blocked_on_write: false,
+            maybe_readable: true,
+            pool,
             control_scratch: Vec::new(),
         })
     }
@@ -187,8 +206,10 @@ impl TcpChannelIo {
             self.tx_data.push_back(false);
         }
         let before = self.tx.len();
-        self.queues.take_data(&mut self.tx, MAX_IOV - before, budget);
-        self.tx_data.extend(std::iter::repeat(true).take(self.tx.len() - before));
+        self.queues
+            .take_data(&mut self.tx, MAX_IOV - before, budget);
+        self.tx_data
+            .extend(std::iter::repeat_n(true, self.tx.len() - before));
     }
 
     fn advance(&mut self, mut n: usize) {
@@ -204,6 +225,7 @@ impl TcpChannelIo {
             let buf = self.tx.pop_front().expect("front exists");
             if self.tx_data.pop_front() == Some(true) {
                 self.queues.data_sent(buf.len());
+                self.pool.put(buf);
             }
         }
     }
@@ -222,10 +244,15 @@ impl TcpChannelIo {
             let want = p.len - p.buf.len();
             match sys::read_append(self.sock.as_raw_fd(), &mut p.buf, want) {
                 Ok(0) => {
-                    return Err(ChannelError::Protocol("truncated frame: eof inside a payload".into()))
+                    return Err(ChannelError::Protocol(
+                        "truncated frame: eof inside a payload".into(),
+                    ))
                 }
                 Ok(n) => self.queues.count_rx(n, 0),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.maybe_readable = false;
+                    return Ok(false);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ChannelError::Io(e)),
             }
@@ -282,16 +309,30 @@ impl ChannelIo for TcpChannelIo {
                 }
                 self.queues.count_rx(0, 1);
                 frames += 1;
-                sink(InFrame::Data { stream: p.stream, offset: p.offset, payload: p.buf })
-                    .map_err(ChannelError::Protocol)?;
+                sink(InFrame::Data {
+                    stream: p.stream,
+                    offset: p.offset,
+                    payload: p.buf,
+                })
+                .map_err(ChannelError::Protocol)?;
             }
             while frames < max_frames {
                 let avail = &self.rx[self.rx_start..];
                 match frame::decode(avail).map_err(|e| ChannelError::Protocol(e.to_string()))? {
                     Decoded::Frame(f, n) => {
                         let owned = match f {
-                            crate::wire::Frame::Data { stream, offset, payload } => {
-                                InFrame::Data { stream, offset, payload: payload.to_vec() }
+                            crate::wire::Frame::Data {
+                                stream,
+                                offset,
+                                payload,
+                            } => {
+                                let mut buf = self.pool.get(payload.len());
+                                buf.extend_from_slice(payload);
+                                InFrame::Data {
+                                    stream,
+                                    offset,
+                                    payload: buf,
+                                }
                             }
                             other => InFrame::Control(owned_control(other).expect("not data")),
                         };
@@ -300,11 +341,20 @@ impl ChannelIo for TcpChannelIo {
                         frames += 1;
                         sink(owned).map_err(ChannelError::Protocol)?;
                     }
-                    Decoded::PartialData { stream, offset, len } if len >= DIRECT_READ_MIN => {
-                        let mut buf = Vec::with_capacity(len);
+                    Decoded::PartialData {
+                        stream,
+                        offset,
+                        len,
+                    } if len >= DIRECT_READ_MIN => {
+                        let mut buf = self.pool.get(len);
                         buf.extend_from_slice(&avail[DATA_HEADER_LEN..]);
                         self.rx_start = self.rx.len();
-                        self.partial = Some(PartialPayload { stream, offset, len, buf });
+                        self.partial = Some(PartialPayload {
+                            stream,
+                            offset,
+                            len,
+                            buf,
+                        });
                         break;
                     }
                     Decoded::PartialData { .. } | Decoded::Incomplete { .. } => break,
@@ -316,13 +366,21 @@ impl ChannelIo for TcpChannelIo {
             if self.partial.is_some() {
                 continue;
             }
+            if !self.maybe_readable {
+                return Ok(frames);
+            }
             match self.read_more() {
                 Ok(0) if self.rx_start < self.rx.len() => {
-                    return Err(ChannelError::Protocol("truncated frame: eof inside a frame".into()))
+                    return Err(ChannelError::Protocol(
+                        "truncated frame: eof inside a frame".into(),
+                    ))
                 }
                 Ok(0) => return Err(ChannelError::Closed),
                 Ok(n) => self.queues.count_rx(n, 0),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(frames),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.maybe_readable = false;
+                    return Ok(frames);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ChannelError::Io(e)),
             }
@@ -336,11 +394,15 @@ impl ChannelIo for TcpChannelIo {
             READABLE
         };
         if want != self.interest {
-            self.epoll.modify(self.sock.as_raw_fd(), want, TOKEN_SOCKET)?;
+            self.epoll
+                .modify(self.sock.as_raw_fd(), want, TOKEN_SOCKET)?;
             self.interest = want;
         }
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];
-        self.epoll.wait(&mut events, timeout)?;
+        let n = self.epoll.wait(&mut events, timeout)?;
+        let socket_ready = events[..n].iter().any(|e| e.u64 == TOKEN_SOCKET);
+        // A timeout proves nothing either way: probe the socket again.
+        self.maybe_readable |= socket_ready || n == 0;
         self.queues.wake_fd().drain();
         self.blocked_on_write = false;
         Ok(())

@@ -53,14 +53,14 @@ impl Default for Config {
             latency_channels: 1,
             policy: Policy::RoundRobin,
             channel_queue_threshold: 2 << 20,
-            max_frame_payload: 64 * 1024,
+            max_frame_payload: 128 * 1024,
             stream_window: 4 << 20,
             max_streams: 1 << 21,
             max_out_of_order_segments: 4096,
             connect_timeout: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(1),
             accept_backlog: 4096,
-            idle_spin: Duration::from_micros(50),
+            idle_spin: default_idle_spin(),
             rx_batch_frames: 256,
             tx_batch_bytes: 4 << 20,
             notsent_lowat: 1 << 20,
@@ -68,9 +68,21 @@ impl Default for Config {
     }
 }
 
+/// Idle polling only pays when a spare core exists: on two cores a polling worker takes the
+/// core its peer thread needs (measured: 50 us of idle spin halved goodput; docs/BENCHMARKS.md).
+fn default_idle_spin() -> Duration {
+    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
+        0..=2 => Duration::ZERO,
+        _ => Duration::from_micros(20),
+    }
+}
+
 impl Config {
     pub fn new(listen_addr: SocketAddr) -> Self {
-        Config { listen_addr, ..Config::default() }
+        Config {
+            listen_addr,
+            ..Config::default()
+        }
     }
 
     pub(crate) fn validate(&self) -> io::Result<()> {
@@ -91,7 +103,10 @@ impl Config {
             return bad(format!("stream_window must be in 1..={MAX_WINDOW}"));
         }
         if self.max_streams == 0 || self.max_streams > crate::vns::table::MAX_STREAMS {
-            return bad(format!("max_streams must be in 1..={}", crate::vns::table::MAX_STREAMS));
+            return bad(format!(
+                "max_streams must be in 1..={}",
+                crate::vns::table::MAX_STREAMS
+            ));
         }
         if self.accept_backlog == 0 || self.rx_batch_frames == 0 || self.tx_batch_bytes == 0 {
             return bad("accept_backlog, rx_batch_frames and tx_batch_bytes must be > 0".into());

@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 
 pub use config::Config;
 
+use crate::driver::pool::BufferPool;
 use crate::driver::tcp::{self, TcpChannelIo, TcpOptions};
 use crate::driver::{Channel, ChannelError, ChannelMeta, ChannelQueues, ChannelStats};
 use crate::scheduler::Scheduler;
@@ -29,6 +30,8 @@ use session::Session;
 
 /// Handshakes in progress at once; more connections are refused (`RejectReason::Limit`).
 const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Idle frame buffers kept for reuse (each `max_frame_payload` + header).
+const POOLED_BUFFERS: usize = 256;
 /// Closed channels remembered for `stats()`.
 const CLOSED_CHANNEL_HISTORY: usize = 256;
 
@@ -77,6 +80,8 @@ pub(crate) struct EngineInner {
     pub streams: StreamTable,
     pub listeners: Mutex<HashMap<u16, Arc<ListenerShared>>>,
     pub counters: EngineCounters,
+    /// Frame buffers recycled between senders, workers and readers.
+    pub buffers: Arc<BufferPool>,
     tcp_options: TcpOptions,
     listener: TcpListener,
     sessions: Mutex<Sessions>,
@@ -117,8 +122,13 @@ impl Engine {
     pub fn new(config: Config) -> io::Result<Engine> {
         config.validate()?;
         let addr = config.listen_addr;
-        let listener = in_netns(config.netns.clone(), move || TcpListener::bind(addr))
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}")))?;
+        let listener =
+            in_netns(config.netns.clone(), move || TcpListener::bind(addr)).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot bind channel listener {addr}: {e}"),
+                )
+            })?;
         let local_addr = listener.local_addr()?;
         let inner = Arc::new(EngineInner {
             id: crate::sys::random_u64(),
@@ -126,7 +136,13 @@ impl Engine {
             streams: StreamTable::new(config.max_streams),
             listeners: Mutex::new(HashMap::new()),
             counters: EngineCounters::default(),
-            tcp_options: TcpOptions { notsent_lowat: config.notsent_lowat },
+            buffers: Arc::new(BufferPool::new(
+                crate::wire::frame::DATA_HEADER_LEN + config.max_frame_payload,
+                POOLED_BUFFERS,
+            )),
+            tcp_options: TcpOptions {
+                notsent_lowat: config.notsent_lowat,
+            },
             listener,
             sessions: Mutex::new(Sessions::default()),
             dial_lock: Mutex::new(()),
@@ -195,21 +211,19 @@ impl EngineInner {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    fn spawn(
-        self: &Arc<Self>,
-        name: &str,
-        f: impl FnOnce() + Send + 'static,
-    ) -> io::Result<()> {
+    fn spawn(self: &Arc<Self>, name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
         let netns = self.config.netns.clone();
-        let handle = std::thread::Builder::new().name(name.into()).spawn(move || {
-            if let Some(ns) = &netns {
-                if let Err(e) = crate::sys::enter_netns(ns) {
-                    eprintln!("netchannel: {e}");
-                    return;
+        let handle = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if let Some(ns) = &netns {
+                    if let Err(e) = crate::sys::enter_netns(ns) {
+                        eprintln!("netchannel: {e}");
+                        return;
+                    }
                 }
-            }
-            f()
-        })?;
+                f()
+            })?;
         let mut threads = lock(&self.threads);
         threads.retain(|h| !h.is_finished());
         threads.push(handle);
@@ -228,13 +242,19 @@ impl EngineInner {
                         >= MAX_PENDING_HANDSHAKES
                     {
                         self.pending_handshakes.fetch_sub(1, Ordering::SeqCst);
-                        self.counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+                        self.counters
+                            .handshake_failures
+                            .fetch_add(1, Ordering::Relaxed);
                         use std::io::Write;
-                        let _ = sock.write_all(&Handshake::reject(self.id, RejectReason::Limit).encode());
+                        let _ = sock
+                            .write_all(&Handshake::reject(self.id, RejectReason::Limit).encode());
                         continue;
                     }
                     let me = self.clone();
-                    if self.spawn("nc-channel", move || me.accept_channel(sock)).is_err() {
+                    if self
+                        .spawn("nc-channel", move || me.accept_channel(sock))
+                        .is_err()
+                    {
                         self.pending_handshakes.fetch_sub(1, Ordering::SeqCst);
                     }
                 }
@@ -256,8 +276,12 @@ impl EngineInner {
         let hello = match hello {
             Ok(h) => h,
             Err(e) => {
-                self.counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
-                self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .protocol_errors
+                    .fetch_add(1, Ordering::Relaxed);
                 self.remember_closed(PeerChannelStats {
                     peer_addr,
                     channel: ChannelStats {
@@ -282,17 +306,27 @@ impl EngineInner {
                 })
                 .clone()
         };
-        let meta =
-            ChannelMeta { index: hello.channel, class: hello.class, peer_engine: hello.engine_id };
-        let Ok(queues) = ChannelQueues::new(meta).map(Arc::new) else { return };
+        let meta = ChannelMeta {
+            index: hello.channel,
+            class: hello.class,
+            peer_engine: hello.engine_id,
+        };
+        let Ok(queues) = ChannelQueues::new(meta).map(Arc::new) else {
+            return;
+        };
         if !session.add_channel(queues.clone()) {
-            self.counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
-            let _ = tcp::finish_accept(&mut sock, Handshake::reject(self.id, RejectReason::BadField));
+            self.counters
+                .handshake_failures
+                .fetch_add(1, Ordering::Relaxed);
+            let _ = tcp::finish_accept(
+                &mut sock,
+                Handshake::reject(self.id, RejectReason::BadField),
+            );
             return;
         }
         let accept = Handshake::accept(self.id, hello.channel, hello.class);
         let io = match tcp::finish_accept(&mut sock, accept)
-            .and_then(|_| TcpChannelIo::new(sock, queues.clone()))
+            .and_then(|_| TcpChannelIo::new(sock, queues.clone(), self.buffers.clone()))
         {
             Ok(io) => io,
             Err(e) => {
@@ -321,23 +355,28 @@ impl EngineInner {
             return Ok(s);
         }
         if self.stopping() {
-            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "engine shut down",
+            ));
         }
         let session = Arc::new(Session::new(
             addr,
             Scheduler::new(self.config.policy, self.config.channel_queue_threshold),
             self.config.channel_queue_threshold,
         ));
-        let classes = std::iter::repeat(Class::Throughput)
-            .take(self.config.channels)
-            .chain(std::iter::repeat(Class::Latency).take(self.config.latency_channels));
+        let classes = std::iter::repeat_n(Class::Throughput, self.config.channels).chain(
+            std::iter::repeat_n(Class::Latency, self.config.latency_channels),
+        );
         let (tx, rx) = mpsc::channel();
         let mut dialing = 0;
         for (index, class) in classes.enumerate() {
             let me = self.clone();
             let session = session.clone();
             let tx = tx.clone();
-            self.spawn("nc-channel", move || me.dial_channel(session, addr, index as u16, class, tx))?;
+            self.spawn("nc-channel", move || {
+                me.dial_channel(session, addr, index as u16, class, tx)
+            })?;
             dialing += 1;
         }
         drop(tx);
@@ -382,9 +421,13 @@ impl EngineInner {
                     return;
                 }
             };
-        let meta = ChannelMeta { index, class, peer_engine: reply.engine_id };
+        let meta = ChannelMeta {
+            index,
+            class,
+            peer_engine: reply.engine_id,
+        };
         let setup = ChannelQueues::new(meta).map(Arc::new).and_then(|q| {
-            let io = TcpChannelIo::new(sock, q.clone())?;
+            let io = TcpChannelIo::new(sock, q.clone(), self.buffers.clone())?;
             Ok((q, io))
         });
         let (queues, io) = match setup {
@@ -413,10 +456,15 @@ impl EngineInner {
     pub(crate) fn channel_closed(&self, session: &Arc<Session>, queues: &Arc<ChannelQueues>) {
         let stats = queues.stats();
         if stats.protocol_errors > 0 {
-            self.counters.protocol_errors.fetch_add(stats.protocol_errors, Ordering::Relaxed);
+            self.counters
+                .protocol_errors
+                .fetch_add(stats.protocol_errors, Ordering::Relaxed);
         }
         let index = stats.index;
-        self.remember_closed(PeerChannelStats { peer_addr: Some(session.peer_addr), channel: stats });
+        self.remember_closed(PeerChannelStats {
+            peer_addr: Some(session.peer_addr),
+            channel: stats,
+        });
         if self.stopping() {
             return;
         }
@@ -441,7 +489,10 @@ impl EngineInner {
             let (peer, class, app_closed) = (st.peer_stream, st.class, st.app_closed);
             drop(st);
             if notify_peer && remaining > 0 {
-                let rst = Frame::Rst { dst: peer, reason: RstReason::Aborted };
+                let rst = Frame::Rst {
+                    dst: peer,
+                    reason: RstReason::Aborted,
+                };
                 session.send_control(stream.id, class, rst);
             }
             if app_closed {
@@ -485,7 +536,11 @@ impl EngineInner {
     fn stats(&self) -> EngineStats {
         let sessions: Vec<Arc<Session>> = {
             let s = lock(&self.sessions);
-            s.dialed.values().chain(s.accepted.values()).cloned().collect()
+            s.dialed
+                .values()
+                .chain(s.accepted.values())
+                .cloned()
+                .collect()
         };
         let channels = sessions
             .iter()
@@ -496,8 +551,12 @@ impl EngineInner {
                 })
             })
             .collect();
-        let sockets =
-            self.streams.collect(|_| true).iter().map(|s| SocketStats::of(s)).collect();
+        let sockets = self
+            .streams
+            .collect(|_| true)
+            .iter()
+            .map(|s| SocketStats::of(s))
+            .collect();
         EngineStats {
             engine_id: self.id,
             local_addr: Some(self.local_addr),

@@ -85,14 +85,21 @@ fn dispatch(
 ) -> Result<(), String> {
     let bit = 1u64 << channel;
     let frame = match frame {
-        InFrame::Data { stream, offset, payload } => {
-            let Some(s) = live_stream(engine, session, stream)? else { return Ok(()) };
+        InFrame::Data {
+            stream,
+            offset,
+            payload,
+        } => {
+            let Some(s) = live_stream(engine, session, stream)? else {
+                return Ok(());
+            };
             let mut st = s.lock();
             st.channel_mask |= bit;
             st.frames_received += 1;
             if st.app_closed {
                 // Data for a socket the application closed: like TCP, answer with a reset.
-                return Ok(abort_closed(engine, &s, st));
+                abort_closed(engine, &s, st);
+                return Ok(());
             }
             let readable = st.on_data(offset, payload).map_err(|v| {
                 st.protocol_errors += 1;
@@ -107,14 +114,22 @@ fn dispatch(
         InFrame::Control(f) => f,
     };
     match frame {
-        Frame::Syn { src, port, class, window } => {
+        Frame::Syn {
+            src,
+            port,
+            class,
+            window,
+        } => {
             accept_syn(engine, session, channel, src, port, class, window);
             Ok(())
         }
         Frame::SynAck { dst, src, window } => {
             let Some(s) = live_stream(engine, session, dst)? else {
                 // The connector gave up (timed out): tell the acceptor.
-                let rst = Frame::Rst { dst: src, reason: RstReason::Aborted };
+                let rst = Frame::Rst {
+                    dst: src,
+                    reason: RstReason::Aborted,
+                };
                 session.send_control(src, crate::wire::Class::Throughput, rst);
                 return Ok(());
             };
@@ -130,7 +145,9 @@ fn dispatch(
             Ok(())
         }
         Frame::Fin { dst, final_offset } => {
-            let Some(s) = live_stream(engine, session, dst)? else { return Ok(()) };
+            let Some(s) = live_stream(engine, session, dst)? else {
+                return Ok(());
+            };
             let mut st = s.lock();
             st.channel_mask |= bit;
             st.on_fin(final_offset).map_err(|v| {
@@ -146,7 +163,9 @@ fn dispatch(
             Ok(())
         }
         Frame::Rst { dst, reason } => {
-            let Some(s) = live_stream(engine, session, dst)? else { return Ok(()) };
+            let Some(s) = live_stream(engine, session, dst)? else {
+                return Ok(());
+            };
             let mut st = s.lock();
             st.on_reset(crate::vns::stream::ResetCause::Peer(reason));
             let closed = st.app_closed;
@@ -157,8 +176,14 @@ fn dispatch(
             s.wake();
             Ok(())
         }
-        Frame::Credit { dst, consumed, window } => {
-            let Some(s) = live_stream(engine, session, dst)? else { return Ok(()) };
+        Frame::Credit {
+            dst,
+            consumed,
+            window,
+        } => {
+            let Some(s) = live_stream(engine, session, dst)? else {
+                return Ok(());
+            };
             let mut st = s.lock();
             st.channel_mask |= bit;
             let grew = st.on_credit(consumed, window).map_err(|v| {
@@ -201,7 +226,14 @@ fn abort_closed(
     let (peer, class) = (st.peer_stream, st.class);
     st.on_reset(crate::vns::stream::ResetCause::Peer(RstReason::Aborted));
     drop(st);
-    s.session.send_control(s.id, class, Frame::Rst { dst: peer, reason: RstReason::Aborted });
+    s.session.send_control(
+        s.id,
+        class,
+        Frame::Rst {
+            dst: peer,
+            reason: RstReason::Aborted,
+        },
+    );
     engine.streams.remove(s.id);
 }
 
@@ -218,28 +250,53 @@ fn accept_syn(
     let refuse = |reason| {
         session.send_control(src, class, Frame::Rst { dst: src, reason });
     };
-    let listener = engine.listeners.lock().unwrap_or_else(|e| e.into_inner()).get(&port).cloned();
-    let Some(listener) = listener else { return refuse(RstReason::NoListener) };
+    let listener = engine
+        .listeners
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&port)
+        .cloned();
+    let Some(listener) = listener else {
+        return refuse(RstReason::NoListener);
+    };
     if listener.is_full() {
         return refuse(RstReason::Refused);
     }
     let config = &engine.config;
     let stream = engine.streams.insert(|id| {
-        let mut st =
-            StreamState::new(class, config.stream_window, config.max_out_of_order_segments);
+        let mut st = StreamState::new(
+            class,
+            config.stream_window,
+            config.max_out_of_order_segments,
+        );
         st.open(src, window);
         st.channel_mask |= 1u64 << channel;
         Arc::new(Stream::new(id, port, session.clone(), st))
     });
-    let Some(stream) = stream else { return refuse(RstReason::Refused) };
-    let ack = Frame::SynAck { dst: src, src: stream.id, window: config.stream_window };
+    let Some(stream) = stream else {
+        return refuse(RstReason::Refused);
+    };
+    let ack = Frame::SynAck {
+        dst: src,
+        src: stream.id,
+        window: config.stream_window,
+    };
     if let Some(used) = session.send_control(stream.id, class, ack) {
         stream.lock().channel_mask |= 1u64 << used;
     }
     if !listener.push(stream.clone()) {
         // The listener closed or filled up in between.
-        stream.lock().on_reset(crate::vns::stream::ResetCause::Peer(RstReason::Refused));
-        session.send_control(stream.id, class, Frame::Rst { dst: src, reason: RstReason::Refused });
+        stream
+            .lock()
+            .on_reset(crate::vns::stream::ResetCause::Peer(RstReason::Refused));
+        session.send_control(
+            stream.id,
+            class,
+            Frame::Rst {
+                dst: src,
+                reason: RstReason::Refused,
+            },
+        );
         engine.streams.remove(stream.id);
     }
 }

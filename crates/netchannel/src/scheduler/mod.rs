@@ -23,7 +23,9 @@ impl std::str::FromStr for Policy {
         match s {
             "round-robin" => Ok(Policy::RoundRobin),
             "sticky" => Ok(Policy::Sticky),
-            other => Err(format!("unknown policy '{other}' (expected round-robin or sticky)")),
+            other => Err(format!(
+                "unknown policy '{other}' (expected round-robin or sticky)"
+            )),
         }
     }
 }
@@ -53,7 +55,11 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(policy: Policy, threshold: u64) -> Self {
-        Scheduler { policy, threshold, cursor: AtomicUsize::new(0) }
+        Scheduler {
+            policy,
+            threshold,
+            cursor: AtomicUsize::new(0),
+        }
     }
 
     pub fn policy(&self) -> Policy {
@@ -74,7 +80,9 @@ impl Scheduler {
             }
             Policy::RoundRobin => {
                 let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-                (0..n).map(|k| (start + k) % n).find(|&i| loads[i] < self.threshold)
+                (0..n)
+                    .map(|k| (start + k) % n)
+                    .find(|&i| loads[i] < self.threshold)
             }
         }
     }
@@ -104,7 +112,11 @@ mod tests {
         }
         let mut loads = [0; 4];
         loads[first] = 100;
-        assert_eq!(s.pick(42, &loads), None, "sticky waits rather than reorders");
+        assert_eq!(
+            s.pick(42, &loads),
+            None,
+            "sticky waits rather than reorders"
+        );
     }
 
     #[test]

@@ -85,8 +85,12 @@ impl Epoll {
     ) -> io::Result<usize> {
         let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
         // `events` is a writable buffer of the length we pass.
-        match syscall!(epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, ms))
-        {
+        match syscall!(epoll_wait(
+            self.0.as_raw_fd(),
+            events.as_mut_ptr(),
+            events.len() as i32,
+            ms
+        )) {
             Ok(n) => Ok(n as usize),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
             Err(e) => Err(e),
@@ -132,11 +136,17 @@ pub fn set_int_sockopt(fd: RawFd, level: i32, name: i32, value: i32) -> io::Resu
 /// Sockets created afterwards by this thread, and threads it spawns, live in that namespace.
 pub fn enter_netns(path: &Path) -> io::Result<()> {
     let file = std::fs::File::open(path).map_err(|e| {
-        io::Error::new(e.kind(), format!("cannot open network namespace {}: {e}", path.display()))
+        io::Error::new(
+            e.kind(),
+            format!("cannot open network namespace {}: {e}", path.display()),
+        )
     })?;
     // setns takes an fd we keep open for the duration of the call.
     syscall!(setns(file.as_raw_fd(), libc::CLONE_NEWNET)).map_err(|e| {
-        io::Error::new(e.kind(), format!("cannot enter network namespace {}: {e}", path.display()))
+        io::Error::new(
+            e.kind(),
+            format!("cannot enter network namespace {}: {e}", path.display()),
+        )
     })?;
     Ok(())
 }
@@ -169,7 +179,10 @@ mod tests {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
         assert_eq!(ep.wait(&mut events, Some(Duration::ZERO)).unwrap(), 0);
         ev.notify();
-        assert_eq!(ep.wait(&mut events, Some(Duration::from_secs(1))).unwrap(), 1);
+        assert_eq!(
+            ep.wait(&mut events, Some(Duration::from_secs(1))).unwrap(),
+            1
+        );
         let token = events[0].u64;
         assert_eq!(token, 7);
         assert!(ev.drain());
@@ -183,8 +196,11 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         // SAFETY: both fds were just created and are owned only here.
         let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let n = writev(w.as_raw_fd(), &[io::IoSlice::new(b"hello "), io::IoSlice::new(b"world")])
-            .unwrap();
+        let n = writev(
+            w.as_raw_fd(),
+            &[io::IoSlice::new(b"hello "), io::IoSlice::new(b"world")],
+        )
+        .unwrap();
         assert_eq!(n, 11);
         let mut buf = b">".to_vec();
         assert_eq!(read_append(r.as_raw_fd(), &mut buf, 5).unwrap(), 5);

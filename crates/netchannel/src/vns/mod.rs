@@ -11,6 +11,7 @@ pub mod socket;
 pub mod stream;
 pub mod table;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use crate::engine::session::Session;
@@ -26,6 +27,9 @@ pub(crate) struct Stream {
     pub state: Mutex<StreamState>,
     /// Signalled on every state change that can unblock a reader, writer or connector.
     pub changed: Condvar,
+    /// Threads blocked on `changed`; counted under `state`'s lock, so a waker that changed the
+    /// state under that lock and then reads 0 knows nobody needs the (syscall-costly) notify.
+    pub waiters: AtomicU32,
     /// Created on first request, so idle sockets cost no file descriptor.
     pub readiness: OnceLock<EventFd>,
 }
@@ -38,6 +42,7 @@ impl Stream {
             session,
             state: Mutex::new(state),
             changed: Condvar::new(),
+            waiters: AtomicU32::new(0),
             readiness: OnceLock::new(),
         }
     }
@@ -50,7 +55,9 @@ impl Stream {
 
     /// Wakes blocked callers and any readiness fd.
     pub fn wake(&self) {
-        self.changed.notify_all();
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_all();
+        }
         if let Some(fd) = self.readiness.get() {
             fd.notify();
         }

@@ -110,18 +110,22 @@ impl RecvBuffer {
         self.ready.push_back(Segment { data, read: 0 });
     }
 
-    /// Copies ready bytes into `buf`; returns how many.
-    pub fn read(&mut self, buf: &mut [u8]) -> usize {
+    /// Copies ready bytes into `buf`; returns how many. Emptied segments go to `recycle`.
+    pub fn read(&mut self, buf: &mut [u8], recycle: &mut dyn FnMut(Vec<u8>)) -> usize {
         let mut copied = 0;
         while copied < buf.len() {
-            let Some(seg) = self.ready.front_mut() else { break };
+            let Some(seg) = self.ready.front_mut() else {
+                break;
+            };
             let avail = &seg.data[seg.read..];
             let n = avail.len().min(buf.len() - copied);
             buf[copied..copied + n].copy_from_slice(&avail[..n]);
             copied += n;
             seg.read += n;
             if seg.read == seg.data.len() {
-                self.ready.pop_front();
+                if let Some(done) = self.ready.pop_front() {
+                    recycle(done.data);
+                }
             }
         }
         self.ready_bytes -= copied;
@@ -150,7 +154,7 @@ mod tests {
         assert_eq!(rb.insert(3, vec![3, 4]).unwrap(), 0);
         assert_eq!(rb.insert(0, vec![0, 1, 2]).unwrap(), 5);
         let mut out = [0u8; 8];
-        assert_eq!(rb.read(&mut out), 5);
+        assert_eq!(rb.read(&mut out, &mut drop), 5);
         assert_eq!(&out[..5], &[0, 1, 2, 3, 4]);
         assert_eq!(rb.contiguous_end(), 5);
     }
@@ -184,7 +188,12 @@ mod tests {
         points.dedup();
         let mut segs: Vec<(u64, Vec<u8>)> = points
             .windows(2)
-            .map(|w| (w[0] as u64, (w[0]..w[1]).map(|i| (i * 31 % 251) as u8).collect()))
+            .map(|w| {
+                (
+                    w[0] as u64,
+                    (w[0]..w[1]).map(|i| (i * 31 % 251) as u8).collect(),
+                )
+            })
             .collect();
         for (i, &o) in order.iter().enumerate() {
             let j = o % segs.len();
@@ -208,11 +217,11 @@ mod tests {
             let mut buf = vec![0u8; read_size];
             for (off, data) in segs {
                 rb.insert(off, data).unwrap();
-                let n = rb.read(&mut buf);
+                let n = rb.read(&mut buf, &mut drop);
                 out.extend_from_slice(&buf[..n]);
             }
             loop {
-                let n = rb.read(&mut buf);
+                let n = rb.read(&mut buf, &mut drop);
                 if n == 0 { break; }
                 out.extend_from_slice(&buf[..n]);
             }

@@ -24,9 +24,10 @@ use crate::wire::{Class, Frame, RstReason};
 fn reset_error(cause: ResetCause) -> io::Error {
     use io::ErrorKind::*;
     let (kind, msg) = match cause {
-        ResetCause::Peer(RstReason::NoListener) => {
-            (ConnectionRefused, "no listener on that virtual port at the peer")
-        }
+        ResetCause::Peer(RstReason::NoListener) => (
+            ConnectionRefused,
+            "no listener on that virtual port at the peer",
+        ),
         ResetCause::Peer(RstReason::Refused) => (ConnectionRefused, "the peer refused the stream"),
         ResetCause::Peer(_) => (ConnectionReset, "connection reset by peer"),
         ResetCause::ChannelLost => (ConnectionReset, "a channel carrying this socket was lost"),
@@ -46,9 +47,10 @@ fn timeout_from(ns: &AtomicU64) -> Option<Instant> {
 
 fn store_timeout(ns: &AtomicU64, t: Option<Duration>) -> io::Result<()> {
     match t {
-        Some(d) if d.is_zero() => {
-            Err(io::Error::new(io::ErrorKind::InvalidInput, "a zero timeout is not allowed"))
-        }
+        Some(d) if d.is_zero() => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a zero timeout is not allowed",
+        )),
         Some(d) => {
             ns.store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
             Ok(())
@@ -66,17 +68,29 @@ fn wait_until<'a>(
     guard: std::sync::MutexGuard<'a, StreamState>,
     deadline: Option<Instant>,
 ) -> io::Result<std::sync::MutexGuard<'a, StreamState>> {
-    match deadline {
-        None => Ok(stream.changed.wait(guard).unwrap_or_else(|e| e.into_inner())),
-        Some(d) => {
-            let now = Instant::now();
-            if now >= d {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "operation timed out"));
-            }
-            let (g, _) = stream.changed.wait_timeout(guard, d - now).unwrap_or_else(|e| e.into_inner());
-            Ok(g)
-        }
+    let now = Instant::now();
+    if deadline.is_some_and(|d| now >= d) {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "operation timed out",
+        ));
     }
+    stream.waiters.fetch_add(1, Ordering::SeqCst);
+    let guard = match deadline {
+        None => stream
+            .changed
+            .wait(guard)
+            .unwrap_or_else(|e| e.into_inner()),
+        Some(d) => {
+            stream
+                .changed
+                .wait_timeout(guard, d - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+        }
+    };
+    stream.waiters.fetch_sub(1, Ordering::SeqCst);
+    Ok(guard)
 }
 
 /// Per-socket counters (a snapshot).
@@ -175,9 +189,17 @@ impl VSocket {
         // From here on, dropping `sock` releases the stream on every error path.
         let sock = VSocket::wrap(engine.clone(), stream);
         let s = &sock.stream;
-        let syn = Frame::Syn { src: s.id, port, class, window: config.stream_window };
+        let syn = Frame::Syn {
+            src: s.id,
+            port,
+            class,
+            window: config.stream_window,
+        };
         let used = session.send_control(s.id, class, syn).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::ConnectionReset, "all channels to the peer are lost")
+            io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "all channels to the peer are lost",
+            )
         })?;
         let deadline = Instant::now() + config.connect_timeout;
         let mut st = s.lock();
@@ -192,7 +214,10 @@ impl VSocket {
             st = wait_until(s, st, Some(deadline)).map_err(|_| {
                 io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("no answer from {} within {:?}", session.peer_addr, config.connect_timeout),
+                    format!(
+                        "no answer from {} within {:?}",
+                        session.peer_addr, config.connect_timeout
+                    ),
                 )
             })?;
         }
@@ -249,7 +274,10 @@ impl VSocket {
         let deadline = timeout_from(&self.write_timeout_ns);
         let mut sent = 0;
         let partial_ok = |sent: usize, e: io::Error| {
-            let soft = matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+            let soft = matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            );
             if sent > 0 && soft {
                 Ok(sent)
             } else {
@@ -285,8 +313,16 @@ impl VSocket {
                 }
             };
             let payload = &buf[sent..sent + n];
-            let mut frame = Vec::with_capacity(crate::wire::frame::DATA_HEADER_LEN + n);
-            Frame::Data { stream: peer, offset, payload }.encode(&mut frame);
+            let mut frame = self
+                .engine
+                .buffers
+                .get(crate::wire::frame::DATA_HEADER_LEN + n);
+            Frame::Data {
+                stream: peer,
+                offset,
+                payload,
+            }
+            .encode(&mut frame);
             if !crate::driver::Channel::enqueue(&*ch, frame) {
                 // The channel died after it was picked: these bytes are lost.
                 self.stream.lock().on_reset(ResetCause::ChannelLost);
@@ -319,14 +355,19 @@ impl VSocket {
         let deadline = timeout_from(&self.read_timeout_ns);
         let mut st = self.stream.lock();
         loop {
-            match st.read(buf) {
+            match st.read_recycling(buf, &mut |b| self.engine.buffers.put(b)) {
                 Ok(n) => {
                     let credit = st.credit_due();
                     let (peer, class) = (st.peer_stream, st.class);
                     drop(st);
                     if let Some((consumed, window)) = credit {
-                        let f = Frame::Credit { dst: peer, consumed, window };
-                        if let Some(used) = self.stream.session.send_control(self.stream.id, class, f)
+                        let f = Frame::Credit {
+                            dst: peer,
+                            consumed,
+                            window,
+                        };
+                        if let Some(used) =
+                            self.stream.session.send_control(self.stream.id, class, f)
                         {
                             self.stream.lock().channel_mask |= 1u64 << used;
                         }
@@ -353,7 +394,10 @@ impl VSocket {
         let (peer, class) = (st.peer_stream, st.class);
         if let Some(final_offset) = st.shutdown_write() {
             drop(st);
-            let fin = Frame::Fin { dst: peer, final_offset };
+            let fin = Frame::Fin {
+                dst: peer,
+                final_offset,
+            };
             if let Some(used) = self.stream.session.send_control(self.stream.id, class, fin) {
                 self.stream.lock().channel_mask |= 1u64 << used;
             }
@@ -379,11 +423,25 @@ impl VSocket {
             true
         } else if st.unread_bytes() > 0 {
             st.on_reset(ResetCause::LocalAbort);
-            s.session.send_control(s.id, class, Frame::Rst { dst: peer, reason: RstReason::Aborted });
+            s.session.send_control(
+                s.id,
+                class,
+                Frame::Rst {
+                    dst: peer,
+                    reason: RstReason::Aborted,
+                },
+            );
             true
         } else {
             if let Some(final_offset) = st.shutdown_write() {
-                s.session.send_control(s.id, class, Frame::Fin { dst: peer, final_offset });
+                s.session.send_control(
+                    s.id,
+                    class,
+                    Frame::Fin {
+                        dst: peer,
+                        final_offset,
+                    },
+                );
             }
             // Otherwise linger until the peer finishes too (its FIN, RST or DATA frees it).
             st.peer_finished()
@@ -525,7 +583,10 @@ pub struct Listener {
 impl Listener {
     pub(crate) fn bind(engine: Arc<EngineInner>, port: u16) -> io::Result<Listener> {
         if engine.stopping() {
-            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "engine shut down",
+            ));
         }
         let shared = Arc::new(ListenerShared {
             backlog: Mutex::new(VecDeque::new()),
@@ -544,7 +605,12 @@ impl Listener {
             }
             map.insert(port, shared.clone());
         }
-        Ok(Listener { engine, port, shared, nonblocking: AtomicBool::new(false) })
+        Ok(Listener {
+            engine,
+            port,
+            shared,
+            nonblocking: AtomicBool::new(false),
+        })
     }
 
     pub fn port(&self) -> u16 {
@@ -562,16 +628,26 @@ impl Listener {
 
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> io::Result<VSocket> {
         let deadline = timeout.map(|d| Instant::now() + d);
-        let mut q = self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self
+            .shared
+            .backlog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(s) = q.pop_front() {
                 return Ok(VSocket::wrap(self.engine.clone(), s));
             }
             if self.shared.closed.load(Ordering::SeqCst) {
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "listener closed"));
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "listener closed",
+                ));
             }
             if self.nonblocking.load(Ordering::Relaxed) {
-                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no pending connection"));
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "no pending connection",
+                ));
             }
             q = match deadline {
                 None => self.shared.ready.wait(q).unwrap_or_else(|e| e.into_inner()),
@@ -580,7 +656,11 @@ impl Listener {
                     if now >= d {
                         return Err(io::Error::new(io::ErrorKind::TimedOut, "accept timed out"));
                     }
-                    self.shared.ready.wait_timeout(q, d - now).unwrap_or_else(|e| e.into_inner()).0
+                    self.shared
+                        .ready
+                        .wait_timeout(q, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
                 }
             };
         }
@@ -592,7 +672,13 @@ impl Listener {
             let _ = self.shared.readiness.set(EventFd::new()?);
         }
         let fd = self.shared.readiness.get().expect("set above");
-        if !self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        if !self
+            .shared
+            .backlog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
             fd.notify();
         }
         Ok(fd.raw())
@@ -608,14 +694,26 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         {
-            let mut map = self.engine.listeners.lock().unwrap_or_else(|e| e.into_inner());
-            if map.get(&self.port).is_some_and(|l| Arc::ptr_eq(l, &self.shared)) {
+            let mut map = self
+                .engine
+                .listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if map
+                .get(&self.port)
+                .is_some_and(|l| Arc::ptr_eq(l, &self.shared))
+            {
                 map.remove(&self.port);
             }
         }
         self.shared.close();
-        let pending: Vec<_> =
-            self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
+        let pending: Vec<_> = self
+            .shared
+            .backlog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
         for s in pending {
             // Accepted by the engine but never by the application: reset, as TCP does.
             let mut st = s.lock();
@@ -623,7 +721,14 @@ impl Drop for Listener {
                 let (peer, class) = (st.peer_stream, st.class);
                 st.on_reset(ResetCause::LocalAbort);
                 drop(st);
-                s.session.send_control(s.id, class, Frame::Rst { dst: peer, reason: RstReason::Aborted });
+                s.session.send_control(
+                    s.id,
+                    class,
+                    Frame::Rst {
+                        dst: peer,
+                        reason: RstReason::Aborted,
+                    },
+                );
             }
             self.engine.streams.remove(s.id);
         }
@@ -642,6 +747,8 @@ impl std::fmt::Debug for VSocket {
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener").field("port", &self.port).finish()
+        f.debug_struct("Listener")
+            .field("port", &self.port)
+            .finish()
     }
 }

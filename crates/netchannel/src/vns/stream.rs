@@ -242,13 +242,18 @@ impl StreamState {
         Some(self.send_next)
     }
 
-    /// Reads ready bytes. `Ok(0)` with a non-empty `buf` means end of stream.
-    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, ReadError> {
+    /// Reads ready bytes. `Ok(0)` with a non-empty `buf` means end of stream. Buffers emptied
+    /// by the read are handed to `recycle`.
+    pub fn read_recycling(
+        &mut self,
+        buf: &mut [u8],
+        recycle: &mut dyn FnMut(Vec<u8>),
+    ) -> Result<usize, ReadError> {
         if let Some(cause) = self.reset {
             return Err(ReadError::Reset(cause));
         }
         if self.rx.ready_bytes() > 0 {
-            let n = self.rx.read(buf);
+            let n = self.rx.read(buf, recycle);
             self.consumed += n as u64;
             return Ok(n);
         }
@@ -256,6 +261,10 @@ impl StreamState {
             return Ok(0);
         }
         Err(ReadError::Empty)
+    }
+
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, ReadError> {
+        self.read_recycling(buf, &mut drop)
     }
 
     pub fn at_eof(&self) -> bool {
@@ -331,7 +340,11 @@ mod tests {
         s.on_fin(30).unwrap(); // arrives before bytes 10..30 sent on another channel
         let mut buf = [0u8; 64];
         assert_eq!(s.read(&mut buf), Ok(10));
-        assert_eq!(s.read(&mut buf), Err(ReadError::Empty), "no EOF while bytes are missing");
+        assert_eq!(
+            s.read(&mut buf),
+            Err(ReadError::Empty),
+            "no EOF while bytes are missing"
+        );
         s.on_data(20, vec![3; 10]).unwrap();
         assert_eq!(s.read(&mut buf), Err(ReadError::Empty));
         s.on_data(10, vec![2; 10]).unwrap();
@@ -345,7 +358,11 @@ mod tests {
         let mut s = open_pair(100);
         assert_eq!(s.on_data(90, vec![0; 11]), Err(Violation::BeyondCredit));
         s.on_data(0, vec![0; 50]).unwrap();
-        assert_eq!(s.on_fin(40), Err(Violation::BeyondFin), "FIN below received data");
+        assert_eq!(
+            s.on_fin(40),
+            Err(Violation::BeyondFin),
+            "FIN below received data"
+        );
         s.on_fin(60).unwrap();
         assert_eq!(s.on_fin(70), Err(Violation::BeyondFin), "FIN moved");
         assert_eq!(s.on_data(55, vec![0; 10]), Err(Violation::BeyondFin));
@@ -382,7 +399,10 @@ mod tests {
         s.on_data(0, vec![1; 5]).unwrap();
         s.on_reset(ResetCause::Peer(RstReason::Aborted));
         let mut buf = [0u8; 8];
-        assert_eq!(s.read(&mut buf), Err(ReadError::Reset(ResetCause::Peer(RstReason::Aborted))));
+        assert_eq!(
+            s.read(&mut buf),
+            Err(ReadError::Reset(ResetCause::Peer(RstReason::Aborted)))
+        );
         assert_eq!(s.unread_bytes(), 0, "a reset drops buffered bytes");
     }
 
@@ -400,6 +420,10 @@ mod tests {
     #[test]
     fn idle_state_is_small() {
         // A million idle virtual sockets must fit well under 1 GiB (design brief section 5).
-        assert!(std::mem::size_of::<StreamState>() <= 256, "{}", std::mem::size_of::<StreamState>());
+        assert!(
+            std::mem::size_of::<StreamState>() <= 256,
+            "{}",
+            std::mem::size_of::<StreamState>()
+        );
     }
 }
