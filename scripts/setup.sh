@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh Debian machine. Idempotent: installs only what is
+# missing, so a second run does nothing and needs no network.
+set -euo pipefail
+
+need_apt=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have ip || need_apt+=(iproute2)
+have perf || need_apt+=(linux-perf)
+have iperf3 || need_apt+=(iperf3)
+have sockperf || need_apt+=(sockperf)
+have cc || need_apt+=(gcc)
+
+if ((${#need_apt[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing packages ${need_apt[*]}; run as root or install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${need_apt[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! have cargo; then
+  echo "setup: cargo not found; install Rust with rustup first" >&2
+  exit 1
+fi
+if have rustup; then
+  for c in clippy rustfmt; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >&2
+  done
+fi
+
+# perf needs permission to sample the whole machine (ncperf profile).
+if [[ -w /proc/sys/kernel/perf_event_paranoid ]] && (($(cat /proc/sys/kernel/perf_event_paranoid) > 1)); then
+  echo 1 >/proc/sys/kernel/perf_event_paranoid
+fi
