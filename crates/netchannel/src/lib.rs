@@ -31,5 +31,6 @@ pub mod wire;
 pub use engine::{Config, Engine, EngineStats, PeerChannelStats};
 pub use scheduler::Policy;
 pub use sys::enter_netns;
+pub use vns::poller::Poller;
 pub use vns::socket::{Listener, SocketStats, VSocket};
 pub use wire::Class;

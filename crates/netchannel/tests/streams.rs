@@ -19,6 +19,7 @@ both_testbeds!(
     sticky_policy_keeps_a_stream_on_one_channel,
     latency_class_never_touches_throughput_channels,
     nonblocking_with_epoll_readiness,
+    one_poller_drives_many_sockets,
 );
 
 fn one_gib_striped_over_four_channels(hosts: Hosts) {
@@ -348,4 +349,68 @@ fn ipv6_loopback() {
     send_pattern(&s, 9, 5 << 20, 100_000);
     s.shutdown().unwrap();
     assert_eq!(reader.join().unwrap(), 5 << 20);
+}
+
+fn one_poller_drives_many_sockets(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    const N: usize = 2000;
+    let l = b.listen(9).unwrap();
+    let clients: Vec<_> = (0..N)
+        .map(|_| a.connect(b.local_addr(), 9).unwrap())
+        .collect();
+    let poller = netchannel::Poller::new().unwrap();
+    let servers: Vec<_> = (0..N)
+        .map(|i| {
+            let s = l.accept().unwrap();
+            s.set_nonblocking(true);
+            poller.register(&s, i as u64).unwrap();
+            s
+        })
+        .collect();
+    assert_eq!(
+        poller.register(&servers[0], 99).unwrap_err().kind(),
+        ErrorKind::AlreadyExists
+    );
+    let sender = std::thread::spawn(move || {
+        for (i, c) in clients.iter().enumerate() {
+            send_pattern(c, i as u64, 1 + (i as u64 * 37) % 5000, 4096);
+            c.shutdown().unwrap();
+        }
+        clients
+    });
+    let mut received = vec![0u64; N];
+    let mut finished = 0;
+    let mut tokens = Vec::new();
+    let mut buf = vec![0u8; 8192];
+    let mut expect = vec![0u8; 8192];
+    while finished < N {
+        poller
+            .wait(&mut tokens, Some(Duration::from_secs(10)))
+            .unwrap();
+        assert!(
+            !tokens.is_empty(),
+            "poller stalled with {finished}/{N} sockets finished"
+        );
+        for &t in &tokens {
+            let i = t as usize;
+            loop {
+                match servers[i].recv(&mut buf) {
+                    Ok(0) => {
+                        finished += 1;
+                        assert_eq!(received[i], 1 + (i as u64 * 37) % 5000, "socket {i}");
+                        break;
+                    }
+                    Ok(n) => {
+                        pattern(i as u64, received[i], &mut expect[..n]);
+                        assert!(buf[..n] == expect[..n]);
+                        received[i] += n as u64;
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("socket {i}: {e}"),
+                }
+            }
+        }
+    }
+    drop(sender.join().unwrap());
 }

@@ -276,6 +276,12 @@ fn accept_syn(
     let Some(stream) = stream else {
         return refuse(RstReason::Refused);
     };
+    // Queued before it is acknowledged, so sequential connects are accepted in order.
+    if !listener.push(stream.clone()) {
+        // The listener closed or filled up in between.
+        engine.streams.remove(stream.id);
+        return refuse(RstReason::Refused);
+    }
     let ack = Frame::SynAck {
         dst: src,
         src: stream.id,
@@ -283,20 +289,5 @@ fn accept_syn(
     };
     if let Some(used) = session.send_control(stream.id, class, ack) {
         stream.lock().channel_mask |= 1u64 << used;
-    }
-    if !listener.push(stream.clone()) {
-        // The listener closed or filled up in between.
-        stream
-            .lock()
-            .on_reset(crate::vns::stream::ResetCause::Peer(RstReason::Refused));
-        session.send_control(
-            stream.id,
-            class,
-            Frame::Rst {
-                dst: src,
-                reason: RstReason::Refused,
-            },
-        );
-        engine.streams.remove(stream.id);
     }
 }

@@ -98,6 +98,21 @@ impl Epoll {
     }
 }
 
+/// Waits up to `timeout_ms` (-1: forever) for `fd` to become readable.
+pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // One live pollfd, count 1.
+    match syscall!(poll(&mut pfd, 1, timeout_ms)) {
+        Ok(n) => Ok(n > 0),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Reads up to `max` bytes from `fd` into the spare capacity of `buf`, extending its length by
 /// the bytes read. Avoids zero-filling buffers that the kernel is about to overwrite.
 pub fn read_append(fd: RawFd, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {

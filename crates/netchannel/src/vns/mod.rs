@@ -6,6 +6,7 @@
 //! - [`table`]: dense stream ids, indexed directly (no hash on the hot path).
 //! - [`socket`]: the application API (`VSocket`, `Listener`) and readiness.
 
+pub mod poller;
 pub mod reorder;
 pub mod socket;
 pub mod stream;
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use crate::engine::session::Session;
-use crate::sys::EventFd;
+use poller::Registration;
 use stream::StreamState;
 
 /// What the engine shares about one virtual socket between the application and the workers.
@@ -30,8 +31,8 @@ pub(crate) struct Stream {
     /// Threads blocked on `changed`; counted under `state`'s lock, so a waker that changed the
     /// state under that lock and then reads 0 knows nobody needs the (syscall-costly) notify.
     pub waiters: AtomicU32,
-    /// Created on first request, so idle sockets cost no file descriptor.
-    pub readiness: OnceLock<EventFd>,
+    /// Set when the socket joins a poller; idle sockets cost no file descriptor.
+    pub registration: OnceLock<Registration>,
 }
 
 impl Stream {
@@ -43,7 +44,7 @@ impl Stream {
             state: Mutex::new(state),
             changed: Condvar::new(),
             waiters: AtomicU32::new(0),
-            readiness: OnceLock::new(),
+            registration: OnceLock::new(),
         }
     }
 
@@ -53,13 +54,13 @@ impl Stream {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wakes blocked callers and any readiness fd.
-    pub fn wake(&self) {
+    /// Wakes blocked callers and the poller the socket is registered with.
+    pub fn wake(self: &Arc<Self>) {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             self.changed.notify_all();
         }
-        if let Some(fd) = self.readiness.get() {
-            fd.notify();
+        if let Some(reg) = self.registration.get() {
+            reg.notify(self);
         }
     }
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::poller::{Poller, Registration};
 use super::stream::{Phase, ReadError, ResetCause, SendError, StreamState};
 use super::Stream;
 use crate::engine::session::{Session, Wait};
@@ -149,6 +150,8 @@ pub struct VSocket {
     read_timeout_ns: AtomicU64,
     write_timeout_ns: AtomicU64,
     closed: AtomicBool,
+    /// The private poller behind `readiness_fd`.
+    own_poller: OnceLock<Poller>,
 }
 
 impl VSocket {
@@ -160,6 +163,7 @@ impl VSocket {
             read_timeout_ns: AtomicU64::new(0),
             write_timeout_ns: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            own_poller: OnceLock::new(),
         }
     }
 
@@ -453,25 +457,45 @@ impl VSocket {
         s.wake();
     }
 
-    /// An eventfd that becomes readable whenever this socket may have changed state (data,
-    /// credit, EOF, reset). Created on first call. Edge-triggered: after it fires, call
-    /// [`VSocket::clear_readiness`] and then `recv`/`send` until `WouldBlock`.
+    /// An fd that becomes readable whenever this socket may have changed state (data, credit,
+    /// end of stream, reset): a private [`Poller`] holding only this socket, created on first
+    /// call. Edge-triggered: after it fires, call [`VSocket::clear_readiness`] and then
+    /// `recv`/`send` until `WouldBlock`. For many sockets, share one `Poller` instead.
     pub fn readiness_fd(&self) -> io::Result<RawFd> {
-        if self.stream.readiness.get().is_none() {
-            let fd = EventFd::new()?;
-            let _ = self.stream.readiness.set(fd);
+        if let Some(p) = self.own_poller.get() {
+            return Ok(p.fd());
         }
-        let fd = self.stream.readiness.get().expect("set above");
-        if self.is_readable() || self.is_writable() {
-            fd.notify();
-        }
-        Ok(fd.raw())
+        let poller = Poller::new()?;
+        self.register(&poller, 0)?;
+        let fd = poller.fd();
+        let _ = self.own_poller.set(poller);
+        Ok(fd)
     }
 
+    /// Consumes the pending notification of `readiness_fd`.
     pub fn clear_readiness(&self) {
-        if let Some(fd) = self.stream.readiness.get() {
-            fd.drain();
+        if let Some(p) = self.own_poller.get() {
+            let mut tokens = Vec::new();
+            let _ = p.wait(&mut tokens, Some(Duration::ZERO));
         }
+    }
+
+    pub(crate) fn register(&self, poller: &Poller, token: u64) -> io::Result<()> {
+        if self
+            .stream
+            .registration
+            .set(Registration::new(poller, token))
+            .is_err()
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "the socket is already registered with a poller",
+            ));
+        }
+        if self.is_readable() || self.is_writable() {
+            self.stream.wake();
+        }
+        Ok(())
     }
 
     /// Whether `recv` would return without blocking (data, end of stream or an error).
