@@ -10,6 +10,8 @@ have perf || need_apt+=(linux-perf)
 have iperf3 || need_apt+=(iperf3)
 have sockperf || need_apt+=(sockperf)
 have cc || need_apt+=(gcc)
+have ethtool || need_apt+=(ethtool)
+[[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 
 if ((${#need_apt[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

@@ -24,7 +24,7 @@
 pub mod driver;
 pub mod engine;
 pub mod scheduler;
-mod sys;
+pub mod sys;
 pub mod vns;
 pub mod wire;
 

@@ -54,6 +54,7 @@ pub struct Epoll(OwnedFd);
 
 pub const READABLE: u32 = libc::EPOLLIN as u32;
 pub const WRITABLE: u32 = libc::EPOLLOUT as u32;
+pub const EDGE: u32 = libc::EPOLLET as u32;
 
 impl Epoll {
     pub fn new() -> io::Result<Self> {
@@ -77,13 +78,23 @@ impl Epoll {
         self.ctl(libc::EPOLL_CTL_MOD, fd, events, token)
     }
 
-    /// Waits for events; returns how many entries of `events` were filled.
+    /// Waits for events; returns how many entries of `events` were filled. Timeouts below a
+    /// millisecond are honoured exactly (epoll_wait itself would round them to zero: a spin).
     pub fn wait(
         &self,
         events: &mut [libc::epoll_event],
         timeout: Option<Duration>,
     ) -> io::Result<usize> {
-        let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+        let ms = match timeout {
+            None => -1,
+            Some(d) if !d.is_zero() && d < Duration::from_millis(1) => {
+                if !poll_readable(self.0.as_raw_fd(), Some(d))? {
+                    return Ok(0);
+                }
+                0
+            }
+            Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
+        };
         // `events` is a writable buffer of the length we pass.
         match syscall!(epoll_wait(
             self.0.as_raw_fd(),
@@ -98,15 +109,22 @@ impl Epoll {
     }
 }
 
-/// Waits up to `timeout_ms` (-1: forever) for `fd` to become readable.
-pub fn poll_readable(fd: RawFd, timeout_ms: i32) -> io::Result<bool> {
+/// Waits up to `timeout` (None: forever) for `fd` to become readable, with nanosecond precision.
+pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    // One live pollfd, count 1.
-    match syscall!(poll(&mut pfd, 1, timeout_ms)) {
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // One live pollfd, count 1; the timespec (or null) outlives the call; no signal mask.
+    match syscall!(ppoll(&mut pfd, 1, ts_ptr, std::ptr::null())) {
         Ok(n) => Ok(n > 0),
         Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
         Err(e) => Err(e),

@@ -97,13 +97,13 @@ impl Poller {
                 return Ok(());
             }
             let wait = match deadline {
-                None => -1,
+                None => None,
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         return Ok(());
                     }
-                    (d - now).as_millis().clamp(1, i32::MAX as u128) as i32
+                    Some(d - now)
                 }
             };
             crate::sys::poll_readable(self.shared.fd.raw(), wait)?;

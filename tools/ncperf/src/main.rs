@@ -1,0 +1,341 @@
+//! ncperf: the host-stack studies' workloads on Linux TCP and on netchannel, side by side.
+
+mod apps;
+mod metrics;
+mod net;
+mod orchestrate;
+mod suite;
+mod testbed;
+
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use netchannel::Policy;
+
+use apps::{Pattern, Workload};
+use net::{EngineOpts, Stack};
+use orchestrate::Hosts;
+
+#[derive(Parser)]
+#[command(
+    name = "ncperf",
+    version,
+    about = "Linux TCP and netchannel under the host-stack studies' workloads"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One measurement of one stack, both ends on this machine.
+    Run {
+        #[arg(long, value_enum)]
+        stack: Stack,
+        #[command(flatten)]
+        run: RunArgs,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Both stacks, interleaved, medians and netchannel/linux ratios.
+    Compare {
+        #[command(flatten)]
+        run: RunArgs,
+        #[arg(long, default_value_t = 3)]
+        repetitions: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The whole matrix for both stacks: JSON per run, a markdown report and PNG plots.
+    Suite {
+        #[arg(long)]
+        out: PathBuf,
+        /// A reduced matrix that finishes in under 5 minutes.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long, value_enum, default_value_t = Hosts::Netns)]
+        hosts: Hosts,
+    },
+    /// Manage the two-namespace testbed.
+    Testbed {
+        #[arg(value_enum)]
+        action: TestbedAction,
+        #[arg(long, default_value_t = 1500)]
+        mtu: u32,
+        #[arg(long, value_enum, default_value_t = OnOff::On)]
+        gro: OnOff,
+        #[arg(long, value_enum, default_value_t = OnOff::On)]
+        tso: OnOff,
+    },
+    /// Serve ncperf clients (for measurements between two real hosts).
+    Server {
+        #[arg(long, value_enum)]
+        stack: Stack,
+        /// Kernel TCP: the listening address. netchannel: the engine's channel listener.
+        #[arg(long, default_value = "0.0.0.0:5299")]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 4)]
+        channels: usize,
+        #[arg(long, default_value_t = Policy::RoundRobin)]
+        policy: Policy,
+        /// Driven by `ncperf run` over stdin.
+        #[arg(long, hide = true)]
+        coordinated: bool,
+        /// Enter this network namespace first.
+        #[arg(long)]
+        netns: Option<PathBuf>,
+    },
+    /// Run a workload against an `ncperf server` (measured at the client).
+    Client {
+        #[arg(long, value_enum)]
+        stack: Stack,
+        #[arg(long)]
+        connect: SocketAddr,
+        #[command(flatten)]
+        run: RunArgs,
+        #[arg(long, hide = true)]
+        coordinated: bool,
+        #[arg(long)]
+        netns: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TestbedAction {
+    Up,
+    Down,
+    Status,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+/// Workload arguments shared by run, compare and client.
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    #[arg(long, value_enum, default_value_t = Workload::Stream)]
+    pub workload: Workload,
+    #[arg(long, value_enum, default_value_t = Pattern::Single)]
+    pub pattern: Pattern,
+    #[arg(long, default_value_t = 1)]
+    pub flows: u64,
+    /// Bytes per write (stream) or per message (rr).
+    #[arg(long, default_value_t = 65536)]
+    pub size: u64,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Seconds of traffic before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// netchannel: throughput channels per peer.
+    #[arg(long, default_value_t = 4)]
+    pub channels: usize,
+    #[arg(long, default_value_t = Policy::RoundRobin)]
+    pub policy: Policy,
+    #[arg(long, value_enum, default_value_t = Hosts::Netns)]
+    pub hosts: Hosts,
+    /// rr: open loop at this many requests per second per flow (latency from scheduled send).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// mixed: 4 KiB ping-pong flows.
+    #[arg(long)]
+    pub latency_flows: Option<u64>,
+    /// mixed: bulk stream flows of --size writes.
+    #[arg(long)]
+    pub throughput_flows: Option<u64>,
+    /// Application threads per side at most.
+    #[arg(long, default_value_t = 8)]
+    pub max_apps: usize,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = dispatch(cli.command) {
+        eprintln!("ncperf: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn enter(netns: &Option<PathBuf>) -> Result<(), String> {
+    if let Some(ns) = netns {
+        netchannel::enter_netns(ns).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn dispatch(cmd: Cmd) -> Result<(), String> {
+    match cmd {
+        Cmd::Run { stack, run, json } => {
+            let r = orchestrate::run_once(&run, stack)?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            } else {
+                orchestrate::print_result(&r);
+            }
+        }
+        Cmd::Compare {
+            run,
+            repetitions,
+            json,
+        } => {
+            let c = orchestrate::compare(&run, repetitions)?;
+            if json {
+                println!("{}", serde_json::to_string(&c).map_err(|e| e.to_string())?);
+            } else {
+                orchestrate::print_comparison(&c);
+            }
+        }
+        Cmd::Suite { out, quick, hosts } => suite::run(&out, quick, hosts)?,
+        Cmd::Testbed {
+            action,
+            mtu,
+            gro,
+            tso,
+        } => match action {
+            TestbedAction::Up => {
+                testbed::up(testbed::Options {
+                    mtu,
+                    gro: gro == OnOff::On,
+                    tso: tso == OnOff::On,
+                })?;
+                print!("{}", testbed::status()?);
+            }
+            TestbedAction::Down => testbed::down()?,
+            TestbedAction::Status => print!("{}", testbed::status()?),
+        },
+        Cmd::Server {
+            stack,
+            listen,
+            channels,
+            policy,
+            coordinated,
+            netns,
+        } => {
+            enter(&netns)?;
+            orchestrate::raise_fd_limit();
+            apps::run_server(stack, listen, EngineOpts { channels, policy }, coordinated)
+                .map_err(|e| format!("server: {e}"))?;
+        }
+        Cmd::Client {
+            stack,
+            connect,
+            run,
+            coordinated,
+            netns,
+            json,
+        } => {
+            enter(&netns)?;
+            orchestrate::raise_fd_limit();
+            client(stack, connect, &run, coordinated, json)?;
+        }
+    }
+    Ok(())
+}
+
+fn client(
+    stack: Stack,
+    server: SocketAddr,
+    run: &RunArgs,
+    coordinated: bool,
+    json: bool,
+) -> Result<(), String> {
+    let plan = apps::plan(
+        run.workload,
+        run.pattern,
+        run.flows,
+        run.size as u32,
+        (
+            run.latency_flows.unwrap_or(0),
+            run.throughput_flows.unwrap_or(0),
+        ),
+        run.max_apps,
+    )?;
+    let args = apps::ClientArgs {
+        stack,
+        server,
+        engine: EngineOpts {
+            channels: run.channels,
+            policy: run.policy,
+        },
+        plan,
+        rate: run.rate,
+    };
+    let (warmup, duration) = (run.warmup, run.duration);
+    let window = move || -> std::io::Result<apps::Window> {
+        if coordinated {
+            println!("connected");
+            std::io::stdout().flush()?;
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line)?;
+            apps::parse_go(&line)
+                .ok_or_else(|| std::io::Error::other(format!("bad go line '{}'", line.trim())))
+        } else {
+            let start = apps::unix_ns_after(Duration::from_secs_f64(warmup));
+            Ok(apps::Window::from_unix(
+                start,
+                Duration::from_secs_f64(duration).as_nanos() as u64,
+            ))
+        }
+    };
+    let cpu0 = metrics::read_machine_cpu();
+    let own0 = metrics::read_process_ticks(std::process::id());
+    let report = apps::run_client(args, window).map_err(|e| format!("client: {e}"))?;
+    if coordinated {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    // Standalone: only this host's view (client-side bytes; CPU of this machine and process,
+    // warm-up included since there is no orchestrator to sample the window).
+    let tps = metrics::clock_ticks_per_second();
+    let total = warmup + duration;
+    let busy = match (cpu0, metrics::read_machine_cpu()) {
+        (Some(a), Some(b)) => metrics::busy_cores(b.busy - a.busy, tps, total),
+        _ => 0.0,
+    };
+    let own = match (own0, metrics::read_process_ticks(std::process::id())) {
+        (Some(a), Some(b)) => metrics::busy_cores(b - a, tps, total),
+        _ => 0.0,
+    };
+    let hist = metrics::histogram_from_pairs(&report.latency_hist);
+    let goodput = metrics::gbps(report.bytes, duration);
+    let r = metrics::RunResult {
+        stack: stack.name().into(),
+        workload: run.workload.name().into(),
+        pattern: run.pattern.name().into(),
+        flows: report.flows,
+        size: run.size,
+        duration_s: duration,
+        warmup_s: warmup,
+        goodput_gbps: goodput,
+        rps: report.rpcs as f64 / duration,
+        latency_us: metrics::percentiles(&hist),
+        cpu_cores: busy,
+        client_cpu_cores: own,
+        server_cpu_cores: f64::NAN,
+        gbps_per_core: if busy > 0.0 { goodput / busy } else { 0.0 },
+        hosts: "remote".into(),
+        processes: 1,
+        rpcs: report.rpcs,
+        ..Default::default()
+    };
+    if json {
+        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+    } else {
+        orchestrate::print_result(&r);
+    }
+    Ok(())
+}

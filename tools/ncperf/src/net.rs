@@ -1,0 +1,277 @@
+//! The two stacks behind one small API: non-blocking connections and a readiness waiter (epoll
+//! for kernel sockets, a netchannel `Poller` for virtual sockets), both edge-triggered.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use netchannel::sys::{Epoll, EDGE, READABLE, WRITABLE};
+use netchannel::{Class, Config, Engine, Policy, Poller, VSocket};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Stack {
+    Linux,
+    Netchannel,
+}
+
+impl Stack {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::Linux => "linux",
+            Stack::Netchannel => "netchannel",
+        }
+    }
+}
+
+/// The virtual port ncperf servers listen on inside a netchannel engine.
+pub const VPORT: u16 = 1;
+
+/// First bytes of every flow: what the server should do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowHeader {
+    pub echo: bool,
+    pub receiver_app: u16,
+    pub size: u32,
+}
+
+impl FlowHeader {
+    pub const LEN: usize = 8;
+
+    pub fn encode(&self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[0] = self.echo as u8;
+        b[2..4].copy_from_slice(&self.receiver_app.to_be_bytes());
+        b[4..8].copy_from_slice(&self.size.to_be_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; 8]) -> io::Result<Self> {
+        let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
+        if b[0] > 1 || b[1] != 0 {
+            return Err(bad("not an ncperf flow header"));
+        }
+        let size = u32::from_be_bytes(b[4..8].try_into().expect("4 bytes"));
+        if size == 0 || size > 64 << 20 {
+            return Err(bad("flow message size out of range"));
+        }
+        Ok(FlowHeader {
+            echo: b[0] == 1,
+            receiver_app: u16::from_be_bytes([b[2], b[3]]),
+            size,
+        })
+    }
+}
+
+pub enum Conn {
+    Tcp(TcpStream),
+    Virtual(VSocket),
+}
+
+impl Conn {
+    pub fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.read(buf),
+            Conn::Virtual(s) => s.recv(buf),
+        }
+    }
+
+    pub fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.write(buf),
+            Conn::Virtual(s) => s.send(buf),
+        }
+    }
+
+    fn write_all_blocking(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.write_all(buf),
+            Conn::Virtual(s) => (&*s).write_all(buf),
+        }
+    }
+
+    fn read_exact_blocking(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.read_exact(buf),
+            Conn::Virtual(s) => (&*s).read_exact(buf),
+        }
+    }
+
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Conn::Tcp(s) => s.set_nonblocking(true),
+            Conn::Virtual(s) => {
+                s.set_nonblocking(true);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Edge-triggered readiness for many connections, reported as tokens.
+pub enum Waiter {
+    Epoll(Epoll, std::sync::Mutex<Vec<libc::epoll_event>>),
+    Poller(Poller),
+}
+
+impl Waiter {
+    pub fn new(stack: Stack) -> io::Result<Waiter> {
+        Ok(match stack {
+            Stack::Linux => Waiter::Epoll(
+                Epoll::new()?,
+                std::sync::Mutex::new(vec![libc::epoll_event { events: 0, u64: 0 }; 256]),
+            ),
+            Stack::Netchannel => Waiter::Poller(Poller::new()?),
+        })
+    }
+
+    pub fn register(&self, conn: &Conn, token: u64) -> io::Result<()> {
+        match (self, conn) {
+            (Waiter::Epoll(ep, _), Conn::Tcp(s)) => {
+                ep.add(s.as_raw_fd(), READABLE | WRITABLE | EDGE, token)
+            }
+            (Waiter::Poller(p), Conn::Virtual(s)) => p.register(s, token),
+            _ => Err(io::Error::other(
+                "connection and waiter belong to different stacks",
+            )),
+        }
+    }
+
+    pub fn wait(&self, tokens: &mut Vec<u64>, timeout: Duration) -> io::Result<()> {
+        match self {
+            Waiter::Epoll(ep, events) => {
+                let mut events = events.lock().unwrap_or_else(|e| e.into_inner());
+                let n = ep.wait(&mut events, Some(timeout))?;
+                tokens.clear();
+                tokens.extend(events[..n].iter().map(|e| e.u64));
+                Ok(())
+            }
+            Waiter::Poller(p) => p.wait(tokens, Some(timeout)),
+        }
+    }
+}
+
+/// Engine settings ncperf exposes.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOpts {
+    pub channels: usize,
+    pub policy: Policy,
+}
+
+fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
+    let mut config = Config::new(bind);
+    config.channels = opts.channels;
+    config.policy = opts.policy;
+    config.max_streams = 1 << 21;
+    Engine::new(config)
+}
+
+/// The server side of either stack.
+pub enum Server {
+    Tcp(TcpListener),
+    Virtual(Engine, netchannel::Listener),
+}
+
+impl Server {
+    pub fn bind(stack: Stack, addr: SocketAddr, opts: EngineOpts) -> io::Result<Server> {
+        Ok(match stack {
+            Stack::Linux => Server::Tcp(TcpListener::bind(addr)?),
+            Stack::Netchannel => {
+                let e = engine(addr, opts)?;
+                let l = e.listen(VPORT)?;
+                Server::Virtual(e, l)
+            }
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Server::Tcp(l) => l.local_addr(),
+            Server::Virtual(e, _) => Ok(e.local_addr()),
+        }
+    }
+
+    /// Accepts a flow and reads its header (blocking), leaving the connection non-blocking.
+    pub fn accept(&self) -> io::Result<(Conn, FlowHeader)> {
+        let mut conn = match self {
+            Server::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                Conn::Tcp(s)
+            }
+            Server::Virtual(_, l) => {
+                let s = l.accept()?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                Conn::Virtual(s)
+            }
+        };
+        let mut h = [0u8; FlowHeader::LEN];
+        conn.read_exact_blocking(&mut h)?;
+        let header = FlowHeader::decode(&h)?;
+        conn.set_nonblocking()?;
+        Ok((conn, header))
+    }
+}
+
+/// The client side of either stack.
+pub enum Client {
+    Tcp,
+    Virtual(Engine),
+}
+
+impl Client {
+    pub fn new(stack: Stack, server: SocketAddr, opts: EngineOpts) -> io::Result<Client> {
+        Ok(match stack {
+            Stack::Linux => Client::Tcp,
+            Stack::Netchannel => {
+                let any: SocketAddr = if server.is_ipv6() {
+                    "[::]:0".parse().expect("valid")
+                } else {
+                    "0.0.0.0:0".parse().expect("valid")
+                };
+                Client::Virtual(engine(any, opts)?)
+            }
+        })
+    }
+
+    /// Opens a flow and sends its header; the connection is returned non-blocking.
+    pub fn connect(
+        &self,
+        server: SocketAddr,
+        header: FlowHeader,
+        class: Class,
+    ) -> io::Result<Conn> {
+        let mut conn = match self {
+            Client::Tcp => {
+                let s = TcpStream::connect_timeout(&server, Duration::from_secs(5))?;
+                s.set_nodelay(true)?;
+                Conn::Tcp(s)
+            }
+            Client::Virtual(e) => Conn::Virtual(e.connect_with_class(server, VPORT, class)?),
+        };
+        conn.write_all_blocking(&header.encode())?;
+        conn.set_nonblocking()?;
+        Ok(conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flow_header_round_trip_and_validation() {
+        let h = FlowHeader {
+            echo: true,
+            receiver_app: 7,
+            size: 4096,
+        };
+        assert_eq!(FlowHeader::decode(&h.encode()).unwrap(), h);
+        let mut bad = h.encode();
+        bad[0] = 9;
+        assert!(FlowHeader::decode(&bad).is_err());
+        let zero = FlowHeader { size: 0, ..h }.encode();
+        assert!(FlowHeader::decode(&zero).is_err());
+    }
+}

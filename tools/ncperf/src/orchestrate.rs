@@ -1,0 +1,535 @@
+//! `ncperf run` and `ncperf compare`: start server and client processes on the testbed, give
+//! them one measurement window, sample CPU over exactly that window, and combine the reports.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::apps::{unix_ns_after, ClientReport, ServerReport, Window, Workload};
+use crate::metrics::{self, RunResult};
+use crate::net::Stack;
+use crate::testbed;
+use crate::RunArgs;
+
+/// File descriptors a process keeps beside its flows (engine, epoll, stdio, ...).
+const FD_SLACK: u64 = 256;
+/// Most flows the tool accepts, per the studies' scale.
+pub const MAX_FLOWS: u64 = 1_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hosts {
+    Netns,
+    Loopback,
+}
+
+struct Proc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    what: String,
+}
+
+impl Proc {
+    fn spawn(args: &[String], what: String) -> Result<Proc, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start {what}: {e}"))?;
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        Ok(Proc {
+            child,
+            stdin,
+            stdout,
+            what,
+        })
+    }
+
+    /// Reads lines until one starts with `prefix`; fails if the process ends first.
+    fn expect_line(&mut self, prefix: &str) -> Result<String, String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self
+                .stdout
+                .read_line(&mut line)
+                .map_err(|e| format!("{}: {e}", self.what))?;
+            if n == 0 {
+                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                return Err(format!(
+                    "{} exited before '{prefix}' ({status}); see its error above",
+                    self.what
+                ));
+            }
+            if line.starts_with(prefix) {
+                return Ok(line.trim_end().to_string());
+            }
+        }
+    }
+
+    fn send(&mut self, line: &str) -> Result<(), String> {
+        let stdin = self.stdin.as_mut().ok_or("stdin closed")?;
+        writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .map_err(|e| format!("{}: {e}", self.what))
+    }
+
+    fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    fn ticks(&self) -> u64 {
+        metrics::read_process_ticks(self.child.id()).unwrap_or(0)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // On any error path, never leave a child behind.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The per-process open-file hard limit, after raising the soft limit to it.
+pub fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write a live rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    lim.rlim_max
+}
+
+/// How many client/server process pairs `flows` kernel sockets need.
+pub fn processes_for(stack: Stack, flows: u64, fd_limit: u64) -> Result<usize, String> {
+    if stack == Stack::Netchannel {
+        return Ok(1); // channels, not flows, use file descriptors
+    }
+    let per = fd_limit.saturating_sub(FD_SLACK);
+    if per == 0 {
+        return Err(format!(
+            "the open-file limit ({fd_limit}) leaves no room for sockets"
+        ));
+    }
+    let n = flows.div_ceil(per);
+    if n > 64 {
+        return Err(format!(
+            "{flows} kernel sockets need {n} processes per side under the per-process open-file \
+             limit of {fd_limit} (RLIMIT_NOFILE); at most 64 are started"
+        ));
+    }
+    Ok(n as usize)
+}
+
+pub fn validate(args: &RunArgs, stack: Stack) -> Result<(), String> {
+    if args.flows > MAX_FLOWS {
+        return Err(format!(
+            "--flows {} exceeds the supported {MAX_FLOWS}",
+            args.flows
+        ));
+    }
+    if args.size == 0 || args.size > 64 << 20 {
+        return Err("--size must be between 1 byte and 64 MiB".into());
+    }
+    if args.duration <= 0.0 || args.warmup < 0.0 {
+        return Err("--duration must be > 0 and --warmup >= 0".into());
+    }
+    if args.rate.is_some() && args.workload != Workload::Rr {
+        return Err("--rate applies to the rr workload only".into());
+    }
+    if matches!(args.rate, Some(r) if r <= 0.0 || !r.is_finite()) {
+        return Err("--rate must be a positive number of requests per second per flow".into());
+    }
+    let mixed_flags = args.latency_flows.is_some() || args.throughput_flows.is_some();
+    if mixed_flags && args.workload != Workload::Mixed {
+        return Err("--latency-flows/--throughput-flows apply to the mixed workload only".into());
+    }
+    if stack == Stack::Netchannel && !(1..=63).contains(&args.channels) {
+        return Err("--channels must be between 1 and 63".into());
+    }
+    crate::apps::plan(
+        args.workload,
+        args.pattern,
+        args.flows,
+        args.size as u32,
+        (
+            args.latency_flows.unwrap_or(0),
+            args.throughput_flows.unwrap_or(0),
+        ),
+        args.max_apps,
+    )
+    .map(|_| ())
+}
+
+fn total_flows(args: &RunArgs) -> u64 {
+    match args.workload {
+        Workload::Mixed => args.latency_flows.unwrap_or(0) + args.throughput_flows.unwrap_or(0),
+        _ => args.flows,
+    }
+}
+
+/// Runs one measurement of one stack.
+pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
+    validate(args, stack)?;
+    let flows = total_flows(args);
+    let fd_limit = raise_fd_limit();
+    let pairs = if args.workload == Workload::Mixed {
+        1
+    } else {
+        processes_for(stack, flows, fd_limit)?
+    };
+    let (server_ip, client_ns, server_ns) = match args.hosts {
+        Hosts::Loopback => ("127.0.0.1".parse().expect("valid"), None, None),
+        Hosts::Netns => {
+            if !testbed::exists() {
+                eprintln!(
+                    "ncperf: bringing the testbed up (namespaces {} and {})",
+                    testbed::NS_A,
+                    testbed::NS_B
+                );
+                testbed::up(testbed::Options::default())?;
+            }
+            (
+                testbed::addr_b(),
+                Some(testbed::ns_path(testbed::NS_A)),
+                Some(testbed::ns_path(testbed::NS_B)),
+            )
+        }
+    };
+    let common = |v: &mut Vec<String>| {
+        v.extend(["--stack".into(), stack.name().into()]);
+        v.extend(["--channels".into(), args.channels.to_string()]);
+        v.extend(["--policy".into(), args.policy.to_string()]);
+    };
+    let mut servers = Vec::new();
+    for i in 0..pairs {
+        let mut v = vec!["server".to_string(), "--coordinated".into()];
+        v.extend(["--listen".into(), SocketAddr::new(server_ip, 0).to_string()]);
+        common(&mut v);
+        if let Some(ns) = &server_ns {
+            v.extend(["--netns".into(), ns.display().to_string()]);
+        }
+        servers.push(Proc::spawn(&v, format!("server process {i}"))?);
+    }
+    let mut server_addrs = Vec::new();
+    for s in &mut servers {
+        let line = s.expect_line("ready ")?;
+        server_addrs.push(line["ready ".len()..].to_string());
+    }
+    let mut clients = Vec::new();
+    for (i, addr) in server_addrs.iter().enumerate() {
+        let share = if args.workload == Workload::Mixed {
+            args.flows
+        } else {
+            flows / pairs as u64 + u64::from((i as u64) < flows % pairs as u64)
+        };
+        let mut v = vec![
+            "client".to_string(),
+            "--coordinated".into(),
+            "--connect".into(),
+            addr.clone(),
+        ];
+        common(&mut v);
+        v.extend(["--workload".into(), args.workload.name().into()]);
+        v.extend(["--pattern".into(), args.pattern.name().into()]);
+        v.extend([
+            "--flows".into(),
+            share.to_string(),
+            "--size".into(),
+            args.size.to_string(),
+        ]);
+        v.extend(["--max-apps".into(), args.max_apps.to_string()]);
+        if let Some(r) = args.rate {
+            v.extend(["--rate".into(), r.to_string()]);
+        }
+        if let (Some(l), Some(t)) = (args.latency_flows, args.throughput_flows) {
+            v.extend([
+                "--latency-flows".into(),
+                l.to_string(),
+                "--throughput-flows".into(),
+                t.to_string(),
+            ]);
+        }
+        if let Some(ns) = &client_ns {
+            v.extend(["--netns".into(), ns.display().to_string()]);
+        }
+        clients.push(Proc::spawn(&v, format!("client process {i}"))?);
+    }
+    for c in &mut clients {
+        c.expect_line("connected")?;
+    }
+
+    let warmup = Duration::from_secs_f64(args.warmup);
+    let duration = Duration::from_secs_f64(args.duration);
+    // A little lead so every process has read the line before the warm-up starts.
+    let start_ns = unix_ns_after(warmup + Duration::from_millis(100));
+    let go = format!("go {start_ns} {}", duration.as_nanos());
+    let window = Window::from_unix(start_ns, duration.as_nanos() as u64);
+    for p in servers.iter_mut().chain(clients.iter_mut()) {
+        p.send(&go)?;
+    }
+    let bar = progress_bar(args, stack);
+    let sample = |servers: &[Proc], clients: &[Proc]| {
+        let m = metrics::read_machine_cpu().unwrap_or_default();
+        let s: u64 = servers.iter().map(Proc::ticks).sum();
+        let c: u64 = clients.iter().map(Proc::ticks).sum();
+        (m, s, c)
+    };
+    tick_until(window.start, &bar);
+    let t0 = Instant::now();
+    let (m0, s0, c0) = sample(&servers, &clients);
+    tick_until(window.end, &bar);
+    let (m1, s1, c1) = sample(&servers, &clients);
+    let measured = t0.elapsed().as_secs_f64();
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+
+    let mut client_reports = Vec::new();
+    for c in &mut clients {
+        let line = c.expect_line("{")?;
+        let r: ClientReport =
+            serde_json::from_str(&line).map_err(|e| format!("{}: bad report: {e}", c.what))?;
+        client_reports.push(r);
+        let _ = c.child.wait();
+    }
+    let mut server_reports = Vec::new();
+    for s in &mut servers {
+        s.close_stdin();
+        let line = s.expect_line("{")?;
+        let r: ServerReport =
+            serde_json::from_str(&line).map_err(|e| format!("{}: bad report: {e}", s.what))?;
+        server_reports.push(r);
+        let _ = s.child.wait();
+    }
+
+    let tps = metrics::clock_ticks_per_second();
+    let secs = args.duration;
+    let mut hist = metrics::new_histogram();
+    for r in &client_reports {
+        hist.add(metrics::histogram_from_pairs(&r.latency_hist))
+            .map_err(|e| e.to_string())?;
+    }
+    let client_bytes: u64 = client_reports.iter().map(|r| r.bytes).sum();
+    let sink_bytes: u64 = server_reports.iter().map(|r| r.sink_bytes).sum();
+    let rpcs: u64 = client_reports.iter().map(|r| r.rpcs).sum();
+    let goodput = match args.workload {
+        Workload::Stream | Workload::Mixed => metrics::gbps(sink_bytes, secs),
+        Workload::Rr => metrics::gbps(client_bytes, secs),
+    };
+    let cpu_cores = metrics::busy_cores(m1.busy.saturating_sub(m0.busy), tps, measured);
+    Ok(RunResult {
+        stack: stack.name().into(),
+        workload: args.workload.name().into(),
+        pattern: args.pattern.name().into(),
+        flows,
+        size: args.size,
+        duration_s: args.duration,
+        warmup_s: args.warmup,
+        goodput_gbps: goodput,
+        rps: rpcs as f64 / secs,
+        latency_us: metrics::percentiles(&hist),
+        cpu_cores,
+        client_cpu_cores: metrics::busy_cores(c1.saturating_sub(c0), tps, measured),
+        server_cpu_cores: metrics::busy_cores(s1.saturating_sub(s0), tps, measured),
+        gbps_per_core: if cpu_cores > 0.0 {
+            goodput / cpu_cores
+        } else {
+            0.0
+        },
+        hosts: match args.hosts {
+            Hosts::Netns => "netns".into(),
+            Hosts::Loopback => "loopback".into(),
+        },
+        channels: (stack == Stack::Netchannel).then_some(args.channels),
+        policy: (stack == Stack::Netchannel).then(|| args.policy.to_string()),
+        latency_flows: args.latency_flows,
+        throughput_flows: args.throughput_flows,
+        processes: pairs,
+        rpcs,
+    })
+}
+
+fn progress_bar(args: &RunArgs, stack: Stack) -> Option<indicatif::ProgressBar> {
+    let total = args.warmup + args.duration;
+    if total <= 2.0 {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new((total * 10.0) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {elapsed}/{duration}")
+            .expect("valid template"),
+    );
+    bar.set_message(format!(
+        "{} {} {}",
+        stack.name(),
+        args.workload.name(),
+        args.pattern.name()
+    ));
+    Some(bar)
+}
+
+fn tick_until(t: Instant, bar: &Option<indicatif::ProgressBar>) {
+    loop {
+        let now = Instant::now();
+        if now >= t {
+            return;
+        }
+        std::thread::sleep((t - now).min(Duration::from_millis(100)));
+        if let Some(b) = bar {
+            b.inc(1);
+        }
+    }
+}
+
+/// Every numeric metric of a result, by JSON name, for medians and ratios.
+pub fn numeric_metrics(r: &RunResult) -> Vec<(&'static str, f64)> {
+    let lat = r.latency_us.unwrap_or(metrics::Latency {
+        p50: f64::NAN,
+        p99: f64::NAN,
+        p999: f64::NAN,
+        max: f64::NAN,
+    });
+    vec![
+        ("goodput_gbps", r.goodput_gbps),
+        ("rps", r.rps),
+        ("latency_us.p50", lat.p50),
+        ("latency_us.p99", lat.p99),
+        ("latency_us.p999", lat.p999),
+        ("latency_us.max", lat.max),
+        ("cpu_cores", r.cpu_cores),
+        ("client_cpu_cores", r.client_cpu_cores),
+        ("server_cpu_cores", r.server_cpu_cores),
+        ("gbps_per_core", r.gbps_per_core),
+    ]
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Comparison {
+    pub repetitions: usize,
+    pub linux: serde_json::Map<String, serde_json::Value>,
+    pub netchannel: serde_json::Map<String, serde_json::Value>,
+    /// netchannel / linux of every metric's median.
+    pub ratio: serde_json::Map<String, serde_json::Value>,
+    pub runs: Vec<RunResult>,
+}
+
+/// Both stacks interleaved (linux, netchannel, linux, ...), medians and ratios.
+pub fn compare(args: &RunArgs, repetitions: usize) -> Result<Comparison, String> {
+    if repetitions == 0 {
+        return Err("--repetitions must be at least 1".into());
+    }
+    validate(args, Stack::Linux)?;
+    validate(args, Stack::Netchannel)?;
+    let mut runs = Vec::new();
+    for rep in 0..repetitions {
+        for stack in [Stack::Linux, Stack::Netchannel] {
+            eprintln!(
+                "ncperf compare: {} repetition {}/{repetitions}",
+                stack.name(),
+                rep + 1
+            );
+            runs.push(run_once(args, stack)?);
+        }
+    }
+    let medians = |stack: &str| -> Vec<(&'static str, f64)> {
+        let of: Vec<&RunResult> = runs.iter().filter(|r| r.stack == stack).collect();
+        numeric_metrics(of[0])
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| {
+                let v: Vec<f64> = of.iter().map(|r| numeric_metrics(r)[i].1).collect();
+                (*name, metrics::median(&v))
+            })
+            .collect()
+    };
+    let (l, n) = (medians("linux"), medians("netchannel"));
+    let to_map = |m: &[(&str, f64)]| {
+        m.iter()
+            .map(|(k, v)| (k.to_string(), json_num(*v)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let ratio = l
+        .iter()
+        .zip(&n)
+        .map(|((k, lv), (_, nv))| (k.to_string(), json_num(nv / lv)))
+        .collect();
+    Ok(Comparison {
+        repetitions,
+        linux: to_map(&l),
+        netchannel: to_map(&n),
+        ratio,
+        runs,
+    })
+}
+
+fn json_num(v: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
+pub fn print_comparison(c: &Comparison) {
+    println!(
+        "{:<18} {:>14} {:>14} {:>10}",
+        "metric (median)", "linux", "netchannel", "ratio"
+    );
+    for (k, lv) in &c.linux {
+        let f = |v: Option<&serde_json::Value>| {
+            v.and_then(|v| v.as_f64())
+                .map_or("-".to_string(), |x| format!("{x:.3}"))
+        };
+        println!(
+            "{k:<18} {:>14} {:>14} {:>10}",
+            f(Some(lv)),
+            f(c.netchannel.get(k)),
+            f(c.ratio.get(k))
+        );
+    }
+}
+
+pub fn print_result(r: &RunResult) {
+    println!(
+        "{} {} {} flows={} size={}: goodput {:.2} Gbit/s, {:.0} rps, cpu {:.2} cores (client {:.2}, server {:.2}), {:.2} Gbit/s per core",
+        r.stack, r.workload, r.pattern, r.flows, r.size, r.goodput_gbps, r.rps, r.cpu_cores,
+        r.client_cpu_cores, r.server_cpu_cores, r.gbps_per_core
+    );
+    if let Some(l) = r.latency_us {
+        println!(
+            "  latency us: p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
+            l.p50, l.p99, l.p999, l.max
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_sockets_spread_over_processes_by_fd_limit() {
+        assert_eq!(processes_for(Stack::Linux, 10_000, 20_000), Ok(1));
+        assert_eq!(processes_for(Stack::Linux, 100_000, 20_000), Ok(6));
+        assert_eq!(processes_for(Stack::Netchannel, 1_000_000, 20_000), Ok(1));
+        let err = processes_for(Stack::Linux, 1_000_000, 1_024).unwrap_err();
+        assert!(
+            err.contains("open-file limit") && err.contains("RLIMIT_NOFILE"),
+            "{err}"
+        );
+    }
+}
