@@ -64,14 +64,10 @@ fn raw_peer(tb: &Testbed, to: SocketAddr) -> TcpStream {
 
 fn raw_channel(tb: &Testbed, to: SocketAddr) -> TcpStream {
     let mut s = raw_peer(tb, to);
-    s.write_all(&Handshake::hello(0xBAD, 0, Class::Throughput).encode())
-        .unwrap();
+    s.write_all(&Handshake::hello(0xBAD, 0, Class::Throughput).encode()).unwrap();
     let mut reply = [0u8; 24];
     s.read_exact(&mut reply).unwrap();
-    assert_eq!(
-        Handshake::decode(&reply).unwrap().kind,
-        HandshakeKind::Accept
-    );
+    assert_eq!(Handshake::decode(&reply).unwrap().kind, HandshakeKind::Accept);
     s
 }
 
@@ -96,10 +92,7 @@ fn wait_for_errors(engine: &Engine, n: u64) -> Vec<String> {
                 .filter_map(|c| c.channel.close_reason.clone())
                 .collect();
         }
-        assert!(
-            Instant::now() < deadline,
-            "no protocol error counted: {stats:?}"
-        );
+        assert!(Instant::now() < deadline, "no protocol error counted: {stats:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -109,21 +102,13 @@ fn connect_where_no_engine_listens(hosts: Hosts) {
     let (a, _b) = tb.engines(|_| {});
     // A port nobody listens on, on host B.
     let port = match hosts {
-        Hosts::Loopback => TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port(),
+        Hosts::Loopback => TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port(),
         Hosts::Netns => 9,
     };
     let start = Instant::now();
     let err = a.connect(SocketAddr::new(tb.addr_b, port), 1).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(1), "took {:?}", start.elapsed());
 }
 
 fn connect_to_port_without_listener(hosts: Hosts) {
@@ -141,20 +126,13 @@ fn killed_peer_resets_every_socket(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, _) = tb.engines(|_| {});
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nc-echo"));
-    cmd.args([
-        "--listen",
-        &SocketAddr::new(tb.addr_b, 0).to_string(),
-        "--port",
-        "7",
-    ]);
+    cmd.args(["--listen", &SocketAddr::new(tb.addr_b, 0).to_string(), "--port", "7"]);
     if let Some(ns) = &tb.b {
         cmd.arg("--netns").arg(ns);
     }
     let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let peer: SocketAddr = line.trim().parse().unwrap();
     let socks: Vec<VSocket> = (0..8).map(|_| a.connect(peer, 7).unwrap()).collect();
     for s in &socks {
@@ -183,20 +161,13 @@ fn killed_peer_resets_every_socket(hosts: Hosts) {
     for s in &socks[4..] {
         let err = loop {
             match s.send(&[0u8; 65536]) {
-                Ok(_) => assert!(
-                    killed.elapsed() < Duration::from_secs(5),
-                    "send never failed"
-                ),
+                Ok(_) => assert!(killed.elapsed() < Duration::from_secs(5), "send never failed"),
                 Err(e) => break e,
             }
         };
         assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
     }
-    assert!(
-        killed.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        killed.elapsed()
-    );
+    assert!(killed.elapsed() < Duration::from_secs(5), "took {:?}", killed.elapsed());
 }
 
 fn garbage_instead_of_handshake(hosts: Hosts) {
@@ -204,18 +175,14 @@ fn garbage_instead_of_handshake(hosts: Hosts) {
     let (a, b) = tb.engines(|_| {});
     let by = Bystander::new(&a, &b);
     let mut s = raw_peer(&tb, b.local_addr());
-    s.write_all(b"GET / HTTP/1.1\r\nHost: netchannel\r\n\r\n")
-        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: netchannel\r\n\r\n").unwrap();
     let mut reply = [0u8; 24];
     s.read_exact(&mut reply).unwrap();
     let reply = Handshake::decode(&reply).unwrap();
     assert_eq!(reply.kind, HandshakeKind::Reject(RejectReason::BadMagic));
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
-    assert!(
-        reasons.iter().any(|r| r.contains("bad magic")),
-        "{reasons:?}"
-    );
+    assert!(reasons.iter().any(|r| r.contains("bad magic")), "{reasons:?}");
     assert_eq!(b.stats().handshake_failures, 1);
     by.check();
 }
@@ -236,12 +203,7 @@ fn wrong_version_is_refused_by_the_acceptor(hosts: Hosts) {
     );
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
-    assert!(
-        reasons
-            .iter()
-            .any(|r| r.contains("unsupported protocol version 2")),
-        "{reasons:?}"
-    );
+    assert!(reasons.iter().any(|r| r.contains("unsupported protocol version 2")), "{reasons:?}");
     by.check();
 }
 
@@ -281,10 +243,7 @@ fn wrong_version_or_magic_is_refused_by_the_dialer(hosts: Hosts) {
     });
     let err = a.connect(fake_addr, 1).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
-    assert!(
-        err.to_string().contains("unsupported protocol version 2"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("unsupported protocol version 2"), "{err}");
     let err = a.connect(fake_addr, 1).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
     assert!(err.to_string().contains("bad magic"), "{err}");
@@ -297,20 +256,12 @@ fn truncated_frame(hosts: Hosts) {
     let by = Bystander::new(&a, &b);
     let mut s = raw_channel(&tb, b.local_addr());
     let mut frame = Vec::new();
-    Frame::Data {
-        stream: 0,
-        offset: 0,
-        payload: &[1, 2, 3, 4],
-    }
-    .encode(&mut frame);
+    Frame::Data { stream: 0, offset: 0, payload: &[1, 2, 3, 4] }.encode(&mut frame);
     s.write_all(&frame[..12]).unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
-    assert!(
-        reasons.iter().any(|r| r.contains("truncated")),
-        "{reasons:?}"
-    );
+    assert!(reasons.iter().any(|r| r.contains("truncated")), "{reasons:?}");
     by.check();
 }
 
@@ -320,19 +271,11 @@ fn unknown_stream_id(hosts: Hosts) {
     let by = Bystander::new(&a, &b);
     let mut s = raw_channel(&tb, b.local_addr());
     let mut frame = Vec::new();
-    Frame::Credit {
-        dst: 0x00AB_CDEF,
-        consumed: 0,
-        window: 10,
-    }
-    .encode(&mut frame);
+    Frame::Credit { dst: 0x00AB_CDEF, consumed: 0, window: 10 }.encode(&mut frame);
     s.write_all(&frame).unwrap();
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
-    assert!(
-        reasons.iter().any(|r| r.contains("unknown stream id")),
-        "{reasons:?}"
-    );
+    assert!(reasons.iter().any(|r| r.contains("unknown stream id")), "{reasons:?}");
     by.check();
 }
 
@@ -344,10 +287,7 @@ fn garbage_frame_after_handshake(hosts: Hosts) {
     s.write_all(&[0xEE; 64]).unwrap();
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
-    assert!(
-        reasons.iter().any(|r| r.contains("unknown frame type 238")),
-        "{reasons:?}"
-    );
+    assert!(reasons.iter().any(|r| r.contains("unknown frame type 238")), "{reasons:?}");
     by.check();
 }
 
@@ -375,36 +315,19 @@ fn data_beyond_credit(hosts: Hosts) {
     let l = b.listen(77).unwrap();
     let mut s = raw_channel(&tb, b.local_addr());
     let mut out = Vec::with_capacity(MAX_CONTROL_LEN);
-    Frame::Syn {
-        src: 1,
-        port: 77,
-        class: Class::Throughput,
-        window: 65536,
-    }
-    .encode(&mut out);
+    Frame::Syn { src: 1, port: 77, class: Class::Throughput, window: 65536 }.encode(&mut out);
     s.write_all(&out).unwrap();
     let id = read_syn_ack(&mut s);
     let victim = l.accept().unwrap();
     out.clear();
     let payload = vec![0u8; 65537];
-    Frame::Data {
-        stream: id,
-        offset: 0,
-        payload: &payload,
-    }
-    .encode(&mut out);
+    Frame::Data { stream: id, offset: 0, payload: &payload }.encode(&mut out);
     s.write_all(&out).unwrap();
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
-    assert!(
-        reasons.iter().any(|r| r.contains("beyond granted credit")),
-        "{reasons:?}"
-    );
+    assert!(reasons.iter().any(|r| r.contains("beyond granted credit")), "{reasons:?}");
     assert_eq!(victim.stats().protocol_errors, 1);
     let mut buf = [0u8; 8];
-    assert_eq!(
-        victim.recv(&mut buf).unwrap_err().kind(),
-        ErrorKind::ConnectionReset
-    );
+    assert_eq!(victim.recv(&mut buf).unwrap_err().kind(), ErrorKind::ConnectionReset);
     by.check();
 }

@@ -44,9 +44,7 @@ fn stalled_reader_does_not_block_others(hosts: Hosts) {
     let stalled: VSocket = a.connect(b.local_addr(), 1).unwrap();
     let stalled_peer = l.accept().unwrap(); // never read
     let stalled_sender = std::thread::spawn(move || {
-        stalled
-            .set_write_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
+        stalled.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
         // Blocks once the window is full, until the test ends and the peer goes away.
         let chunk = vec![1u8; 1 << 20];
         while stalled.send(&chunk).is_ok() {}
@@ -55,22 +53,14 @@ fn stalled_reader_does_not_block_others(hosts: Hosts) {
     // Let the stalled socket exhaust its credit.
     let deadline = Instant::now() + Duration::from_secs(10);
     while stalled_peer.stats().unread_bytes < window as usize {
-        assert!(
-            Instant::now() < deadline,
-            "stalled socket never filled its window"
-        );
+        assert!(Instant::now() < deadline, "stalled socket never filled its window");
         std::thread::sleep(Duration::from_millis(5));
     }
 
     // Interleave: alone (stalled socket idle is the same as absent: it holds no channel queue)
     // versus beside it. Structural check first: the stalled bytes sit in the peer's receive
     // buffer, not in any channel queue.
-    let queued: u64 = a
-        .stats()
-        .channels
-        .iter()
-        .map(|c| c.channel.queued_bytes)
-        .sum();
+    let queued: u64 = a.stats().channels.iter().map(|c| c.channel.queued_bytes).sum();
     assert_eq!(queued, 0, "a stalled socket must not occupy channel queues");
     assert_eq!(stalled_peer.stats().unread_bytes as u64, window);
 
@@ -84,16 +74,8 @@ fn stalled_reader_does_not_block_others(hosts: Hosts) {
     let (t_beside, t_alone) = (median(beside.clone()), median(alone.clone()));
     let ratio = t_alone / t_beside;
     eprintln!("throughput beside a stalled reader / alone = {ratio:.3} ({beside:?} vs {alone:?})");
-    assert!(
-        ratio >= 0.9,
-        "kept only {:.0}% of its throughput",
-        ratio * 100.0
-    );
-    assert_eq!(
-        stalled_peer.stats().unread_bytes as u64,
-        window,
-        "stalled socket stayed stalled"
-    );
+    assert!(ratio >= 0.9, "kept only {:.0}% of its throughput", ratio * 100.0);
+    assert_eq!(stalled_peer.stats().unread_bytes as u64, window, "stalled socket stayed stalled");
     drop(stalled_peer);
     let _ = stalled_sender.join();
 }

@@ -48,10 +48,7 @@ fn one_gib_striped_over_four_channels(hosts: Hosts) {
         .collect();
     assert_eq!(striped.len(), 4, "{striped:?}");
     for bytes in &striped {
-        assert!(
-            *bytes > LEN / 16,
-            "round-robin should use every channel: {striped:?}"
-        );
+        assert!(*bytes > LEN / 16, "round-robin should use every channel: {striped:?}");
     }
     assert_eq!(s.stats().bytes_sent, LEN);
     assert_eq!(stats.protocol_errors, 0);
@@ -114,11 +111,7 @@ fn ten_thousand_concurrent_sockets(hosts: Hosts) {
         s.shutdown().unwrap();
     }
     for (i, s) in socks.iter().enumerate() {
-        assert_eq!(
-            recv_pattern(s, !(i as u64), 8192),
-            size(i, 2) as u64,
-            "socket {i}: reply"
-        );
+        assert_eq!(recv_pattern(s, !(i as u64), 8192), size(i, 2) as u64, "socket {i}: reply");
     }
     let server_socks = server.join().unwrap();
     drop(socks);
@@ -157,10 +150,7 @@ fn close_with_unread_data_resets_peer(hosts: Hosts) {
     p.close();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 8];
-    assert_eq!(
-        s.recv(&mut buf).unwrap_err().kind(),
-        ErrorKind::ConnectionReset
-    );
+    assert_eq!(s.recv(&mut buf).unwrap_err().kind(), ErrorKind::ConnectionReset);
     assert_eq!(s.send(b"x").unwrap_err().kind(), ErrorKind::ConnectionReset);
 }
 
@@ -201,11 +191,7 @@ fn sticky_policy_keeps_a_stream_on_one_channel(hosts: Hosts) {
         .map(|c| c.channel.tx_bytes)
         .filter(|&bytes| bytes > 1 << 20)
         .collect();
-    assert_eq!(
-        busy.len(),
-        1,
-        "sticky stream spread over channels: {busy:?}"
-    );
+    assert_eq!(busy.len(), 1, "sticky stream spread over channels: {busy:?}");
 }
 
 fn latency_class_never_touches_throughput_channels(hosts: Hosts) {
@@ -215,9 +201,7 @@ fn latency_class_never_touches_throughput_channels(hosts: Hosts) {
         c.latency_channels = 1;
     });
     let l = b.listen(7).unwrap();
-    let lat = a
-        .connect_with_class(b.local_addr(), 7, Class::Latency)
-        .unwrap();
+    let lat = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
     let lat_peer = l.accept().unwrap();
     let bulk = a.connect(b.local_addr(), 7).unwrap();
     let bulk_peer = l.accept().unwrap();
@@ -237,29 +221,15 @@ fn latency_class_never_touches_throughput_channels(hosts: Hosts) {
     assert_eq!(r2.join().unwrap(), LAT);
     let stats = a.stats();
     let sum = |class| -> u64 {
-        stats
-            .channels
-            .iter()
-            .filter(|c| c.channel.class == class)
-            .map(|c| c.channel.tx_bytes)
-            .sum()
+        stats.channels.iter().filter(|c| c.channel.class == class).map(|c| c.channel.tx_bytes).sum()
     };
     let (on_lat, on_bulk) = (sum(Class::Latency), sum(Class::Throughput));
-    assert!(
-        (LAT..LAT + LAT / 8).contains(&on_lat),
-        "latency channel carried {on_lat}"
-    );
-    assert!(
-        (BULK..BULK + LAT / 8).contains(&on_bulk),
-        "throughput channels carried {on_bulk}"
-    );
+    assert!((LAT..LAT + LAT / 8).contains(&on_lat), "latency channel carried {on_lat}");
+    assert!((BULK..BULK + LAT / 8).contains(&on_bulk), "throughput channels carried {on_bulk}");
     // The receiving engine answers on the same classes (its credits for each socket).
     let stats_b = b.stats();
-    let lat_channels: Vec<_> = stats_b
-        .channels
-        .iter()
-        .filter(|c| c.channel.class == Class::Latency)
-        .collect();
+    let lat_channels: Vec<_> =
+        stats_b.channels.iter().filter(|c| c.channel.class == Class::Latency).collect();
     assert_eq!(lat_channels.len(), 1);
 }
 
@@ -280,15 +250,9 @@ fn nonblocking_with_epoll_readiness(hosts: Hosts) {
     // SAFETY: plain syscalls on fds owned by this test; closed at the end.
     let epfd = unsafe { libc::epoll_create1(0) };
     let lfd = l.readiness_fd().unwrap();
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: 1,
-    };
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 1 };
     // SAFETY: registers a live eventfd with a live epoll instance.
-    assert_eq!(
-        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, lfd, &mut ev) },
-        0
-    );
+    assert_eq!(unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, lfd, &mut ev) }, 0);
     let s = a.connect(b.local_addr(), 8).unwrap();
     assert_eq!(epoll_wait_one(epfd, 5000), 1, "listener readiness fired");
     l.clear_readiness();
@@ -298,15 +262,9 @@ fn nonblocking_with_epoll_readiness(hosts: Hosts) {
     assert_eq!(p.recv(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
     let pfd = p.readiness_fd().unwrap();
     p.clear_readiness();
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: 2,
-    };
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: 2 };
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, pfd, &mut ev) },
-        0
-    );
+    assert_eq!(unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, pfd, &mut ev) }, 0);
     l.clear_readiness();
     s.send(b"ping").unwrap();
     assert!(epoll_wait_one(epfd, 5000) >= 1, "socket readiness fired");
@@ -325,11 +283,7 @@ fn nonblocking_with_epoll_readiness(hosts: Hosts) {
         }
     }
     // The 4 bytes read above were consumed but are below the credit batching threshold.
-    assert_eq!(
-        total as u32,
-        a.config().stream_window - 4,
-        "send stops at the granted window"
-    );
+    assert_eq!(total as u32, a.config().stream_window - 4, "send stops at the granted window");
     // SAFETY: closes the epoll fd created above.
     unsafe { libc::close(epfd) };
 }
@@ -337,10 +291,7 @@ fn nonblocking_with_epoll_readiness(hosts: Hosts) {
 #[test]
 fn ipv6_loopback() {
     let cfg = || netchannel::Config::new("[::1]:0".parse().unwrap());
-    let (a, b) = (
-        netchannel::Engine::new(cfg()).unwrap(),
-        netchannel::Engine::new(cfg()).unwrap(),
-    );
+    let (a, b) = (netchannel::Engine::new(cfg()).unwrap(), netchannel::Engine::new(cfg()).unwrap());
     assert!(b.local_addr().is_ipv6());
     let l = b.listen(1).unwrap();
     let s = a.connect(b.local_addr(), 1).unwrap();
@@ -356,9 +307,7 @@ fn one_poller_drives_many_sockets(hosts: Hosts) {
     let (a, b) = tb.engines(|_| {});
     const N: usize = 2000;
     let l = b.listen(9).unwrap();
-    let clients: Vec<_> = (0..N)
-        .map(|_| a.connect(b.local_addr(), 9).unwrap())
-        .collect();
+    let clients: Vec<_> = (0..N).map(|_| a.connect(b.local_addr(), 9).unwrap()).collect();
     let poller = netchannel::Poller::new().unwrap();
     let servers: Vec<_> = (0..N)
         .map(|i| {
@@ -368,10 +317,7 @@ fn one_poller_drives_many_sockets(hosts: Hosts) {
             s
         })
         .collect();
-    assert_eq!(
-        poller.register(&servers[0], 99).unwrap_err().kind(),
-        ErrorKind::AlreadyExists
-    );
+    assert_eq!(poller.register(&servers[0], 99).unwrap_err().kind(), ErrorKind::AlreadyExists);
     let sender = std::thread::spawn(move || {
         for (i, c) in clients.iter().enumerate() {
             send_pattern(c, i as u64, 1 + (i as u64 * 37) % 5000, 4096);
@@ -385,13 +331,8 @@ fn one_poller_drives_many_sockets(hosts: Hosts) {
     let mut buf = vec![0u8; 8192];
     let mut expect = vec![0u8; 8192];
     while finished < N {
-        poller
-            .wait(&mut tokens, Some(Duration::from_secs(10)))
-            .unwrap();
-        assert!(
-            !tokens.is_empty(),
-            "poller stalled with {finished}/{N} sockets finished"
-        );
+        poller.wait(&mut tokens, Some(Duration::from_secs(10))).unwrap();
+        assert!(!tokens.is_empty(), "poller stalled with {finished}/{N} sockets finished");
         for &t in &tokens {
             let i = t as usize;
             loop {

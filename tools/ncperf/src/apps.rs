@@ -94,7 +94,7 @@ pub fn plan(
         let (l, t) = mixed;
         if l == 0 || t == 0 {
             return Err(
-                "the mixed workload needs --latency-flows and --throughput-flows >= 1".into(),
+                "the mixed workload needs --latency-flows and --throughput-flows >= 1".into()
             );
         }
         // One L-app on each side, T flows over their own T-apps.
@@ -119,18 +119,13 @@ pub fn plan(
                 latency: false,
             });
         }
-        return Ok(Plan {
-            flows: v,
-            sender_apps: 1 + t_apps,
-        });
+        return Ok(Plan { flows: v, sender_apps: 1 + t_apps });
     }
     if flows == 0 {
         return Err("--flows must be at least 1".into());
     }
     if pattern == Pattern::Single && flows != 1 {
-        return Err(format!(
-            "the single pattern is one flow; got --flows {flows}"
-        ));
+        return Err(format!("the single pattern is one flow; got --flows {flows}"));
     }
     let n = flows as usize;
     let cap = |x: usize| x.clamp(1, max_apps);
@@ -153,19 +148,10 @@ pub fn plan(
                 Pattern::OneToOne => s,
                 _ => i % receivers,
             };
-            FlowSpec {
-                echo,
-                size,
-                sender_app: s as u32,
-                receiver_app: r as u16,
-                latency: false,
-            }
+            FlowSpec { echo, size, sender_app: s as u32, receiver_app: r as u16, latency: false }
         })
         .collect();
-    Ok(Plan {
-        flows,
-        sender_apps: senders,
-    })
+    Ok(Plan { flows, sender_apps: senders })
 }
 
 /// The measurement window, shared by every app of a process.
@@ -182,27 +168,20 @@ impl Window {
 
     /// A window starting at a wall-clock time (ns since the epoch), as sent by the orchestrator.
     pub fn from_unix(start_ns: u64, duration_ns: u64) -> Window {
-        let now_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+        let now_unix =
+            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         let now = Instant::now();
         let start = if start_ns >= now_unix {
             now + Duration::from_nanos(start_ns - now_unix)
         } else {
-            now.checked_sub(Duration::from_nanos(now_unix - start_ns))
-                .unwrap_or(now)
+            now.checked_sub(Duration::from_nanos(now_unix - start_ns)).unwrap_or(now)
         };
-        Window {
-            start,
-            end: start + Duration::from_nanos(duration_ns),
-        }
+        Window { start, end: start + Duration::from_nanos(duration_ns) }
     }
 }
 
 pub fn unix_ns_after(d: Duration) -> u64 {
-    (SystemTime::now() + d)
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    (SystemTime::now() + d).duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Starts all apps at once, with the window every one of them measures.
@@ -239,10 +218,7 @@ struct Counters {
 /// Sum of counters at a moment.
 fn snapshot(counters: &[Arc<Counters>]) -> (u64, u64) {
     counters.iter().fold((0, 0), |(b, r), c| {
-        (
-            b + c.bytes.load(Ordering::Relaxed),
-            r + c.rpcs.load(Ordering::Relaxed),
-        )
+        (b + c.bytes.load(Ordering::Relaxed), r + c.rpcs.load(Ordering::Relaxed))
     })
 }
 
@@ -289,42 +265,37 @@ struct ClientFlow {
     sent_at: VecDeque<Instant>,
     next_send: Instant,
     closed: bool,
+    token: u64,
+    /// Write interest registered (kernel sockets start without it for RR flows).
+    write_interest: bool,
 }
 
 const IO_BUF: usize = 256 * 1024;
 
 impl ClientFlow {
-    fn service(
-        &mut self,
-        wbuf: &[u8],
-        rbuf: &mut [u8],
-        counters: &Counters,
-        hist: &mut Histogram<u64>,
-        window: &Window,
-        closed_loop: bool,
-    ) {
+    fn service(&mut self, cx: &mut AppCtx<'_>) {
         if self.closed {
             return;
         }
         let size = self.spec.size as u64;
         if self.spec.echo {
             loop {
-                match self.conn.read(rbuf) {
+                match self.conn.read(&mut cx.rbuf) {
                     Ok(0) => return self.closed = true,
                     Ok(n) => {
-                        counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                        cx.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                         self.got += n as u64;
                         while self.got >= size {
                             self.got -= size;
                             let now = Instant::now();
                             if let Some(t0) = self.sent_at.pop_front() {
-                                if window.contains(now) {
+                                if cx.window.contains(now) {
                                     let us = now.saturating_duration_since(t0).as_micros() as u64;
-                                    hist.saturating_record(us.max(1));
-                                    counters.rpcs.fetch_add(1, Ordering::Relaxed);
+                                    cx.hist.saturating_record(us.max(1));
+                                    cx.counters.rpcs.fetch_add(1, Ordering::Relaxed);
                                 }
                             }
-                            if closed_loop {
+                            if cx.closed_loop {
                                 self.sent_at.push_back(now);
                                 self.out += size;
                             }
@@ -336,13 +307,22 @@ impl ClientFlow {
                 }
             }
             while self.out > 0 {
-                let n = (self.out as usize).min(wbuf.len());
-                match self.conn.write(&wbuf[..n]) {
+                let n = (self.out as usize).min(cx.wbuf.len());
+                match self.conn.write(&cx.wbuf[..n]) {
                     Ok(n) => {
-                        counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                        cx.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                         self.out -= n as u64;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if !self.write_interest {
+                            self.write_interest = true;
+                            if cx.waiter.want_writable(&self.conn, self.token).is_err() {
+                                return self.closed = true;
+                            }
+                            continue; // writable again before the interest took effect?
+                        }
+                        break;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => return self.closed = true,
                 }
@@ -350,9 +330,9 @@ impl ClientFlow {
         } else {
             loop {
                 let from = self.out as usize;
-                match self.conn.write(&wbuf[from..size as usize]) {
+                match self.conn.write(&cx.wbuf[from..size as usize]) {
                     Ok(n) => {
-                        counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+                        cx.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                         self.out = (self.out + n as u64) % size;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -364,6 +344,17 @@ impl ClientFlow {
     }
 }
 
+/// What a client app's flows share while being served.
+struct AppCtx<'a> {
+    waiter: &'a Waiter,
+    wbuf: Vec<u8>,
+    rbuf: Vec<u8>,
+    counters: &'a Counters,
+    hist: Histogram<u64>,
+    window: Window,
+    closed_loop: bool,
+}
+
 /// Runs one client app until the window ends. Returns its latency histogram.
 fn client_app(
     mut flows: Vec<ClientFlow>,
@@ -372,16 +363,17 @@ fn client_app(
     gate: Arc<Gate>,
     rate: Option<f64>,
 ) -> Histogram<u64> {
-    let mut hist = new_histogram();
-    let max_size = flows
-        .iter()
-        .map(|f| f.spec.size as usize)
-        .max()
-        .unwrap_or(1);
-    let wbuf = vec![0x6Eu8; max_size.max(IO_BUF)];
-    let mut rbuf = vec![0u8; IO_BUF];
+    let max_size = flows.iter().map(|f| f.spec.size as usize).max().unwrap_or(1);
     let window = gate.wait();
-    let closed_loop = rate.is_none();
+    let mut cx = AppCtx {
+        waiter: &waiter,
+        wbuf: vec![0x6Eu8; max_size.max(IO_BUF)],
+        rbuf: vec![0u8; IO_BUF],
+        counters: &counters,
+        hist: new_histogram(),
+        window,
+        closed_loop: rate.is_none(),
+    };
     let interval = rate.map(|r| Duration::from_secs_f64(1.0 / r));
     let now = Instant::now();
     let n = flows.len().max(1) as u32;
@@ -396,7 +388,7 @@ fn client_app(
                 }
             }
         }
-        f.service(&wbuf, &mut rbuf, &counters, &mut hist, &window, closed_loop);
+        f.service(&mut cx);
     }
     let mut tokens = Vec::new();
     loop {
@@ -415,7 +407,7 @@ fn client_app(
                     due = true;
                 }
                 if due {
-                    f.service(&wbuf, &mut rbuf, &counters, &mut hist, &window, false);
+                    f.service(&mut cx);
                 }
                 timeout = timeout.min(f.next_send.saturating_duration_since(now));
             }
@@ -425,11 +417,11 @@ fn client_app(
         }
         for &t in &tokens {
             if let Some(f) = flows.get_mut(t as usize) {
-                f.service(&wbuf, &mut rbuf, &counters, &mut hist, &window, closed_loop);
+                f.service(&mut cx);
             }
         }
     }
-    hist
+    cx.hist
 }
 
 /// The client process: connects every flow, reports "connected", waits for the window (from
@@ -451,12 +443,8 @@ pub fn run_client(
     for specs in per_app {
         let c = Arc::new(Counters::default());
         counters.push(c.clone());
-        let (client, gate, ready, failed) = (
-            client.clone(),
-            gate.clone(),
-            ready_tx.clone(),
-            failed.clone(),
-        );
+        let (client, gate, ready, failed) =
+            (client.clone(), gate.clone(), ready_tx.clone(), failed.clone());
         let (stack, server, rate) = (args.stack, args.server, args.rate);
         handles.push(std::thread::spawn(move || {
             let setup = || -> io::Result<(Vec<ClientFlow>, Waiter)> {
@@ -471,13 +459,9 @@ pub fn run_client(
                         receiver_app: spec.receiver_app,
                         size: spec.size,
                     };
-                    let class = if spec.latency {
-                        Class::Latency
-                    } else {
-                        Class::Throughput
-                    };
+                    let class = if spec.latency { Class::Latency } else { Class::Throughput };
                     let conn = client.connect(server, header, class)?;
-                    waiter.register(&conn, token as u64)?;
+                    waiter.register(&conn, token as u64, !spec.echo)?;
                     flows.push(ClientFlow {
                         conn,
                         spec,
@@ -486,6 +470,8 @@ pub fn run_client(
                         sent_at: VecDeque::new(),
                         next_send: Instant::now(),
                         closed: false,
+                        token: token as u64,
+                        write_interest: !spec.echo,
                     });
                 }
                 Ok((flows, waiter))
@@ -528,8 +514,7 @@ pub fn run_client(
     let mut hist = new_histogram();
     for h in handles {
         if let Ok(Some(app_hist)) = h.join() {
-            hist.add(app_hist)
-                .map_err(|e| io::Error::other(format!("histogram: {e}")))?;
+            hist.add(app_hist).map_err(|e| io::Error::other(format!("histogram: {e}")))?;
         }
     }
     Ok(ClientReport {
@@ -545,6 +530,8 @@ struct ServerFlow {
     header: FlowHeader,
     got: u64,
     out: u64,
+    token: u64,
+    write_interest: bool,
 }
 
 /// One receiver app: its flows arrive through `inbox` from the accept thread.
@@ -561,19 +548,10 @@ fn receiver_loop(app: Arc<ReceiverApp>, stop: Arc<AtomicBool>) {
     let mut buf = vec![0u8; IO_BUF];
     let wbuf = vec![0x5Au8; IO_BUF];
     while !stop.load(Ordering::Relaxed) {
-        if app
-            .waiter
-            .wait(&mut tokens, Duration::from_millis(100))
-            .is_err()
-        {
+        if app.waiter.wait(&mut tokens, Duration::from_millis(100)).is_err() {
             return;
         }
-        for (t, f) in app
-            .inbox
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
+        for (t, f) in app.inbox.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             let t = t as usize;
             if flows.len() <= t {
                 flows.resize_with(t + 1, || None);
@@ -585,7 +563,7 @@ fn receiver_loop(app: Arc<ReceiverApp>, stop: Arc<AtomicBool>) {
                 continue;
             };
             let Some(f) = slot.as_mut() else { continue };
-            if !serve_flow(f, &mut buf, &wbuf, &app.counters) {
+            if !serve_flow(f, &app.waiter, &mut buf, &wbuf, &app.counters) {
                 *slot = None; // closed: dropping it closes the connection
             }
         }
@@ -593,7 +571,13 @@ fn receiver_loop(app: Arc<ReceiverApp>, stop: Arc<AtomicBool>) {
 }
 
 /// Serves one flow until it would block; false once it is closed.
-fn serve_flow(f: &mut ServerFlow, buf: &mut [u8], wbuf: &[u8], counters: &Counters) -> bool {
+fn serve_flow(
+    f: &mut ServerFlow,
+    waiter: &Waiter,
+    buf: &mut [u8],
+    wbuf: &[u8],
+    counters: &Counters,
+) -> bool {
     let size = f.header.size as u64;
     loop {
         match f.conn.read(buf) {
@@ -616,7 +600,16 @@ fn serve_flow(f: &mut ServerFlow, buf: &mut [u8], wbuf: &[u8], counters: &Counte
         let n = (f.out as usize).min(wbuf.len());
         match f.conn.write(&wbuf[..n]) {
             Ok(n) => f.out -= n as u64,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !f.write_interest {
+                    f.write_interest = true;
+                    if waiter.want_writable(&f.conn, f.token).is_err() {
+                        return false;
+                    }
+                    continue;
+                }
+                break;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => return false,
         }
@@ -675,26 +668,17 @@ pub fn run_server(
                 apps[header.receiver_app as usize].clone()
             };
             let token = app.next_token.fetch_add(1, Ordering::Relaxed);
-            let flow = ServerFlow {
-                conn,
-                header,
-                got: 0,
-                out: 0,
-            };
+            let flow = ServerFlow { conn, header, got: 0, out: 0, token, write_interest: false };
             // Registered under the inbox lock right after queuing: the app takes that lock
             // before it looks up a token, so it always finds the flow its token names.
             let mut inbox = app.inbox.lock().unwrap_or_else(|e| e.into_inner());
             inbox.push((token, flow));
             let (_, f) = inbox.last().expect("just pushed");
-            let _ = app.waiter.register(&f.conn, token);
+            let _ = app.waiter.register(&f.conn, token, false);
         });
     }
     let counters = || -> Vec<Arc<Counters>> {
-        apps.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|a| a.counters.clone())
-            .collect()
+        apps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|a| a.counters.clone()).collect()
     };
     if !coordinated {
         let mut last = (Instant::now(), 0u64);
@@ -729,14 +713,8 @@ pub fn run_server(
     // Wait for the orchestrator to close stdin (the clients are done), then report.
     for _ in lines.by_ref() {}
     stop.store(true, Ordering::Relaxed);
-    let report = ServerReport {
-        sink_bytes: b1 - b0,
-        flows: accepted.load(Ordering::Relaxed),
-    };
-    println!(
-        "{}",
-        serde_json::to_string(&report).map_err(io::Error::other)?
-    );
+    let report = ServerReport { sink_bytes: b1 - b0, flows: accepted.load(Ordering::Relaxed) };
+    println!("{}", serde_json::to_string(&report).map_err(io::Error::other)?);
     io::stdout().flush()
 }
 
@@ -756,13 +734,7 @@ mod tests {
     use super::*;
 
     fn apps_of(p: &Plan) -> (usize, usize) {
-        let r = p
-            .flows
-            .iter()
-            .map(|f| f.receiver_app as usize)
-            .max()
-            .unwrap()
-            + 1;
+        let r = p.flows.iter().map(|f| f.receiver_app as usize).max().unwrap() + 1;
         (p.sender_apps, r)
     }
 
@@ -773,10 +745,7 @@ mod tests {
         assert!(plan(Workload::Stream, Pattern::Single, 2, 100, (0, 0), 8).is_err());
         let p = plan(Workload::Stream, Pattern::OneToOne, 64, 100, (0, 0), 8).unwrap();
         assert_eq!(apps_of(&p), (8, 8));
-        assert!(p
-            .flows
-            .iter()
-            .all(|f| f.sender_app as u16 == f.receiver_app));
+        assert!(p.flows.iter().all(|f| f.sender_app as u16 == f.receiver_app));
         let p = plan(Workload::Rr, Pattern::Incast, 64, 100, (0, 0), 8).unwrap();
         assert_eq!(apps_of(&p), (8, 1));
         assert!(p.flows.iter().all(|f| f.echo));
@@ -785,11 +754,7 @@ mod tests {
         let p = plan(Workload::Stream, Pattern::AllToAll, 64, 100, (0, 0), 16).unwrap();
         assert_eq!(apps_of(&p), (8, 8));
         // Every sender talks to every receiver.
-        let mut pairs: Vec<_> = p
-            .flows
-            .iter()
-            .map(|f| (f.sender_app, f.receiver_app))
-            .collect();
+        let mut pairs: Vec<_> = p.flows.iter().map(|f| (f.sender_app, f.receiver_app)).collect();
         pairs.sort_unstable();
         pairs.dedup();
         assert_eq!(pairs.len(), 64);
@@ -803,11 +768,7 @@ mod tests {
         let l: Vec<_> = p.flows.iter().filter(|f| f.latency).collect();
         assert_eq!(l.len(), 1);
         assert!(l[0].echo && l[0].size == LATENCY_RPC && l[0].sender_app == 0);
-        assert!(p
-            .flows
-            .iter()
-            .filter(|f| !f.latency)
-            .all(|f| f.sender_app != 0 && !f.echo));
+        assert!(p.flows.iter().filter(|f| !f.latency).all(|f| f.sender_app != 0 && !f.echo));
         assert!(plan(Workload::Mixed, Pattern::OneToOne, 0, 1, (0, 8), 16).is_err());
     }
 
@@ -816,10 +777,7 @@ mod tests {
         let start = unix_ns_after(Duration::from_millis(500));
         let w = parse_go(&format!("go {start} 2000000000")).unwrap();
         let d = w.start.saturating_duration_since(Instant::now());
-        assert!(
-            d > Duration::from_millis(300) && d <= Duration::from_millis(500),
-            "{d:?}"
-        );
+        assert!(d > Duration::from_millis(300) && d <= Duration::from_millis(500), "{d:?}");
         assert_eq!(w.end - w.start, Duration::from_secs(2));
         assert!(parse_go("stop 1 2").is_none());
         assert!(parse_go("go x 2").is_none());

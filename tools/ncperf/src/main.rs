@@ -184,11 +184,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 orchestrate::print_result(&r);
             }
         }
-        Cmd::Compare {
-            run,
-            repetitions,
-            json,
-        } => {
+        Cmd::Compare { run, repetitions, json } => {
             let c = orchestrate::compare(&run, repetitions)?;
             if json {
                 println!("{}", serde_json::to_string(&c).map_err(|e| e.to_string())?);
@@ -197,12 +193,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             }
         }
         Cmd::Suite { out, quick, hosts } => suite::run(&out, quick, hosts)?,
-        Cmd::Testbed {
-            action,
-            mtu,
-            gro,
-            tso,
-        } => match action {
+        Cmd::Testbed { action, mtu, gro, tso } => match action {
             TestbedAction::Up => {
                 testbed::up(testbed::Options {
                     mtu,
@@ -214,27 +205,13 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             TestbedAction::Down => testbed::down()?,
             TestbedAction::Status => print!("{}", testbed::status()?),
         },
-        Cmd::Server {
-            stack,
-            listen,
-            channels,
-            policy,
-            coordinated,
-            netns,
-        } => {
+        Cmd::Server { stack, listen, channels, policy, coordinated, netns } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
             apps::run_server(stack, listen, EngineOpts { channels, policy }, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
         }
-        Cmd::Client {
-            stack,
-            connect,
-            run,
-            coordinated,
-            netns,
-            json,
-        } => {
+        Cmd::Client { stack, connect, run, coordinated, netns, json } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
             client(stack, connect, &run, coordinated, json)?;
@@ -255,19 +232,13 @@ fn client(
         run.pattern,
         run.flows,
         run.size as u32,
-        (
-            run.latency_flows.unwrap_or(0),
-            run.throughput_flows.unwrap_or(0),
-        ),
+        (run.latency_flows.unwrap_or(0), run.throughput_flows.unwrap_or(0)),
         run.max_apps,
     )?;
     let args = apps::ClientArgs {
         stack,
         server,
-        engine: EngineOpts {
-            channels: run.channels,
-            policy: run.policy,
-        },
+        engine: EngineOpts { channels: run.channels, policy: run.policy },
         plan,
         rate: run.rate,
     };
@@ -282,20 +253,14 @@ fn client(
                 .ok_or_else(|| std::io::Error::other(format!("bad go line '{}'", line.trim())))
         } else {
             let start = apps::unix_ns_after(Duration::from_secs_f64(warmup));
-            Ok(apps::Window::from_unix(
-                start,
-                Duration::from_secs_f64(duration).as_nanos() as u64,
-            ))
+            Ok(apps::Window::from_unix(start, Duration::from_secs_f64(duration).as_nanos() as u64))
         }
     };
     let cpu0 = metrics::read_machine_cpu();
     let own0 = metrics::read_process_ticks(std::process::id());
     let report = apps::run_client(args, window).map_err(|e| format!("client: {e}"))?;
     if coordinated {
-        println!(
-            "{}",
-            serde_json::to_string(&report).map_err(|e| e.to_string())?
-        );
+        println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
         return Ok(());
     }
     // Standalone: only this host's view (client-side bytes; CPU of this machine and process,

@@ -39,6 +39,9 @@ pub struct RunResult {
     pub processes: usize,
     /// Completed RPCs measured (rr and mixed).
     pub rpcs: u64,
+    /// (quantile, microseconds) points of the latency distribution, for CDF plots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency_cdf: Vec<(f64, f64)>,
 }
 
 /// A latency histogram in microseconds (1 us .. 100 s, 3 significant digits).
@@ -48,9 +51,7 @@ pub fn new_histogram() -> Histogram<u64> {
 
 /// Histogram contents as (value, count) pairs, to move between processes as JSON.
 pub fn histogram_to_pairs(h: &Histogram<u64>) -> Vec<(u64, u64)> {
-    h.iter_recorded()
-        .map(|v| (v.value_iterated_to(), v.count_at_value()))
-        .collect()
+    h.iter_recorded().map(|v| (v.value_iterated_to(), v.count_at_value())).collect()
 }
 
 pub fn histogram_from_pairs(pairs: &[(u64, u64)]) -> Histogram<u64> {
@@ -73,6 +74,16 @@ pub fn percentiles(h: &Histogram<u64>) -> Option<Latency> {
     })
 }
 
+/// Points of the latency CDF at fixed quantiles (denser toward the tail).
+pub fn cdf_points(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    let mut qs: Vec<f64> = (1..100).map(|i| i as f64 / 100.0).collect();
+    qs.extend([0.995, 0.999, 0.9999, 1.0]);
+    qs.into_iter().map(|q| (q, h.value_at_quantile(q) as f64)).collect()
+}
+
 /// Machine-wide CPU time from the first line of /proc/stat, in clock ticks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuSample {
@@ -84,11 +95,7 @@ pub struct CpuSample {
 /// excluded from both (time the hypervisor took is not ours).
 pub fn parse_proc_stat(text: &str) -> Option<CpuSample> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
     if v.len() < 4 {
         return None;
     }
@@ -96,10 +103,7 @@ pub fn parse_proc_stat(text: &str) -> Option<CpuSample> {
     // user nice system idle iowait irq softirq steal guest guest_nice
     let idle = field(3) + field(4);
     let busy = field(0) + field(1) + field(2) + field(5) + field(6);
-    Some(CpuSample {
-        busy,
-        total: busy + idle,
-    })
+    Some(CpuSample { busy, total: busy + idle })
 }
 
 /// utime + stime of a process from /proc/PID/stat, in clock ticks. The command name (field 2)

@@ -55,11 +55,7 @@ impl FlowHeader {
         if size == 0 || size > 64 << 20 {
             return Err(bad("flow message size out of range"));
         }
-        Ok(FlowHeader {
-            echo: b[0] == 1,
-            receiver_app: u16::from_be_bytes([b[2], b[3]]),
-            size,
-        })
+        Ok(FlowHeader { echo: b[0] == 1, receiver_app: u16::from_be_bytes([b[2], b[3]]), size })
     }
 }
 
@@ -125,15 +121,27 @@ impl Waiter {
         })
     }
 
-    pub fn register(&self, conn: &Conn, token: u64) -> io::Result<()> {
+    /// Registers a connection. Kernel sockets get write interest only with `writes_block`
+    /// (stream senders): otherwise every ACK that frees send buffer would wake the app, an
+    /// extra wake-up per RPC that no real RPC server pays. Virtual sockets report all changes.
+    pub fn register(&self, conn: &Conn, token: u64, writes_block: bool) -> io::Result<()> {
         match (self, conn) {
             (Waiter::Epoll(ep, _), Conn::Tcp(s)) => {
-                ep.add(s.as_raw_fd(), READABLE | WRITABLE | EDGE, token)
+                let write = if writes_block { WRITABLE } else { 0 };
+                ep.add(s.as_raw_fd(), READABLE | write | EDGE, token)
             }
             (Waiter::Poller(p), Conn::Virtual(s)) => p.register(s, token),
-            _ => Err(io::Error::other(
-                "connection and waiter belong to different stacks",
-            )),
+            _ => Err(io::Error::other("connection and waiter belong to different stacks")),
+        }
+    }
+
+    /// Adds write interest after a write would have blocked (kernel sockets).
+    pub fn want_writable(&self, conn: &Conn, token: u64) -> io::Result<()> {
+        match (self, conn) {
+            (Waiter::Epoll(ep, _), Conn::Tcp(s)) => {
+                ep.modify(s.as_raw_fd(), READABLE | WRITABLE | EDGE, token)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -262,11 +270,7 @@ mod tests {
 
     #[test]
     fn flow_header_round_trip_and_validation() {
-        let h = FlowHeader {
-            echo: true,
-            receiver_app: 7,
-            size: 4096,
-        };
+        let h = FlowHeader { echo: true, receiver_app: 7, size: 4096 };
         assert_eq!(FlowHeader::decode(&h.encode()).unwrap(), h);
         let mut bad = h.encode();
         bad[0] = 9;

@@ -42,12 +42,7 @@ impl Proc {
             .map_err(|e| format!("cannot start {what}: {e}"))?;
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        Ok(Proc {
-            child,
-            stdin,
-            stdout,
-            what,
-        })
+        Ok(Proc { child, stdin, stdout, what })
     }
 
     /// Reads lines until one starts with `prefix`; fails if the process ends first.
@@ -55,10 +50,7 @@ impl Proc {
         let mut line = String::new();
         loop {
             line.clear();
-            let n = self
-                .stdout
-                .read_line(&mut line)
-                .map_err(|e| format!("{}: {e}", self.what))?;
+            let n = self.stdout.read_line(&mut line).map_err(|e| format!("{}: {e}", self.what))?;
             if n == 0 {
                 let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
                 return Err(format!(
@@ -100,10 +92,7 @@ impl Drop for Proc {
 
 /// The per-process open-file hard limit, after raising the soft limit to it.
 pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit read and write a live rlimit struct.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
@@ -124,9 +113,7 @@ pub fn processes_for(stack: Stack, flows: u64, fd_limit: u64) -> Result<usize, S
     }
     let per = fd_limit.saturating_sub(FD_SLACK);
     if per == 0 {
-        return Err(format!(
-            "the open-file limit ({fd_limit}) leaves no room for sockets"
-        ));
+        return Err(format!("the open-file limit ({fd_limit}) leaves no room for sockets"));
     }
     let n = flows.div_ceil(per);
     if n > 64 {
@@ -140,10 +127,7 @@ pub fn processes_for(stack: Stack, flows: u64, fd_limit: u64) -> Result<usize, S
 
 pub fn validate(args: &RunArgs, stack: Stack) -> Result<(), String> {
     if args.flows > MAX_FLOWS {
-        return Err(format!(
-            "--flows {} exceeds the supported {MAX_FLOWS}",
-            args.flows
-        ));
+        return Err(format!("--flows {} exceeds the supported {MAX_FLOWS}", args.flows));
     }
     if args.size == 0 || args.size > 64 << 20 {
         return Err("--size must be between 1 byte and 64 MiB".into());
@@ -169,10 +153,7 @@ pub fn validate(args: &RunArgs, stack: Stack) -> Result<(), String> {
         args.pattern,
         args.flows,
         args.size as u32,
-        (
-            args.latency_flows.unwrap_or(0),
-            args.throughput_flows.unwrap_or(0),
-        ),
+        (args.latency_flows.unwrap_or(0), args.throughput_flows.unwrap_or(0)),
         args.max_apps,
     )
     .map(|_| ())
@@ -190,11 +171,8 @@ pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
     validate(args, stack)?;
     let flows = total_flows(args);
     let fd_limit = raise_fd_limit();
-    let pairs = if args.workload == Workload::Mixed {
-        1
-    } else {
-        processes_for(stack, flows, fd_limit)?
-    };
+    let pairs =
+        if args.workload == Workload::Mixed { 1 } else { processes_for(stack, flows, fd_limit)? };
     let (server_ip, client_ns, server_ns) = match args.hosts {
         Hosts::Loopback => ("127.0.0.1".parse().expect("valid"), None, None),
         Hosts::Netns => {
@@ -240,21 +218,12 @@ pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
         } else {
             flows / pairs as u64 + u64::from((i as u64) < flows % pairs as u64)
         };
-        let mut v = vec![
-            "client".to_string(),
-            "--coordinated".into(),
-            "--connect".into(),
-            addr.clone(),
-        ];
+        let mut v =
+            vec!["client".to_string(), "--coordinated".into(), "--connect".into(), addr.clone()];
         common(&mut v);
         v.extend(["--workload".into(), args.workload.name().into()]);
         v.extend(["--pattern".into(), args.pattern.name().into()]);
-        v.extend([
-            "--flows".into(),
-            share.to_string(),
-            "--size".into(),
-            args.size.to_string(),
-        ]);
+        v.extend(["--flows".into(), share.to_string(), "--size".into(), args.size.to_string()]);
         v.extend(["--max-apps".into(), args.max_apps.to_string()]);
         if let Some(r) = args.rate {
             v.extend(["--rate".into(), r.to_string()]);
@@ -324,8 +293,7 @@ pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
     let secs = args.duration;
     let mut hist = metrics::new_histogram();
     for r in &client_reports {
-        hist.add(metrics::histogram_from_pairs(&r.latency_hist))
-            .map_err(|e| e.to_string())?;
+        hist.add(metrics::histogram_from_pairs(&r.latency_hist)).map_err(|e| e.to_string())?;
     }
     let client_bytes: u64 = client_reports.iter().map(|r| r.bytes).sum();
     let sink_bytes: u64 = server_reports.iter().map(|r| r.sink_bytes).sum();
@@ -349,11 +317,7 @@ pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
         cpu_cores,
         client_cpu_cores: metrics::busy_cores(c1.saturating_sub(c0), tps, measured),
         server_cpu_cores: metrics::busy_cores(s1.saturating_sub(s0), tps, measured),
-        gbps_per_core: if cpu_cores > 0.0 {
-            goodput / cpu_cores
-        } else {
-            0.0
-        },
+        gbps_per_core: if cpu_cores > 0.0 { goodput / cpu_cores } else { 0.0 },
         hosts: match args.hosts {
             Hosts::Netns => "netns".into(),
             Hosts::Loopback => "loopback".into(),
@@ -364,6 +328,7 @@ pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
         throughput_flows: args.throughput_flows,
         processes: pairs,
         rpcs,
+        latency_cdf: metrics::cdf_points(&hist),
     })
 }
 
@@ -377,12 +342,7 @@ fn progress_bar(args: &RunArgs, stack: Stack) -> Option<indicatif::ProgressBar> 
         indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {elapsed}/{duration}")
             .expect("valid template"),
     );
-    bar.set_message(format!(
-        "{} {} {}",
-        stack.name(),
-        args.workload.name(),
-        args.pattern.name()
-    ));
+    bar.set_message(format!("{} {} {}", stack.name(), args.workload.name(), args.pattern.name()));
     Some(bar)
 }
 
@@ -441,11 +401,7 @@ pub fn compare(args: &RunArgs, repetitions: usize) -> Result<Comparison, String>
     let mut runs = Vec::new();
     for rep in 0..repetitions {
         for stack in [Stack::Linux, Stack::Netchannel] {
-            eprintln!(
-                "ncperf compare: {} repetition {}/{repetitions}",
-                stack.name(),
-                rep + 1
-            );
+            eprintln!("ncperf compare: {} repetition {}/{repetitions}", stack.name(), rep + 1);
             runs.push(run_once(args, stack)?);
         }
     }
@@ -462,22 +418,11 @@ pub fn compare(args: &RunArgs, repetitions: usize) -> Result<Comparison, String>
     };
     let (l, n) = (medians("linux"), medians("netchannel"));
     let to_map = |m: &[(&str, f64)]| {
-        m.iter()
-            .map(|(k, v)| (k.to_string(), json_num(*v)))
-            .collect::<serde_json::Map<_, _>>()
+        m.iter().map(|(k, v)| (k.to_string(), json_num(*v))).collect::<serde_json::Map<_, _>>()
     };
-    let ratio = l
-        .iter()
-        .zip(&n)
-        .map(|((k, lv), (_, nv))| (k.to_string(), json_num(nv / lv)))
-        .collect();
-    Ok(Comparison {
-        repetitions,
-        linux: to_map(&l),
-        netchannel: to_map(&n),
-        ratio,
-        runs,
-    })
+    let ratio =
+        l.iter().zip(&n).map(|((k, lv), (_, nv))| (k.to_string(), json_num(nv / lv))).collect();
+    Ok(Comparison { repetitions, linux: to_map(&l), netchannel: to_map(&n), ratio, runs })
 }
 
 fn json_num(v: f64) -> serde_json::Value {
@@ -485,14 +430,10 @@ fn json_num(v: f64) -> serde_json::Value {
 }
 
 pub fn print_comparison(c: &Comparison) {
-    println!(
-        "{:<18} {:>14} {:>14} {:>10}",
-        "metric (median)", "linux", "netchannel", "ratio"
-    );
+    println!("{:<18} {:>14} {:>14} {:>10}", "metric (median)", "linux", "netchannel", "ratio");
     for (k, lv) in &c.linux {
         let f = |v: Option<&serde_json::Value>| {
-            v.and_then(|v| v.as_f64())
-                .map_or("-".to_string(), |x| format!("{x:.3}"))
+            v.and_then(|v| v.as_f64()).map_or("-".to_string(), |x| format!("{x:.3}"))
         };
         println!(
             "{k:<18} {:>14} {:>14} {:>10}",
@@ -527,9 +468,6 @@ mod tests {
         assert_eq!(processes_for(Stack::Linux, 100_000, 20_000), Ok(6));
         assert_eq!(processes_for(Stack::Netchannel, 1_000_000, 20_000), Ok(1));
         let err = processes_for(Stack::Linux, 1_000_000, 1_024).unwrap_err();
-        assert!(
-            err.contains("open-file limit") && err.contains("RLIMIT_NOFILE"),
-            "{err}"
-        );
+        assert!(err.contains("open-file limit") && err.contains("RLIMIT_NOFILE"), "{err}");
     }
 }

@@ -21,11 +21,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options {
-            mtu: 1500,
-            gro: true,
-            tso: true,
-        }
+        Options { mtu: 1500, gro: true, tso: true }
     }
 }
 
@@ -48,11 +44,7 @@ fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -82,10 +74,7 @@ pub fn up(opts: Options) -> Result<(), String> {
             }
         })?;
         run("ip", &["netns", "add", NS_B])?;
-        run(
-            "ip",
-            &["link", "add", DEV_A, "type", "veth", "peer", "name", DEV_B],
-        )?;
+        run("ip", &["link", "add", DEV_A, "type", "veth", "peer", "name", DEV_B])?;
         run("ip", &["link", "set", DEV_A, "netns", NS_A])?;
         run("ip", &["link", "set", DEV_B, "netns", NS_B])?;
         let a = format!("{}/24", addr_a());
@@ -143,17 +132,9 @@ pub fn status() -> Result<String, String> {
     let mut out = String::from("testbed: up\n");
     for (ns, dev) in [(NS_A, DEV_A), (NS_B, DEV_B)] {
         let link = run("ip", &["-n", ns, "-o", "link", "show", dev])?;
-        let mtu = link
-            .split_whitespace()
-            .skip_while(|w| *w != "mtu")
-            .nth(1)
-            .unwrap_or("?");
+        let mtu = link.split_whitespace().skip_while(|w| *w != "mtu").nth(1).unwrap_or("?");
         let addr = run("ip", &["-n", ns, "-o", "-4", "addr", "show", dev])?;
-        let ip = addr
-            .split_whitespace()
-            .skip_while(|w| *w != "inet")
-            .nth(1)
-            .unwrap_or("?");
+        let ip = addr.split_whitespace().skip_while(|w| *w != "inet").nth(1).unwrap_or("?");
         let features = run("ip", &["netns", "exec", ns, "ethtool", "-k", dev]).unwrap_or_default();
         let feature = |name: &str| {
             features

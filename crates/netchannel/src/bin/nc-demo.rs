@@ -24,14 +24,8 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        seconds: 2.0,
-        rounds: 3,
-        channels: 4,
-        spin_us: None,
-        frame: None,
-        only: None,
-    };
+    let mut a =
+        Args { seconds: 2.0, rounds: 3, channels: 4, spin_us: None, frame: None, only: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -150,10 +144,7 @@ fn main() {
 }
 
 fn run(args: &Args) -> std::io::Result<()> {
-    let mut config = Config {
-        channels: args.channels,
-        ..Config::default()
-    };
+    let mut config = Config { channels: args.channels, ..Config::default() };
     if let Some(us) = args.spin_us {
         config.idle_spin = Duration::from_micros(us);
     }

@@ -32,11 +32,7 @@ pub struct ChannelMeta {
 /// A received frame, owned, so DATA payloads move into the receive buffer without a copy.
 #[derive(Debug)]
 pub enum InFrame {
-    Data {
-        stream: u32,
-        offset: u64,
-        payload: Vec<u8>,
-    },
+    Data { stream: u32, offset: u64, payload: Vec<u8> },
     Control(Frame<'static>),
 }
 
@@ -200,32 +196,22 @@ impl ChannelQueues {
     }
 
     pub fn control_sent(&self, frames: usize) {
-        self.counters
-            .tx_frames
-            .fetch_add(frames as u64, Ordering::Relaxed);
+        self.counters.tx_frames.fetch_add(frames as u64, Ordering::Relaxed);
     }
 
     pub fn count_tx_bytes(&self, n: usize) {
-        self.counters
-            .tx_bytes
-            .fetch_add(n as u64, Ordering::Relaxed);
+        self.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     pub fn count_rx(&self, bytes: usize, frames: usize) {
-        self.counters
-            .rx_bytes
-            .fetch_add(bytes as u64, Ordering::Relaxed);
-        self.counters
-            .rx_frames
-            .fetch_add(frames as u64, Ordering::Relaxed);
+        self.counters.rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.counters.rx_frames.fetch_add(frames as u64, Ordering::Relaxed);
     }
 
     /// Marks the channel closed, records why, and drops what was still queued.
     pub fn close(&self, reason: &ChannelError) {
         if matches!(reason, ChannelError::Protocol(_)) {
-            self.counters
-                .protocol_errors
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
         }
         *self.close_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
         self.open.store(false, Ordering::SeqCst);
@@ -235,10 +221,7 @@ impl ChannelQueues {
             q.drain(..).map(|f| f.len()).sum()
         };
         self.queued.fetch_sub(dropped as u64, Ordering::AcqRel);
-        self.control
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.control.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.control_len.store(0, Ordering::Release);
     }
 }
@@ -297,11 +280,7 @@ impl Channel for ChannelQueues {
             rx_frames: c.rx_frames.load(Ordering::Relaxed),
             queued_bytes: self.queued_bytes(),
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
-            close_reason: self
-                .close_reason
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+            close_reason: self.close_reason.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         }
     }
 }
@@ -310,28 +289,10 @@ impl Channel for ChannelQueues {
 pub fn owned_control(frame: Frame<'_>) -> Option<Frame<'static>> {
     Some(match frame {
         Frame::Data { .. } => return None,
-        Frame::Syn {
-            src,
-            port,
-            class,
-            window,
-        } => Frame::Syn {
-            src,
-            port,
-            class,
-            window,
-        },
+        Frame::Syn { src, port, class, window } => Frame::Syn { src, port, class, window },
         Frame::SynAck { dst, src, window } => Frame::SynAck { dst, src, window },
         Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
         Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
-        Frame::Credit {
-            dst,
-            consumed,
-            window,
-        } => Frame::Credit {
-            dst,
-            consumed,
-            window,
-        },
+        Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
     })
 }

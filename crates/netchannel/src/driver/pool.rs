@@ -15,11 +15,7 @@ pub struct BufferPool {
 impl BufferPool {
     /// Buffers of `capacity` bytes; at most `max_buffers` are kept when idle.
     pub fn new(capacity: usize, max_buffers: usize) -> Self {
-        BufferPool {
-            free: Mutex::new(Vec::new()),
-            capacity,
-            max_buffers,
-        }
+        BufferPool { free: Mutex::new(Vec::new()), capacity, max_buffers }
     }
 
     /// An empty buffer able to hold `len` bytes.

@@ -69,9 +69,9 @@ pub fn dial(
     sock.set_read_timeout(Some(timeout))?;
     sock.write_all(&hello.encode())?;
     let reply = read_handshake(&mut sock).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => refused(format!(
-            "engine at {addr} closed the channel during the handshake"
-        )),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
+            refused(format!("engine at {addr} closed the channel during the handshake"))
+        }
         io::ErrorKind::WouldBlock => io::Error::new(
             io::ErrorKind::TimedOut,
             format!("engine at {addr} did not answer the channel handshake"),
@@ -85,9 +85,7 @@ pub fn dial(
     match reply.kind {
         HandshakeKind::Accept => {}
         HandshakeKind::Reject(reason) => {
-            return Err(refused(format!(
-                "engine at {addr} refused the channel: {reason}"
-            )))
+            return Err(refused(format!("engine at {addr} refused the channel: {reason}")))
         }
         HandshakeKind::Hello => {
             return Err(io::Error::new(
@@ -109,19 +107,13 @@ pub fn accept_handshake(
     timeout: Duration,
     opts: &TcpOptions,
 ) -> Result<Handshake, WireError> {
-    let bad_io = |_: io::Error| WireError::BadField {
-        field: "handshake (i/o)",
-        value: 0,
-    };
+    let bad_io = |_: io::Error| WireError::BadField { field: "handshake (i/o)", value: 0 };
     configure(sock, opts).map_err(bad_io)?;
     sock.set_read_timeout(Some(timeout)).map_err(bad_io)?;
     let buf = read_handshake(sock).map_err(bad_io)?;
     let hello = match Handshake::decode(&buf) {
         Ok(h) if h.kind == HandshakeKind::Hello => h,
-        Ok(_) => Err(WireError::BadField {
-            field: "handshake kind",
-            value: buf[6] as u64,
-        })?,
+        Ok(_) => Err(WireError::BadField { field: "handshake kind", value: buf[6] as u64 })?,
         Err(e) => {
             let _ = sock.write_all(&Handshake::reject_for(&e, local_engine).encode());
             return Err(e);
@@ -206,10 +198,8 @@ impl TcpChannelIo {
             self.tx_data.push_back(false);
         }
         let before = self.tx.len();
-        self.queues
-            .take_data(&mut self.tx, MAX_IOV - before, budget);
-        self.tx_data
-            .extend(std::iter::repeat_n(true, self.tx.len() - before));
+        self.queues.take_data(&mut self.tx, MAX_IOV - before, budget);
+        self.tx_data.extend(std::iter::repeat_n(true, self.tx.len() - before));
     }
 
     fn advance(&mut self, mut n: usize) {
@@ -309,30 +299,18 @@ impl ChannelIo for TcpChannelIo {
                 }
                 self.queues.count_rx(0, 1);
                 frames += 1;
-                sink(InFrame::Data {
-                    stream: p.stream,
-                    offset: p.offset,
-                    payload: p.buf,
-                })
-                .map_err(ChannelError::Protocol)?;
+                sink(InFrame::Data { stream: p.stream, offset: p.offset, payload: p.buf })
+                    .map_err(ChannelError::Protocol)?;
             }
             while frames < max_frames {
                 let avail = &self.rx[self.rx_start..];
                 match frame::decode(avail).map_err(|e| ChannelError::Protocol(e.to_string()))? {
                     Decoded::Frame(f, n) => {
                         let owned = match f {
-                            crate::wire::Frame::Data {
-                                stream,
-                                offset,
-                                payload,
-                            } => {
+                            crate::wire::Frame::Data { stream, offset, payload } => {
                                 let mut buf = self.pool.get(payload.len());
                                 buf.extend_from_slice(payload);
-                                InFrame::Data {
-                                    stream,
-                                    offset,
-                                    payload: buf,
-                                }
+                                InFrame::Data { stream, offset, payload: buf }
                             }
                             other => InFrame::Control(owned_control(other).expect("not data")),
                         };
@@ -341,20 +319,11 @@ impl ChannelIo for TcpChannelIo {
                         frames += 1;
                         sink(owned).map_err(ChannelError::Protocol)?;
                     }
-                    Decoded::PartialData {
-                        stream,
-                        offset,
-                        len,
-                    } if len >= DIRECT_READ_MIN => {
+                    Decoded::PartialData { stream, offset, len } if len >= DIRECT_READ_MIN => {
                         let mut buf = self.pool.get(len);
                         buf.extend_from_slice(&avail[DATA_HEADER_LEN..]);
                         self.rx_start = self.rx.len();
-                        self.partial = Some(PartialPayload {
-                            stream,
-                            offset,
-                            len,
-                            buf,
-                        });
+                        self.partial = Some(PartialPayload { stream, offset, len, buf });
                         break;
                     }
                     Decoded::PartialData { .. } | Decoded::Incomplete { .. } => break,
@@ -394,8 +363,7 @@ impl ChannelIo for TcpChannelIo {
             READABLE
         };
         if want != self.interest {
-            self.epoll
-                .modify(self.sock.as_raw_fd(), want, TOKEN_SOCKET)?;
+            self.epoll.modify(self.sock.as_raw_fd(), want, TOKEN_SOCKET)?;
             self.interest = want;
         }
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];

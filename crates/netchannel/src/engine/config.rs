@@ -79,10 +79,7 @@ fn default_idle_spin() -> Duration {
 
 impl Config {
     pub fn new(listen_addr: SocketAddr) -> Self {
-        Config {
-            listen_addr,
-            ..Config::default()
-        }
+        Config { listen_addr, ..Config::default() }
     }
 
     pub(crate) fn validate(&self) -> io::Result<()> {
@@ -103,10 +100,7 @@ impl Config {
             return bad(format!("stream_window must be in 1..={MAX_WINDOW}"));
         }
         if self.max_streams == 0 || self.max_streams > crate::vns::table::MAX_STREAMS {
-            return bad(format!(
-                "max_streams must be in 1..={}",
-                crate::vns::table::MAX_STREAMS
-            ));
+            return bad(format!("max_streams must be in 1..={}", crate::vns::table::MAX_STREAMS));
         }
         if self.accept_backlog == 0 || self.rx_batch_frames == 0 || self.tx_batch_bytes == 0 {
             return bad("accept_backlog, rx_batch_frames and tx_batch_bytes must be > 0".into());

@@ -124,10 +124,7 @@ impl Engine {
         let addr = config.listen_addr;
         let listener =
             in_netns(config.netns.clone(), move || TcpListener::bind(addr)).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot bind channel listener {addr}: {e}"),
-                )
+                io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}"))
             })?;
         let local_addr = listener.local_addr()?;
         let inner = Arc::new(EngineInner {
@@ -140,9 +137,7 @@ impl Engine {
                 crate::wire::frame::DATA_HEADER_LEN + config.max_frame_payload,
                 POOLED_BUFFERS,
             )),
-            tcp_options: TcpOptions {
-                notsent_lowat: config.notsent_lowat,
-            },
+            tcp_options: TcpOptions { notsent_lowat: config.notsent_lowat },
             listener,
             sessions: Mutex::new(Sessions::default()),
             dial_lock: Mutex::new(()),
@@ -213,17 +208,15 @@ impl EngineInner {
 
     fn spawn(self: &Arc<Self>, name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
         let netns = self.config.netns.clone();
-        let handle = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                if let Some(ns) = &netns {
-                    if let Err(e) = crate::sys::enter_netns(ns) {
-                        eprintln!("netchannel: {e}");
-                        return;
-                    }
+        let handle = std::thread::Builder::new().name(name.into()).spawn(move || {
+            if let Some(ns) = &netns {
+                if let Err(e) = crate::sys::enter_netns(ns) {
+                    eprintln!("netchannel: {e}");
+                    return;
                 }
-                f()
-            })?;
+            }
+            f()
+        })?;
         let mut threads = lock(&self.threads);
         threads.retain(|h| !h.is_finished());
         threads.push(handle);
@@ -242,19 +235,14 @@ impl EngineInner {
                         >= MAX_PENDING_HANDSHAKES
                     {
                         self.pending_handshakes.fetch_sub(1, Ordering::SeqCst);
-                        self.counters
-                            .handshake_failures
-                            .fetch_add(1, Ordering::Relaxed);
+                        self.counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
                         use std::io::Write;
                         let _ = sock
                             .write_all(&Handshake::reject(self.id, RejectReason::Limit).encode());
                         continue;
                     }
                     let me = self.clone();
-                    if self
-                        .spawn("nc-channel", move || me.accept_channel(sock))
-                        .is_err()
-                    {
+                    if self.spawn("nc-channel", move || me.accept_channel(sock)).is_err() {
                         self.pending_handshakes.fetch_sub(1, Ordering::SeqCst);
                     }
                 }
@@ -266,22 +254,14 @@ impl EngineInner {
 
     fn accept_channel(self: Arc<Self>, mut sock: TcpStream) {
         let peer_addr = sock.peer_addr().ok();
-        let hello = tcp::accept_handshake(
-            &mut sock,
-            self.id,
-            self.config.dial_timeout,
-            &self.tcp_options,
-        );
+        let hello =
+            tcp::accept_handshake(&mut sock, self.id, self.config.dial_timeout, &self.tcp_options);
         self.pending_handshakes.fetch_sub(1, Ordering::SeqCst);
         let hello = match hello {
             Ok(h) => h,
             Err(e) => {
-                self.counters
-                    .handshake_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .protocol_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+                self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 self.remember_closed(PeerChannelStats {
                     peer_addr,
                     channel: ChannelStats {
@@ -306,22 +286,15 @@ impl EngineInner {
                 })
                 .clone()
         };
-        let meta = ChannelMeta {
-            index: hello.channel,
-            class: hello.class,
-            peer_engine: hello.engine_id,
-        };
+        let meta =
+            ChannelMeta { index: hello.channel, class: hello.class, peer_engine: hello.engine_id };
         let Ok(queues) = ChannelQueues::new(meta).map(Arc::new) else {
             return;
         };
         if !session.add_channel(queues.clone()) {
-            self.counters
-                .handshake_failures
-                .fetch_add(1, Ordering::Relaxed);
-            let _ = tcp::finish_accept(
-                &mut sock,
-                Handshake::reject(self.id, RejectReason::BadField),
-            );
+            self.counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+            let _ =
+                tcp::finish_accept(&mut sock, Handshake::reject(self.id, RejectReason::BadField));
             return;
         }
         let accept = Handshake::accept(self.id, hello.channel, hello.class);
@@ -355,19 +328,15 @@ impl EngineInner {
             return Ok(s);
         }
         if self.stopping() {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "engine shut down",
-            ));
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
         }
         let session = Arc::new(Session::new(
             addr,
             Scheduler::new(self.config.policy, self.config.channel_queue_threshold),
             self.config.channel_queue_threshold,
         ));
-        let classes = std::iter::repeat_n(Class::Throughput, self.config.channels).chain(
-            std::iter::repeat_n(Class::Latency, self.config.latency_channels),
-        );
+        let classes = std::iter::repeat_n(Class::Throughput, self.config.channels)
+            .chain(std::iter::repeat_n(Class::Latency, self.config.latency_channels));
         let (tx, rx) = mpsc::channel();
         let mut dialing = 0;
         for (index, class) in classes.enumerate() {
@@ -421,11 +390,7 @@ impl EngineInner {
                     return;
                 }
             };
-        let meta = ChannelMeta {
-            index,
-            class,
-            peer_engine: reply.engine_id,
-        };
+        let meta = ChannelMeta { index, class, peer_engine: reply.engine_id };
         let setup = ChannelQueues::new(meta).map(Arc::new).and_then(|q| {
             let io = TcpChannelIo::new(sock, q.clone(), self.buffers.clone())?;
             Ok((q, io))
@@ -456,9 +421,7 @@ impl EngineInner {
     pub(crate) fn channel_closed(&self, session: &Arc<Session>, queues: &Arc<ChannelQueues>) {
         let stats = queues.stats();
         if stats.protocol_errors > 0 {
-            self.counters
-                .protocol_errors
-                .fetch_add(stats.protocol_errors, Ordering::Relaxed);
+            self.counters.protocol_errors.fetch_add(stats.protocol_errors, Ordering::Relaxed);
         }
         let index = stats.index;
         self.remember_closed(PeerChannelStats {
@@ -489,10 +452,7 @@ impl EngineInner {
             let (peer, class, app_closed) = (st.peer_stream, st.class, st.app_closed);
             drop(st);
             if notify_peer && remaining > 0 {
-                let rst = Frame::Rst {
-                    dst: peer,
-                    reason: RstReason::Aborted,
-                };
+                let rst = Frame::Rst { dst: peer, reason: RstReason::Aborted };
                 session.send_control(stream.id, class, rst);
             }
             if app_closed {
@@ -536,11 +496,7 @@ impl EngineInner {
     fn stats(&self) -> EngineStats {
         let sessions: Vec<Arc<Session>> = {
             let s = lock(&self.sessions);
-            s.dialed
-                .values()
-                .chain(s.accepted.values())
-                .cloned()
-                .collect()
+            s.dialed.values().chain(s.accepted.values()).cloned().collect()
         };
         let channels = sessions
             .iter()
@@ -551,12 +507,7 @@ impl EngineInner {
                 })
             })
             .collect();
-        let sockets = self
-            .streams
-            .collect(|_| true)
-            .iter()
-            .map(|s| SocketStats::of(s))
-            .collect();
+        let sockets = self.streams.collect(|_| true).iter().map(|s| SocketStats::of(s)).collect();
         EngineStats {
             engine_id: self.id,
             local_addr: Some(self.local_addr),

@@ -115,9 +115,7 @@ impl Session {
             for (l, ch) in loads.iter_mut().zip(group) {
                 *l = ch.queued_bytes();
             }
-            let i = self
-                .scheduler
-                .pick(stream_id, &loads[..group.len().min(64)])?;
+            let i = self.scheduler.pick(stream_id, &loads[..group.len().min(64)])?;
             Some(group[i].clone())
         })
     }
@@ -142,10 +140,7 @@ impl Session {
             }
             let deadline = match wait {
                 Wait::NonBlocking => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::WouldBlock,
-                        "channels are full",
-                    ))
+                    return Err(io::Error::new(io::ErrorKind::WouldBlock, "channels are full"))
                 }
                 Wait::Block(deadline) => deadline,
             };

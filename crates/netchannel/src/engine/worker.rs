@@ -85,11 +85,7 @@ fn dispatch(
 ) -> Result<(), String> {
     let bit = 1u64 << channel;
     let frame = match frame {
-        InFrame::Data {
-            stream,
-            offset,
-            payload,
-        } => {
+        InFrame::Data { stream, offset, payload } => {
             let Some(s) = live_stream(engine, session, stream)? else {
                 return Ok(());
             };
@@ -114,22 +110,14 @@ fn dispatch(
         InFrame::Control(f) => f,
     };
     match frame {
-        Frame::Syn {
-            src,
-            port,
-            class,
-            window,
-        } => {
+        Frame::Syn { src, port, class, window } => {
             accept_syn(engine, session, channel, src, port, class, window);
             Ok(())
         }
         Frame::SynAck { dst, src, window } => {
             let Some(s) = live_stream(engine, session, dst)? else {
                 // The connector gave up (timed out): tell the acceptor.
-                let rst = Frame::Rst {
-                    dst: src,
-                    reason: RstReason::Aborted,
-                };
+                let rst = Frame::Rst { dst: src, reason: RstReason::Aborted };
                 session.send_control(src, crate::wire::Class::Throughput, rst);
                 return Ok(());
             };
@@ -176,11 +164,7 @@ fn dispatch(
             s.wake();
             Ok(())
         }
-        Frame::Credit {
-            dst,
-            consumed,
-            window,
-        } => {
+        Frame::Credit { dst, consumed, window } => {
             let Some(s) = live_stream(engine, session, dst)? else {
                 return Ok(());
             };
@@ -226,14 +210,7 @@ fn abort_closed(
     let (peer, class) = (st.peer_stream, st.class);
     st.on_reset(crate::vns::stream::ResetCause::Peer(RstReason::Aborted));
     drop(st);
-    s.session.send_control(
-        s.id,
-        class,
-        Frame::Rst {
-            dst: peer,
-            reason: RstReason::Aborted,
-        },
-    );
+    s.session.send_control(s.id, class, Frame::Rst { dst: peer, reason: RstReason::Aborted });
     engine.streams.remove(s.id);
 }
 
@@ -250,12 +227,7 @@ fn accept_syn(
     let refuse = |reason| {
         session.send_control(src, class, Frame::Rst { dst: src, reason });
     };
-    let listener = engine
-        .listeners
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&port)
-        .cloned();
+    let listener = engine.listeners.lock().unwrap_or_else(|e| e.into_inner()).get(&port).cloned();
     let Some(listener) = listener else {
         return refuse(RstReason::NoListener);
     };
@@ -264,11 +236,8 @@ fn accept_syn(
     }
     let config = &engine.config;
     let stream = engine.streams.insert(|id| {
-        let mut st = StreamState::new(
-            class,
-            config.stream_window,
-            config.max_out_of_order_segments,
-        );
+        let mut st =
+            StreamState::new(class, config.stream_window, config.max_out_of_order_segments);
         st.open(src, window);
         st.channel_mask |= 1u64 << channel;
         Arc::new(Stream::new(id, port, session.clone(), st))
@@ -282,11 +251,7 @@ fn accept_syn(
         engine.streams.remove(stream.id);
         return refuse(RstReason::Refused);
     }
-    let ack = Frame::SynAck {
-        dst: src,
-        src: stream.id,
-        window: config.stream_window,
-    };
+    let ack = Frame::SynAck { dst: src, src: stream.id, window: config.stream_window };
     if let Some(used) = session.send_control(stream.id, class, ack) {
         stream.lock().channel_mask |= 1u64 << used;
     }

@@ -23,9 +23,7 @@ impl std::str::FromStr for Policy {
         match s {
             "round-robin" => Ok(Policy::RoundRobin),
             "sticky" => Ok(Policy::Sticky),
-            other => Err(format!(
-                "unknown policy '{other}' (expected round-robin or sticky)"
-            )),
+            other => Err(format!("unknown policy '{other}' (expected round-robin or sticky)")),
         }
     }
 }
@@ -55,11 +53,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(policy: Policy, threshold: u64) -> Self {
-        Scheduler {
-            policy,
-            threshold,
-            cursor: AtomicUsize::new(0),
-        }
+        Scheduler { policy, threshold, cursor: AtomicUsize::new(0) }
     }
 
     pub fn policy(&self) -> Policy {
@@ -80,9 +74,7 @@ impl Scheduler {
             }
             Policy::RoundRobin => {
                 let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-                (0..n)
-                    .map(|k| (start + k) % n)
-                    .find(|&i| loads[i] < self.threshold)
+                (0..n).map(|k| (start + k) % n).find(|&i| loads[i] < self.threshold)
             }
         }
     }
@@ -112,11 +104,7 @@ mod tests {
         }
         let mut loads = [0; 4];
         loads[first] = 100;
-        assert_eq!(
-            s.pick(42, &loads),
-            None,
-            "sticky waits rather than reorders"
-        );
+        assert_eq!(s.pick(42, &loads), None, "sticky waits rather than reorders");
     }
 
     #[test]

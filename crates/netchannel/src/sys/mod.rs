@@ -96,12 +96,8 @@ impl Epoll {
             Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
         };
         // `events` is a writable buffer of the length we pass.
-        match syscall!(epoll_wait(
-            self.0.as_raw_fd(),
-            events.as_mut_ptr(),
-            events.len() as i32,
-            ms
-        )) {
+        match syscall!(epoll_wait(self.0.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, ms))
+        {
             Ok(n) => Ok(n as usize),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
             Err(e) => Err(e),
@@ -111,18 +107,12 @@ impl Epoll {
 
 /// Waits up to `timeout` (None: forever) for `fd` to become readable, with nanosecond precision.
 pub fn poll_readable(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     let ts = timeout.map(|d| libc::timespec {
         tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
     });
-    let ts_ptr = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // One live pollfd, count 1; the timespec (or null) outlives the call; no signal mask.
     match syscall!(ppoll(&mut pfd, 1, ts_ptr, std::ptr::null())) {
         Ok(n) => Ok(n > 0),
@@ -169,17 +159,11 @@ pub fn set_int_sockopt(fd: RawFd, level: i32, name: i32, value: i32) -> io::Resu
 /// Sockets created afterwards by this thread, and threads it spawns, live in that namespace.
 pub fn enter_netns(path: &Path) -> io::Result<()> {
     let file = std::fs::File::open(path).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot open network namespace {}: {e}", path.display()),
-        )
+        io::Error::new(e.kind(), format!("cannot open network namespace {}: {e}", path.display()))
     })?;
     // setns takes an fd we keep open for the duration of the call.
     syscall!(setns(file.as_raw_fd(), libc::CLONE_NEWNET)).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("cannot enter network namespace {}: {e}", path.display()),
-        )
+        io::Error::new(e.kind(), format!("cannot enter network namespace {}: {e}", path.display()))
     })?;
     Ok(())
 }
@@ -212,10 +196,7 @@ mod tests {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
         assert_eq!(ep.wait(&mut events, Some(Duration::ZERO)).unwrap(), 0);
         ev.notify();
-        assert_eq!(
-            ep.wait(&mut events, Some(Duration::from_secs(1))).unwrap(),
-            1
-        );
+        assert_eq!(ep.wait(&mut events, Some(Duration::from_secs(1))).unwrap(), 1);
         let token = events[0].u64;
         assert_eq!(token, 7);
         assert!(ev.drain());
@@ -229,11 +210,8 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         // SAFETY: both fds were just created and are owned only here.
         let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let n = writev(
-            w.as_raw_fd(),
-            &[io::IoSlice::new(b"hello "), io::IoSlice::new(b"world")],
-        )
-        .unwrap();
+        let n = writev(w.as_raw_fd(), &[io::IoSlice::new(b"hello "), io::IoSlice::new(b"world")])
+            .unwrap();
         assert_eq!(n, 11);
         let mut buf = b">".to_vec();
         assert_eq!(read_append(r.as_raw_fd(), &mut buf, 5).unwrap(), 5);

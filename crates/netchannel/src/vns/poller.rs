@@ -30,11 +30,7 @@ pub(crate) struct Registration {
 
 impl Registration {
     pub fn new(poller: &Poller, token: u64) -> Self {
-        Registration {
-            poller: poller.shared.clone(),
-            token,
-            queued: AtomicBool::new(false),
-        }
+        Registration { poller: poller.shared.clone(), token, queued: AtomicBool::new(false) }
     }
 
     /// Lists the stream as ready (once until the next `wait` returns it).
@@ -60,10 +56,7 @@ pub struct Poller {
 impl Poller {
     pub fn new() -> io::Result<Poller> {
         Ok(Poller {
-            shared: Arc::new(PollerShared {
-                ready: Mutex::new(Vec::new()),
-                fd: EventFd::new()?,
-            }),
+            shared: Arc::new(PollerShared { ready: Mutex::new(Vec::new()), fd: EventFd::new()? }),
         })
     }
 
@@ -118,10 +111,6 @@ impl Poller {
 
 impl Drop for Poller {
     fn drop(&mut self) {
-        self.shared
-            .ready
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.shared.ready.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }

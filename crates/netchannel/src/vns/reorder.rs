@@ -188,12 +188,7 @@ mod tests {
         points.dedup();
         let mut segs: Vec<(u64, Vec<u8>)> = points
             .windows(2)
-            .map(|w| {
-                (
-                    w[0] as u64,
-                    (w[0]..w[1]).map(|i| (i * 31 % 251) as u8).collect(),
-                )
-            })
+            .map(|w| (w[0] as u64, (w[0]..w[1]).map(|i| (i * 31 % 251) as u8).collect()))
             .collect();
         for (i, &o) in order.iter().enumerate() {
             let j = o % segs.len();

@@ -25,10 +25,9 @@ use crate::wire::{Class, Frame, RstReason};
 fn reset_error(cause: ResetCause) -> io::Error {
     use io::ErrorKind::*;
     let (kind, msg) = match cause {
-        ResetCause::Peer(RstReason::NoListener) => (
-            ConnectionRefused,
-            "no listener on that virtual port at the peer",
-        ),
+        ResetCause::Peer(RstReason::NoListener) => {
+            (ConnectionRefused, "no listener on that virtual port at the peer")
+        }
         ResetCause::Peer(RstReason::Refused) => (ConnectionRefused, "the peer refused the stream"),
         ResetCause::Peer(_) => (ConnectionReset, "connection reset by peer"),
         ResetCause::ChannelLost => (ConnectionReset, "a channel carrying this socket was lost"),
@@ -48,10 +47,9 @@ fn timeout_from(ns: &AtomicU64) -> Option<Instant> {
 
 fn store_timeout(ns: &AtomicU64, t: Option<Duration>) -> io::Result<()> {
     match t {
-        Some(d) if d.is_zero() => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "a zero timeout is not allowed",
-        )),
+        Some(d) if d.is_zero() => {
+            Err(io::Error::new(io::ErrorKind::InvalidInput, "a zero timeout is not allowed"))
+        }
         Some(d) => {
             ns.store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
             Ok(())
@@ -71,24 +69,12 @@ fn wait_until<'a>(
 ) -> io::Result<std::sync::MutexGuard<'a, StreamState>> {
     let now = Instant::now();
     if deadline.is_some_and(|d| now >= d) {
-        return Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "operation timed out",
-        ));
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "operation timed out"));
     }
     stream.waiters.fetch_add(1, Ordering::SeqCst);
     let guard = match deadline {
-        None => stream
-            .changed
-            .wait(guard)
-            .unwrap_or_else(|e| e.into_inner()),
-        Some(d) => {
-            stream
-                .changed
-                .wait_timeout(guard, d - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-        }
+        None => stream.changed.wait(guard).unwrap_or_else(|e| e.into_inner()),
+        Some(d) => stream.changed.wait_timeout(guard, d - now).unwrap_or_else(|e| e.into_inner()).0,
     };
     stream.waiters.fetch_sub(1, Ordering::SeqCst);
     Ok(guard)
@@ -177,11 +163,8 @@ impl VSocket {
         let stream = engine
             .streams
             .insert(|id| {
-                let st = StreamState::new(
-                    class,
-                    config.stream_window,
-                    config.max_out_of_order_segments,
-                );
+                let st =
+                    StreamState::new(class, config.stream_window, config.max_out_of_order_segments);
                 Arc::new(Stream::new(id, port, session.clone(), st))
             })
             .ok_or_else(|| {
@@ -193,17 +176,9 @@ impl VSocket {
         // From here on, dropping `sock` releases the stream on every error path.
         let sock = VSocket::wrap(engine.clone(), stream);
         let s = &sock.stream;
-        let syn = Frame::Syn {
-            src: s.id,
-            port,
-            class,
-            window: config.stream_window,
-        };
+        let syn = Frame::Syn { src: s.id, port, class, window: config.stream_window };
         let used = session.send_control(s.id, class, syn).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "all channels to the peer are lost",
-            )
+            io::Error::new(io::ErrorKind::ConnectionReset, "all channels to the peer are lost")
         })?;
         let deadline = Instant::now() + config.connect_timeout;
         let mut st = s.lock();
@@ -278,10 +253,7 @@ impl VSocket {
         let deadline = timeout_from(&self.write_timeout_ns);
         let mut sent = 0;
         let partial_ok = |sent: usize, e: io::Error| {
-            let soft = matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            );
+            let soft = matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
             if sent > 0 && soft {
                 Ok(sent)
             } else {
@@ -317,16 +289,8 @@ impl VSocket {
                 }
             };
             let payload = &buf[sent..sent + n];
-            let mut frame = self
-                .engine
-                .buffers
-                .get(crate::wire::frame::DATA_HEADER_LEN + n);
-            Frame::Data {
-                stream: peer,
-                offset,
-                payload,
-            }
-            .encode(&mut frame);
+            let mut frame = self.engine.buffers.get(crate::wire::frame::DATA_HEADER_LEN + n);
+            Frame::Data { stream: peer, offset, payload }.encode(&mut frame);
             if !crate::driver::Channel::enqueue(&*ch, frame) {
                 // The channel died after it was picked: these bytes are lost.
                 self.stream.lock().on_reset(ResetCause::ChannelLost);
@@ -365,11 +329,7 @@ impl VSocket {
                     let (peer, class) = (st.peer_stream, st.class);
                     drop(st);
                     if let Some((consumed, window)) = credit {
-                        let f = Frame::Credit {
-                            dst: peer,
-                            consumed,
-                            window,
-                        };
+                        let f = Frame::Credit { dst: peer, consumed, window };
                         if let Some(used) =
                             self.stream.session.send_control(self.stream.id, class, f)
                         {
@@ -398,10 +358,7 @@ impl VSocket {
         let (peer, class) = (st.peer_stream, st.class);
         if let Some(final_offset) = st.shutdown_write() {
             drop(st);
-            let fin = Frame::Fin {
-                dst: peer,
-                final_offset,
-            };
+            let fin = Frame::Fin { dst: peer, final_offset };
             if let Some(used) = self.stream.session.send_control(self.stream.id, class, fin) {
                 self.stream.lock().channel_mask |= 1u64 << used;
             }
@@ -430,22 +387,12 @@ impl VSocket {
             s.session.send_control(
                 s.id,
                 class,
-                Frame::Rst {
-                    dst: peer,
-                    reason: RstReason::Aborted,
-                },
+                Frame::Rst { dst: peer, reason: RstReason::Aborted },
             );
             true
         } else {
             if let Some(final_offset) = st.shutdown_write() {
-                s.session.send_control(
-                    s.id,
-                    class,
-                    Frame::Fin {
-                        dst: peer,
-                        final_offset,
-                    },
-                );
+                s.session.send_control(s.id, class, Frame::Fin { dst: peer, final_offset });
             }
             // Otherwise linger until the peer finishes too (its FIN, RST or DATA frees it).
             st.peer_finished()
@@ -481,12 +428,7 @@ impl VSocket {
     }
 
     pub(crate) fn register(&self, poller: &Poller, token: u64) -> io::Result<()> {
-        if self
-            .stream
-            .registration
-            .set(Registration::new(poller, token))
-            .is_err()
-        {
+        if self.stream.registration.set(Registration::new(poller, token)).is_err() {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "the socket is already registered with a poller",
@@ -607,10 +549,7 @@ pub struct Listener {
 impl Listener {
     pub(crate) fn bind(engine: Arc<EngineInner>, port: u16) -> io::Result<Listener> {
         if engine.stopping() {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "engine shut down",
-            ));
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
         }
         let shared = Arc::new(ListenerShared {
             backlog: Mutex::new(VecDeque::new()),
@@ -629,12 +568,7 @@ impl Listener {
             }
             map.insert(port, shared.clone());
         }
-        Ok(Listener {
-            engine,
-            port,
-            shared,
-            nonblocking: AtomicBool::new(false),
-        })
+        Ok(Listener { engine, port, shared, nonblocking: AtomicBool::new(false) })
     }
 
     pub fn port(&self) -> u16 {
@@ -652,26 +586,16 @@ impl Listener {
 
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> io::Result<VSocket> {
         let deadline = timeout.map(|d| Instant::now() + d);
-        let mut q = self
-            .shared
-            .backlog
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut q = self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(s) = q.pop_front() {
                 return Ok(VSocket::wrap(self.engine.clone(), s));
             }
             if self.shared.closed.load(Ordering::SeqCst) {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    "listener closed",
-                ));
+                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "listener closed"));
             }
             if self.nonblocking.load(Ordering::Relaxed) {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    "no pending connection",
-                ));
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no pending connection"));
             }
             q = match deadline {
                 None => self.shared.ready.wait(q).unwrap_or_else(|e| e.into_inner()),
@@ -680,11 +604,7 @@ impl Listener {
                     if now >= d {
                         return Err(io::Error::new(io::ErrorKind::TimedOut, "accept timed out"));
                     }
-                    self.shared
-                        .ready
-                        .wait_timeout(q, d - now)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
+                    self.shared.ready.wait_timeout(q, d - now).unwrap_or_else(|e| e.into_inner()).0
                 }
             };
         }
@@ -696,13 +616,7 @@ impl Listener {
             let _ = self.shared.readiness.set(EventFd::new()?);
         }
         let fd = self.shared.readiness.get().expect("set above");
-        if !self
-            .shared
-            .backlog
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-        {
+        if !self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
             fd.notify();
         }
         Ok(fd.raw())
@@ -718,26 +632,14 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         {
-            let mut map = self
-                .engine
-                .listeners
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if map
-                .get(&self.port)
-                .is_some_and(|l| Arc::ptr_eq(l, &self.shared))
-            {
+            let mut map = self.engine.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            if map.get(&self.port).is_some_and(|l| Arc::ptr_eq(l, &self.shared)) {
                 map.remove(&self.port);
             }
         }
         self.shared.close();
-        let pending: Vec<_> = self
-            .shared
-            .backlog
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect();
+        let pending: Vec<_> =
+            self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
         for s in pending {
             // Accepted by the engine but never by the application: reset, as TCP does.
             let mut st = s.lock();
@@ -748,10 +650,7 @@ impl Drop for Listener {
                 s.session.send_control(
                     s.id,
                     class,
-                    Frame::Rst {
-                        dst: peer,
-                        reason: RstReason::Aborted,
-                    },
+                    Frame::Rst { dst: peer, reason: RstReason::Aborted },
                 );
             }
             self.engine.streams.remove(s.id);
@@ -771,8 +670,6 @@ impl std::fmt::Debug for VSocket {
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Listener")
-            .field("port", &self.port)
-            .finish()
+        f.debug_struct("Listener").field("port", &self.port).finish()
     }
 }

@@ -340,11 +340,7 @@ mod tests {
         s.on_fin(30).unwrap(); // arrives before bytes 10..30 sent on another channel
         let mut buf = [0u8; 64];
         assert_eq!(s.read(&mut buf), Ok(10));
-        assert_eq!(
-            s.read(&mut buf),
-            Err(ReadError::Empty),
-            "no EOF while bytes are missing"
-        );
+        assert_eq!(s.read(&mut buf), Err(ReadError::Empty), "no EOF while bytes are missing");
         s.on_data(20, vec![3; 10]).unwrap();
         assert_eq!(s.read(&mut buf), Err(ReadError::Empty));
         s.on_data(10, vec![2; 10]).unwrap();
@@ -358,11 +354,7 @@ mod tests {
         let mut s = open_pair(100);
         assert_eq!(s.on_data(90, vec![0; 11]), Err(Violation::BeyondCredit));
         s.on_data(0, vec![0; 50]).unwrap();
-        assert_eq!(
-            s.on_fin(40),
-            Err(Violation::BeyondFin),
-            "FIN below received data"
-        );
+        assert_eq!(s.on_fin(40), Err(Violation::BeyondFin), "FIN below received data");
         s.on_fin(60).unwrap();
         assert_eq!(s.on_fin(70), Err(Violation::BeyondFin), "FIN moved");
         assert_eq!(s.on_data(55, vec![0; 10]), Err(Violation::BeyondFin));
@@ -399,10 +391,7 @@ mod tests {
         s.on_data(0, vec![1; 5]).unwrap();
         s.on_reset(ResetCause::Peer(RstReason::Aborted));
         let mut buf = [0u8; 8];
-        assert_eq!(
-            s.read(&mut buf),
-            Err(ReadError::Reset(ResetCause::Peer(RstReason::Aborted)))
-        );
+        assert_eq!(s.read(&mut buf), Err(ReadError::Reset(ResetCause::Peer(RstReason::Aborted))));
         assert_eq!(s.unread_bytes(), 0, "a reset drops buffered bytes");
     }
 

@@ -40,11 +40,7 @@ fn split(id: u32) -> (usize, u8) {
 impl StreamTable {
     pub fn new(limit: u32) -> Self {
         StreamTable {
-            inner: RwLock::new(Inner {
-                slots: Vec::new(),
-                free: Vec::new(),
-                live: 0,
-            }),
+            inner: RwLock::new(Inner { slots: Vec::new(), free: Vec::new(), live: 0 }),
             limit: limit.min(MAX_STREAMS),
         }
     }
@@ -55,10 +51,7 @@ impl StreamTable {
         let index = match t.free.pop() {
             Some(i) => i,
             None if (t.slots.len() as u32) < self.limit => {
-                t.slots.push(Slot {
-                    generation: 0,
-                    stream: None,
-                });
+                t.slots.push(Slot { generation: 0, stream: None });
                 (t.slots.len() - 1) as u32
             }
             None => return None,
@@ -76,10 +69,9 @@ impl StreamTable {
         let t = self.inner.read().unwrap_or_else(|e| e.into_inner());
         match t.slots.get(index) {
             None => Lookup::Unknown,
-            Some(Slot {
-                generation: g,
-                stream: Some(s),
-            }) if *g == generation => Lookup::Live(s.clone()),
+            Some(Slot { generation: g, stream: Some(s) }) if *g == generation => {
+                Lookup::Live(s.clone())
+            }
             Some(_) => Lookup::Stale,
         }
     }
@@ -107,11 +99,6 @@ impl StreamTable {
     /// The live streams that satisfy `pred` (used on rare events: channel loss, shutdown).
     pub fn collect(&self, mut pred: impl FnMut(&Stream) -> bool) -> Vec<Arc<Stream>> {
         let t = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        t.slots
-            .iter()
-            .filter_map(|s| s.stream.as_ref())
-            .filter(|s| pred(s))
-            .cloned()
-            .collect()
+        t.slots.iter().filter_map(|s| s.stream.as_ref()).filter(|s| pred(s)).cloned().collect()
     }
 }

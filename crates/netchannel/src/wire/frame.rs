@@ -69,35 +69,12 @@ impl RstReason {
 /// A decoded frame borrowing its payload from the input buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame<'a> {
-    Data {
-        stream: u32,
-        offset: u64,
-        payload: &'a [u8],
-    },
-    Syn {
-        src: u32,
-        port: u16,
-        class: Class,
-        window: u32,
-    },
-    SynAck {
-        dst: u32,
-        src: u32,
-        window: u32,
-    },
-    Rst {
-        dst: u32,
-        reason: RstReason,
-    },
-    Fin {
-        dst: u32,
-        final_offset: u64,
-    },
-    Credit {
-        dst: u32,
-        consumed: u64,
-        window: u32,
-    },
+    Data { stream: u32, offset: u64, payload: &'a [u8] },
+    Syn { src: u32, port: u16, class: Class, window: u32 },
+    SynAck { dst: u32, src: u32, window: u32 },
+    Rst { dst: u32, reason: RstReason },
+    Fin { dst: u32, final_offset: u64 },
+    Credit { dst: u32, consumed: u64, window: u32 },
 }
 
 /// What [`decode`] found at the front of a buffer.
@@ -107,11 +84,7 @@ pub enum Decoded<'a> {
     Frame(Frame<'a>, usize),
     /// A valid DATA header whose payload is not all there yet. Lets a reader place the rest of
     /// the payload straight into its own buffer instead of staging it.
-    PartialData {
-        stream: u32,
-        offset: u64,
-        len: usize,
-    },
+    PartialData { stream: u32, offset: u64, len: usize },
     /// Not enough bytes to decide; at least `needed` bytes in total are required.
     Incomplete { needed: usize },
 }
@@ -143,19 +116,12 @@ impl Frame<'_> {
         out[4..8].copy_from_slice(&stream.to_be_bytes());
         let rest = &mut out[COMMON_LEN..];
         match *self {
-            Frame::Data {
-                offset, payload, ..
-            } => {
+            Frame::Data { offset, payload, .. } => {
                 rest[0..8].copy_from_slice(&offset.to_be_bytes());
                 rest[8..12].copy_from_slice(&(payload.len() as u32).to_be_bytes());
                 DATA_HEADER_LEN
             }
-            Frame::Syn {
-                port,
-                class,
-                window,
-                ..
-            } => {
+            Frame::Syn { port, class, window, .. } => {
                 rest[0..2].copy_from_slice(&port.to_be_bytes());
                 rest[2] = class.code();
                 rest[3] = 0;
@@ -176,9 +142,7 @@ impl Frame<'_> {
                 rest[0..8].copy_from_slice(&final_offset.to_be_bytes());
                 16
             }
-            Frame::Credit {
-                consumed, window, ..
-            } => {
+            Frame::Credit { consumed, window, .. } => {
                 rest[0..8].copy_from_slice(&consumed.to_be_bytes());
                 rest[8..12].copy_from_slice(&window.to_be_bytes());
                 20
@@ -211,10 +175,7 @@ fn be_u64(b: &[u8], at: usize) -> u64 {
 
 fn check_window(window: u32) -> Result<u32, WireError> {
     if window > MAX_WINDOW {
-        return Err(WireError::BadField {
-            field: "window",
-            value: window as u64,
-        });
+        return Err(WireError::BadField { field: "window", value: window as u64 });
     }
     Ok(window)
 }
@@ -232,16 +193,10 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
         t => return Err(WireError::UnknownType(t)),
     };
     if buf[1] != 0 {
-        return Err(WireError::BadField {
-            field: "flags",
-            value: buf[1] as u64,
-        });
+        return Err(WireError::BadField { field: "flags", value: buf[1] as u64 });
     }
     if buf[2] != 0 || buf[3] != 0 {
-        return Err(WireError::BadField {
-            field: "reserved",
-            value: be_u16(buf, 2) as u64,
-        });
+        return Err(WireError::BadField { field: "reserved", value: be_u16(buf, 2) as u64 });
     }
     if buf.len() < fixed {
         return Ok(Decoded::Incomplete { needed: fixed });
@@ -253,44 +208,25 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
             let offset = be_u64(buf, r);
             let len = be_u32(buf, r + 8) as usize;
             if len == 0 || len > MAX_PAYLOAD {
-                return Err(WireError::BadField {
-                    field: "payload length",
-                    value: len as u64,
-                });
+                return Err(WireError::BadField { field: "payload length", value: len as u64 });
             }
             if offset.checked_add(len as u64).is_none() {
-                return Err(WireError::BadField {
-                    field: "offset",
-                    value: offset,
-                });
+                return Err(WireError::BadField { field: "offset", value: offset });
             }
             let total = DATA_HEADER_LEN + len;
             if buf.len() < total {
-                return Ok(Decoded::PartialData {
-                    stream,
-                    offset,
-                    len,
-                });
+                return Ok(Decoded::PartialData { stream, offset, len });
             }
             return Ok(Decoded::Frame(
-                Frame::Data {
-                    stream,
-                    offset,
-                    payload: &buf[DATA_HEADER_LEN..total],
-                },
+                Frame::Data { stream, offset, payload: &buf[DATA_HEADER_LEN..total] },
                 total,
             ));
         }
         T_SYN => {
-            let class = Class::from_code(buf[r + 2]).ok_or(WireError::BadField {
-                field: "class",
-                value: buf[r + 2] as u64,
-            })?;
+            let class = Class::from_code(buf[r + 2])
+                .ok_or(WireError::BadField { field: "class", value: buf[r + 2] as u64 })?;
             if buf[r + 3] != 0 {
-                return Err(WireError::BadField {
-                    field: "reserved",
-                    value: buf[r + 3] as u64,
-                });
+                return Err(WireError::BadField { field: "reserved", value: buf[r + 3] as u64 });
             }
             Frame::Syn {
                 src: stream,
@@ -306,34 +242,18 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
         },
         T_RST => {
             if buf[r + 1..r + 4] != [0; 3] {
-                return Err(WireError::BadField {
-                    field: "reserved",
-                    value: 0,
-                });
+                return Err(WireError::BadField { field: "reserved", value: 0 });
             }
-            Frame::Rst {
-                dst: stream,
-                reason: RstReason::from_code(buf[r]),
-            }
+            Frame::Rst { dst: stream, reason: RstReason::from_code(buf[r]) }
         }
-        T_FIN => Frame::Fin {
-            dst: stream,
-            final_offset: be_u64(buf, r),
-        },
+        T_FIN => Frame::Fin { dst: stream, final_offset: be_u64(buf, r) },
         T_CREDIT => {
             let consumed = be_u64(buf, r);
             let window = check_window(be_u32(buf, r + 8))?;
             if consumed.checked_add(window as u64).is_none() {
-                return Err(WireError::BadField {
-                    field: "consumed",
-                    value: consumed,
-                });
+                return Err(WireError::BadField { field: "consumed", value: consumed });
             }
-            Frame::Credit {
-                dst: stream,
-                consumed,
-                window,
-            }
+            Frame::Credit { dst: stream, consumed, window }
         }
         _ => unreachable!("type checked above"),
     };
@@ -359,41 +279,14 @@ mod tests {
 
     fn build(spec: &(u8, u32, u64, u32, u16, bool, Vec<u8>)) -> Frame<'_> {
         let (ty, s, off, win, port, lat, payload) = spec;
-        let class = if *lat {
-            Class::Latency
-        } else {
-            Class::Throughput
-        };
+        let class = if *lat { Class::Latency } else { Class::Throughput };
         match ty {
-            0 => Frame::Data {
-                stream: *s,
-                offset: *off,
-                payload,
-            },
-            1 => Frame::Syn {
-                src: *s,
-                port: *port,
-                class,
-                window: *win,
-            },
-            2 => Frame::SynAck {
-                dst: *s,
-                src: off.wrapping_mul(3) as u32,
-                window: *win,
-            },
-            3 => Frame::Rst {
-                dst: *s,
-                reason: RstReason::from_code((*port % 4) as u8),
-            },
-            4 => Frame::Fin {
-                dst: *s,
-                final_offset: *off,
-            },
-            _ => Frame::Credit {
-                dst: *s,
-                consumed: *off,
-                window: *win,
-            },
+            0 => Frame::Data { stream: *s, offset: *off, payload },
+            1 => Frame::Syn { src: *s, port: *port, class, window: *win },
+            2 => Frame::SynAck { dst: *s, src: off.wrapping_mul(3) as u32, window: *win },
+            3 => Frame::Rst { dst: *s, reason: RstReason::from_code((*port % 4) as u8) },
+            4 => Frame::Fin { dst: *s, final_offset: *off },
+            _ => Frame::Credit { dst: *s, consumed: *off, window: *win },
         }
     }
 
@@ -446,21 +339,13 @@ mod tests {
     #[test]
     fn invalid_fields_are_errors() {
         let mut b = Vec::new();
-        Frame::Data {
-            stream: 1,
-            offset: 0,
-            payload: &[1, 2, 3],
-        }
-        .encode(&mut b);
+        Frame::Data { stream: 1, offset: 0, payload: &[1, 2, 3] }.encode(&mut b);
         let mut bad = b.clone();
         bad[0] = 99;
         assert_eq!(decode(&bad), Err(WireError::UnknownType(99)));
         let mut bad = b.clone();
         bad[1] = 1;
-        assert!(matches!(
-            decode(&bad),
-            Err(WireError::BadField { field: "flags", .. })
-        ));
+        assert!(matches!(decode(&bad), Err(WireError::BadField { field: "flags", .. })));
         let mut bad = b.clone();
         bad[16..20].copy_from_slice(&((MAX_PAYLOAD as u32) + 1).to_be_bytes());
         assert!(matches!(decode(&bad), Err(WireError::BadField { .. })));
@@ -469,47 +354,21 @@ mod tests {
         assert!(matches!(decode(&bad), Err(WireError::BadField { .. })));
         let mut bad = b;
         bad[8..16].copy_from_slice(&(u64::MAX - 1).to_be_bytes());
-        assert!(matches!(
-            decode(&bad),
-            Err(WireError::BadField {
-                field: "offset",
-                ..
-            })
-        ));
+        assert!(matches!(decode(&bad), Err(WireError::BadField { field: "offset", .. })));
         let mut c = Vec::new();
-        Frame::Credit {
-            dst: 1,
-            consumed: 0,
-            window: 5,
-        }
-        .encode(&mut c);
+        Frame::Credit { dst: 1, consumed: 0, window: 5 }.encode(&mut c);
         c[16..20].copy_from_slice(&(MAX_WINDOW + 1).to_be_bytes());
-        assert!(matches!(
-            decode(&c),
-            Err(WireError::BadField {
-                field: "window",
-                ..
-            })
-        ));
+        assert!(matches!(decode(&c), Err(WireError::BadField { field: "window", .. })));
     }
 
     #[test]
     fn partial_data_reports_header() {
         let payload = vec![7u8; 1000];
         let mut b = Vec::new();
-        Frame::Data {
-            stream: 9,
-            offset: 77,
-            payload: &payload,
-        }
-        .encode(&mut b);
+        Frame::Data { stream: 9, offset: 77, payload: &payload }.encode(&mut b);
         assert_eq!(
             decode(&b[..DATA_HEADER_LEN + 10]).unwrap(),
-            Decoded::PartialData {
-                stream: 9,
-                offset: 77,
-                len: 1000
-            }
+            Decoded::PartialData { stream: 9, offset: 77, len: 1000 }
         );
     }
 }

@@ -83,23 +83,11 @@ pub struct Handshake {
 
 impl Handshake {
     pub fn hello(engine_id: u64, channel: u16, class: Class) -> Self {
-        Handshake {
-            version: VERSION,
-            kind: HandshakeKind::Hello,
-            class,
-            engine_id,
-            channel,
-        }
+        Handshake { version: VERSION, kind: HandshakeKind::Hello, class, engine_id, channel }
     }
 
     pub fn accept(engine_id: u64, channel: u16, class: Class) -> Self {
-        Handshake {
-            version: VERSION,
-            kind: HandshakeKind::Accept,
-            class,
-            engine_id,
-            channel,
-        }
+        Handshake { version: VERSION, kind: HandshakeKind::Accept, class, engine_id, channel }
     }
 
     pub fn reject(engine_id: u64, reason: RejectReason) -> Self {
@@ -145,44 +133,22 @@ impl Handshake {
             1 => HandshakeKind::Hello,
             2 => HandshakeKind::Accept,
             3 => HandshakeKind::Reject(RejectReason::from_code(reason)),
-            k => {
-                return Err(WireError::BadField {
-                    field: "handshake kind",
-                    value: k as u64,
-                })
-            }
+            k => return Err(WireError::BadField { field: "handshake kind", value: k as u64 }),
         };
         if kind != HandshakeKind::Reject(RejectReason::from_code(reason)) && reason != 0 {
-            return Err(WireError::BadField {
-                field: "handshake reason",
-                value: reason as u64,
-            });
+            return Err(WireError::BadField { field: "handshake reason", value: reason as u64 });
         }
-        let class = Class::from_code(buf[7]).ok_or(WireError::BadField {
-            field: "class",
-            value: buf[7] as u64,
-        })?;
+        let class = Class::from_code(buf[7])
+            .ok_or(WireError::BadField { field: "class", value: buf[7] as u64 })?;
         let engine_id = u64::from_be_bytes(buf[8..16].try_into().expect("8 bytes"));
         let channel = u16::from_be_bytes([buf[16], buf[17]]);
         if channel > MAX_CHANNEL_INDEX {
-            return Err(WireError::BadField {
-                field: "channel index",
-                value: channel as u64,
-            });
+            return Err(WireError::BadField { field: "channel index", value: channel as u64 });
         }
         if buf[20..24] != [0; 4] {
-            return Err(WireError::BadField {
-                field: "handshake reserved",
-                value: 0,
-            });
+            return Err(WireError::BadField { field: "handshake reserved", value: 0 });
         }
-        Ok(Handshake {
-            version,
-            kind,
-            class,
-            engine_id,
-            channel,
-        })
+        Ok(Handshake { version, kind, class, engine_id, channel })
     }
 
     /// A reply to a peer whose hello failed to parse: the reason matching the parse error.
@@ -225,27 +191,15 @@ mod tests {
         let good = Handshake::hello(1, 0, Class::Throughput).encode();
         let mut b = good;
         b[16..18].copy_from_slice(&64u16.to_be_bytes());
-        assert!(matches!(
-            Handshake::decode(&b),
-            Err(WireError::BadField { .. })
-        ));
+        assert!(matches!(Handshake::decode(&b), Err(WireError::BadField { .. })));
         let mut b = good;
         b[7] = 9;
-        assert!(matches!(
-            Handshake::decode(&b),
-            Err(WireError::BadField { .. })
-        ));
+        assert!(matches!(Handshake::decode(&b), Err(WireError::BadField { .. })));
         let mut b = good;
         b[23] = 1;
-        assert!(matches!(
-            Handshake::decode(&b),
-            Err(WireError::BadField { .. })
-        ));
+        assert!(matches!(Handshake::decode(&b), Err(WireError::BadField { .. })));
         let mut b = good;
         b[19] = 1; // a reason on a hello
-        assert!(matches!(
-            Handshake::decode(&b),
-            Err(WireError::BadField { .. })
-        ));
+        assert!(matches!(Handshake::decode(&b), Err(WireError::BadField { .. })));
     }
 }

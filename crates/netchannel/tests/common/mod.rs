@@ -26,18 +26,11 @@ pub struct Testbed {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
@@ -103,17 +96,11 @@ impl Testbed {
     }
 
     pub fn config_a(&self) -> Config {
-        Config {
-            netns: self.a.clone(),
-            ..Config::new(SocketAddr::new(self.addr_a, 0))
-        }
+        Config { netns: self.a.clone(), ..Config::new(SocketAddr::new(self.addr_a, 0)) }
     }
 
     pub fn config_b(&self) -> Config {
-        Config {
-            netns: self.b.clone(),
-            ..Config::new(SocketAddr::new(self.addr_b, 0))
-        }
+        Config { netns: self.b.clone(), ..Config::new(SocketAddr::new(self.addr_b, 0)) }
     }
 
     /// Client engine on host A, server engine on host B.
@@ -121,10 +108,7 @@ impl Testbed {
         let (mut ca, mut cb) = (self.config_a(), self.config_b());
         tweak(&mut ca);
         tweak(&mut cb);
-        (
-            Engine::new(ca).expect("engine a"),
-            Engine::new(cb).expect("engine b"),
-        )
+        (Engine::new(ca).expect("engine a"), Engine::new(cb).expect("engine b"))
     }
 }
 
@@ -207,11 +191,7 @@ pub fn recv_pattern(sock: &netchannel::VSocket, seed: u64, read: usize) -> u64 {
             return off;
         }
         pattern(seed, off, &mut expect[..n]);
-        assert!(
-            buf[..n] == expect[..n],
-            "corrupt bytes at offset {off}..{}",
-            off + n as u64
-        );
+        assert!(buf[..n] == expect[..n], "corrupt bytes at offset {off}..{}", off + n as u64);
         off += n as u64;
     }
 }

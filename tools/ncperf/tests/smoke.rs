@@ -1,0 +1,135 @@
+//! One-second smoke runs of every workload on both stacks through the real binary, and the
+//! clear errors for impossible combinations. Namespaces when root (CI), loopback otherwise.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn hosts() -> &'static str {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        "netns"
+    } else {
+        "loopback"
+    }
+}
+
+fn ncperf(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ncperf")).args(args).output().expect("run ncperf")
+}
+
+fn run_json(extra: &[&str]) -> Value {
+    let mut args = vec!["run", "--duration", "1", "--warmup", "0.2", "--json", "--hosts", hosts()];
+    args.extend_from_slice(extra);
+    let out = ncperf(&args);
+    assert!(
+        out.status.success(),
+        "ncperf {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(text.lines().last().unwrap()).unwrap()
+}
+
+fn check_common(v: &Value, stack: &str, workload: &str) {
+    for key in [
+        "stack",
+        "workload",
+        "pattern",
+        "flows",
+        "size",
+        "duration_s",
+        "warmup_s",
+        "goodput_gbps",
+        "rps",
+        "latency_us",
+        "cpu_cores",
+        "client_cpu_cores",
+        "server_cpu_cores",
+        "gbps_per_core",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {v}");
+    }
+    assert_eq!(v["stack"], stack);
+    assert_eq!(v["workload"], workload);
+    assert!(v["goodput_gbps"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["cpu_cores"].as_f64().unwrap() > 0.0, "{v}");
+    let per_core = v["goodput_gbps"].as_f64().unwrap() / v["cpu_cores"].as_f64().unwrap();
+    assert!((v["gbps_per_core"].as_f64().unwrap() - per_core).abs() < 1e-9);
+}
+
+#[test]
+fn every_workload_on_both_stacks() {
+    for stack in ["linux", "netchannel"] {
+        let v = run_json(&["--stack", stack, "--workload", "stream", "--size", "65536"]);
+        check_common(&v, stack, "stream");
+        assert!(v["latency_us"].is_null());
+
+        let v = run_json(&[
+            "--stack",
+            stack,
+            "--workload",
+            "rr",
+            "--size",
+            "4096",
+            "--pattern",
+            "incast",
+            "--flows",
+            "4",
+        ]);
+        check_common(&v, stack, "rr");
+        assert!(v["rps"].as_f64().unwrap() > 0.0);
+        let lat = &v["latency_us"];
+        let (p50, p99, max) = (
+            lat["p50"].as_f64().unwrap(),
+            lat["p99"].as_f64().unwrap(),
+            lat["max"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{lat}");
+
+        let v =
+            run_json(&["--stack", stack, "--workload", "rr", "--size", "1024", "--rate", "500"]);
+        check_common(&v, stack, "rr");
+        // Open loop: about 500 requests per second, never more than scheduled.
+        let rps = v["rps"].as_f64().unwrap();
+        assert!(rps > 100.0 && rps < 560.0, "open-loop rate {rps}");
+
+        let v = run_json(&[
+            "--stack",
+            stack,
+            "--workload",
+            "mixed",
+            "--latency-flows",
+            "1",
+            "--throughput-flows",
+            "2",
+        ]);
+        check_common(&v, stack, "mixed");
+        assert!(v["latency_us"]["p50"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn impossible_combinations_are_clear_errors() {
+    for (args, needle) in [
+        (
+            &["run", "--stack", "linux", "--pattern", "single", "--flows", "2"][..],
+            "single pattern is one flow",
+        ),
+        (
+            &["run", "--stack", "linux", "--rate", "10"][..],
+            "--rate applies to the rr workload only",
+        ),
+        (&["run", "--stack", "netchannel", "--workload", "mixed"][..], "--latency-flows"),
+        (
+            &["run", "--stack", "netchannel", "--flows", "2000000", "--pattern", "incast"][..],
+            "exceeds",
+        ),
+        (&["run", "--stack", "linux", "--size", "0"][..], "--size"),
+    ] {
+        let out = ncperf(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
