@@ -4,6 +4,7 @@ mod apps;
 mod metrics;
 mod net;
 mod orchestrate;
+mod profile;
 mod suite;
 mod testbed;
 
@@ -50,6 +51,25 @@ enum Cmd {
         repetitions: usize,
         #[arg(long)]
         json: bool,
+    },
+    /// Run a workload under `perf record` and break its CPU time down by the studies' taxonomy.
+    Profile {
+        /// Required unless --compare.
+        #[arg(long, value_enum)]
+        stack: Option<Stack>,
+        #[command(flatten)]
+        run: RunArgs,
+        #[arg(long)]
+        json: bool,
+        /// Profile both stacks on the same workload and draw a stacked-bar PNG.
+        #[arg(long)]
+        compare: bool,
+        /// Where --compare writes its PNG.
+        #[arg(long, default_value = "profile-compare.png")]
+        out: PathBuf,
+        /// Classification rules instead of the shipped profile-rules.txt.
+        #[arg(long)]
+        rules: Option<PathBuf>,
     },
     /// The whole matrix for both stacks: JSON per run, a markdown report and PNG plots.
     Suite {
@@ -193,6 +213,39 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             }
         }
         Cmd::Suite { out, quick, hosts } => suite::run(&out, quick, hosts)?,
+        Cmd::Profile { stack, run, json, compare, out, rules } => {
+            let rules = profile::Rules::load(rules.as_deref())?;
+            let stacks = match (compare, stack) {
+                (true, _) => vec![Stack::Linux, Stack::Netchannel],
+                (false, Some(s)) => vec![s],
+                (false, None) => return Err("--stack is required (or --compare for both)".into()),
+            };
+            let mut reports = Vec::new();
+            for s in stacks {
+                let (result, b) = profile::profile(&run, s, &rules)?;
+                let report = b.report(s.name());
+                if json {
+                    let v = serde_json::json!({ "run": result, "profile": report });
+                    println!("{v}");
+                } else {
+                    orchestrate::print_result(&result);
+                    profile::print_table(&report);
+                    println!();
+                }
+                reports.push(report);
+            }
+            if compare {
+                suite::register_font()?;
+                let title = format!(
+                    "CPU breakdown, {} {} size {}",
+                    run.workload.name(),
+                    run.pattern.name(),
+                    run.size
+                );
+                profile::stacked_bars(&out, &reports, &title)?;
+                eprintln!("wrote {}", out.display());
+            }
+        }
         Cmd::Testbed { action, mtu, gro, tso } => match action {
             TestbedAction::Up => {
                 testbed::up(testbed::Options {

@@ -168,6 +168,18 @@ fn total_flows(args: &RunArgs) -> u64 {
 
 /// Runs one measurement of one stack.
 pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
+    run_with(args, stack, None)
+}
+
+/// Called at the start of the measured window with the client and server process ids.
+pub type WindowHook<'a> = &'a mut dyn FnMut(&[u32], &[u32]) -> Result<(), String>;
+
+/// `run_once`, calling `on_window` as the measured window opens (the profiler starts perf).
+pub fn run_with(
+    args: &RunArgs,
+    stack: Stack,
+    on_window: Option<WindowHook<'_>>,
+) -> Result<RunResult, String> {
     validate(args, stack)?;
     let flows = total_flows(args);
     let fd_limit = raise_fd_limit();
@@ -264,6 +276,10 @@ pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
     tick_until(window.start, &bar);
     let t0 = Instant::now();
     let (m0, s0, c0) = sample(&servers, &clients);
+    if let Some(hook) = on_window {
+        let ids = |ps: &[Proc]| ps.iter().map(|p| p.child.id()).collect::<Vec<u32>>();
+        hook(&ids(&clients), &ids(&servers))?;
+    }
     tick_until(window.end, &bar);
     let (m1, s1, c1) = sample(&servers, &clients);
     let measured = t0.elapsed().as_secs_f64();

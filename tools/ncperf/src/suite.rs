@@ -215,7 +215,7 @@ fn report(outcomes: &[Outcome], quick: bool, hosts: Hosts) -> String {
     md
 }
 
-fn register_font() -> Result<(), String> {
+pub fn register_font() -> Result<(), String> {
     let bytes = std::fs::read(FONT).map_err(|e| {
         format!("cannot read font {FONT}: {e} (scripts/setup.sh installs fonts-dejavu-core)")
     })?;

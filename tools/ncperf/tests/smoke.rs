@@ -133,3 +133,56 @@ fn impossible_combinations_are_clear_errors() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn profile_classifies_a_run_where_perf_works() {
+    let perf = Command::new("perf").arg("--version").output();
+    // SAFETY: geteuid has no preconditions.
+    if !matches!(perf, Ok(ref o) if o.status.success()) || unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: perf or root unavailable");
+        return;
+    }
+    for stack in ["linux", "netchannel"] {
+        let out = ncperf(&[
+            "profile",
+            "--stack",
+            stack,
+            "--workload",
+            "stream",
+            "--duration",
+            "1",
+            "--warmup",
+            "0.2",
+            "--json",
+            "--hosts",
+            hosts(),
+        ]);
+        assert!(out.status.success(), "profile failed: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let v: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        let p = &v["profile"];
+        assert!(p["samples"].as_u64().unwrap() > 100, "{p}");
+        let unclassified = p["unclassified_pct"].as_f64().unwrap();
+        assert!(
+            unclassified < 5.0,
+            "{stack}: {unclassified}% unclassified: {}",
+            p["top_unclassified"]
+        );
+        let sum: f64 =
+            p["categories"].as_object().unwrap().values().map(|x| x.as_f64().unwrap()).sum();
+        assert!((sum + unclassified - 100.0).abs() < 0.01, "{p}");
+        assert!(p["categories"]["data-copy"].as_f64().unwrap() > 0.0, "{p}");
+    }
+}
+
+#[test]
+fn missing_perf_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ncperf"))
+        .args(["profile", "--stack", "linux", "--duration", "1"])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("perf not found") && err.contains("linux-perf"), "{err}");
+}
