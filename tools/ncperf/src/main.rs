@@ -80,6 +80,9 @@ enum Cmd {
         quick: bool,
         #[arg(long, value_enum, default_value_t = Hosts::Netns)]
         hosts: Hosts,
+        /// Also profile every run and report classification coverage.
+        #[arg(long)]
+        profile: bool,
     },
     /// Manage the two-namespace testbed.
     Testbed {
@@ -212,7 +215,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 orchestrate::print_comparison(&c);
             }
         }
-        Cmd::Suite { out, quick, hosts } => suite::run(&out, quick, hosts)?,
+        Cmd::Suite { out, quick, hosts, profile } => suite::run(&out, quick, hosts, profile)?,
         Cmd::Profile { stack, run, json, compare, out, rules } => {
             let rules = profile::Rules::load(rules.as_deref())?;
             let stacks = match (compare, stack) {

@@ -171,8 +171,18 @@ pub fn run_once(args: &RunArgs, stack: Stack) -> Result<RunResult, String> {
     run_with(args, stack, None)
 }
 
-/// Called at the start of the measured window with the client and server process ids.
-pub type WindowHook<'a> = &'a mut dyn FnMut(&[u32], &[u32]) -> Result<(), String>;
+/// Moments of a run a hook (the profiler) can act on.
+pub enum WindowEvent<'a> {
+    /// Every process is connected; the window has not been announced yet.
+    Ready {
+        clients: &'a [u32],
+        servers: &'a [u32],
+    },
+    Start,
+    End,
+}
+
+pub type WindowHook<'a> = &'a mut dyn FnMut(WindowEvent<'_>) -> Result<(), String>;
 
 /// `run_once`, calling `on_window` as the measured window opens (the profiler starts perf).
 pub fn run_with(
@@ -256,6 +266,11 @@ pub fn run_with(
     for c in &mut clients {
         c.expect_line("connected")?;
     }
+    let mut on_window = on_window;
+    if let Some(hook) = on_window.as_mut() {
+        let ids = |ps: &[Proc]| ps.iter().map(|p| p.child.id()).collect::<Vec<u32>>();
+        hook(WindowEvent::Ready { clients: &ids(&clients), servers: &ids(&servers) })?;
+    }
 
     let warmup = Duration::from_secs_f64(args.warmup);
     let duration = Duration::from_secs_f64(args.duration);
@@ -276,12 +291,14 @@ pub fn run_with(
     tick_until(window.start, &bar);
     let t0 = Instant::now();
     let (m0, s0, c0) = sample(&servers, &clients);
-    if let Some(hook) = on_window {
-        let ids = |ps: &[Proc]| ps.iter().map(|p| p.child.id()).collect::<Vec<u32>>();
-        hook(&ids(&clients), &ids(&servers))?;
+    if let Some(hook) = on_window.as_mut() {
+        hook(WindowEvent::Start)?;
     }
     tick_until(window.end, &bar);
     let (m1, s1, c1) = sample(&servers, &clients);
+    if let Some(hook) = on_window.as_mut() {
+        hook(WindowEvent::End)?;
+    }
     let measured = t0.elapsed().as_secs_f64();
     if let Some(b) = &bar {
         b.finish_and_clear();

@@ -14,6 +14,7 @@ use regex::Regex;
 use serde::Serialize;
 
 use crate::net::Stack;
+use crate::orchestrate::WindowEvent;
 use crate::RunArgs;
 
 /// The rules shipped with ncperf; `--rules FILE` replaces them.
@@ -385,28 +386,28 @@ pub fn profile(
     let dir = std::env::temp_dir().join(format!("ncperf-profile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let data: PathBuf = dir.join(format!("{}.data", stack.name()));
-    let mut perf: Option<std::process::Child> = None;
+    let (ctl, ack) = (dir.join("ctl"), dir.join("ack"));
+    let mut recorder: Option<Recorder> = None;
     let mut pids = (HashSet::new(), HashSet::new());
-    let mut hook = |clients: &[u32], servers: &[u32]| -> Result<(), String> {
-        pids = (clients.iter().copied().collect(), servers.iter().copied().collect());
-        let child = Command::new("perf")
-            .args(["record", "-e", "cpu-clock", "-a", "-g", "-q", "-o"])
-            .arg(&data)
-            .args(["--", "sleep", &args.duration.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start perf record: {e}"))?;
-        perf = Some(child);
-        Ok(())
+    // perf starts disabled before the window is announced and is switched on and off exactly at
+    // its edges: started at the window itself, on a saturated machine it got its CPU late and
+    // recorded mostly the idle time after the workload.
+    let mut hook = |event: WindowEvent<'_>| -> Result<(), String> {
+        match event {
+            WindowEvent::Ready { clients, servers } => {
+                pids = (clients.iter().copied().collect(), servers.iter().copied().collect());
+                recorder = Some(Recorder::start(&data, &ctl, &ack)?);
+                Ok(())
+            }
+            WindowEvent::Start => recorder.as_mut().ok_or("perf not started")?.command("enable"),
+            WindowEvent::End => recorder.as_mut().ok_or("perf not started")?.command("disable"),
+        }
     };
     let result = crate::orchestrate::run_with(args, stack, Some(&mut hook));
-    let perf = perf.ok_or("the run ended before its measurement window")?;
-    let out = perf.wait_with_output().map_err(|e| format!("perf record: {e}"))?;
+    let recorder = recorder.ok_or("the run ended before its measurement window")?;
+    let stopped = recorder.stop();
     let result = result?;
-    if !out.status.success() {
-        return Err(format!("perf record failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
-    }
+    stopped?;
     let script = Command::new("perf")
         .args(["script", "-F", "comm,pid,tid,ip,sym,dso", "-i"])
         .arg(&data)
@@ -424,6 +425,81 @@ pub fn profile(
         return Err("perf recorded no samples".into());
     }
     Ok((result, breakdown(&samples, rules, &pids.0, &pids.1)))
+}
+
+/// A `perf record` controlled through its control fifos (`--control fifo:CTL,ACK`).
+struct Recorder {
+    child: std::process::Child,
+    ctl: std::fs::File,
+    ack: std::io::BufReader<std::fs::File>,
+}
+
+impl Recorder {
+    fn start(data: &Path, ctl: &Path, ack: &Path) -> Result<Recorder, String> {
+        for fifo in [ctl, ack] {
+            let ok =
+                Command::new("mkfifo").arg(fifo).status().map_err(|e| format!("mkfifo: {e}"))?;
+            if !ok.success() {
+                return Err(format!("mkfifo {} failed", fifo.display()));
+            }
+        }
+        let control = format!("fifo:{},{}", ctl.display(), ack.display());
+        let child = Command::new("perf")
+            .args([
+                "record",
+                "-e",
+                "cpu-clock",
+                "-a",
+                "-g",
+                "-q",
+                "-D",
+                "-1",
+                "--control",
+                &control,
+                "-o",
+            ])
+            .arg(data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start perf record: {e}"))?;
+        // Opening blocks until perf has opened its ends, i.e. is ready.
+        let ctl = std::fs::OpenOptions::new()
+            .write(true)
+            .open(ctl)
+            .map_err(|e| format!("perf control: {e}"))?;
+        let ack = std::fs::File::open(ack).map_err(|e| format!("perf ack: {e}"))?;
+        Ok(Recorder { child, ctl, ack: std::io::BufReader::new(ack) })
+    }
+
+    /// Sends `enable` or `disable` and waits for perf's acknowledgement.
+    fn command(&mut self, cmd: &str) -> Result<(), String> {
+        use std::io::{BufRead, Write};
+        writeln!(self.ctl, "{cmd}").map_err(|e| format!("perf control: {e}"))?;
+        let mut line = String::new();
+        self.ack.read_line(&mut line).map_err(|e| format!("perf ack: {e}"))?;
+        // perf writes "ack\n" with its C string terminator, so a NUL may lead the next line.
+        let reply = line.trim_matches(|c: char| c == '\0' || c.is_whitespace());
+        if reply != "ack" {
+            return Err(format!("perf did not acknowledge '{cmd}' (got '{reply}')"));
+        }
+        Ok(())
+    }
+
+    fn stop(self) -> Result<(), String> {
+        // SAFETY: sends SIGINT to our own child process, which has not been reaped yet.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        drop(self.ctl);
+        let out = self.child.wait_with_output().map_err(|e| format!("perf record: {e}"))?;
+        // perf exits 0 after SIGINT once its data is written; a failing exit code is an error.
+        if !out.status.success() && out.status.code().is_some() {
+            return Err(format!(
+                "perf record failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Stacked bars of the category shares of each stack.

@@ -100,7 +100,11 @@ struct Outcome {
     netchannel: Result<RunResult, String>,
 }
 
-pub fn run(out: &Path, quick: bool, hosts: Hosts) -> Result<(), String> {
+/// With `profile`, every run is also profiled (`ncperf profile`), each profile is written beside
+/// its run, and the report gains a classification-coverage table.
+pub fn run(out: &Path, quick: bool, hosts: Hosts, profile: bool) -> Result<(), String> {
+    let rules = crate::profile::Rules::load(None)?;
+    let mut coverage: Vec<(String, crate::profile::ProfileReport)> = Vec::new();
     let runs_dir = out.join("runs");
     std::fs::create_dir_all(&runs_dir)
         .map_err(|e| format!("cannot create {}: {e}", runs_dir.display()))?;
@@ -110,12 +114,26 @@ pub fn run(out: &Path, quick: bool, hosts: Hosts) -> Result<(), String> {
     let mut outcomes = Vec::new();
     for (i, case) in cases.into_iter().enumerate() {
         eprintln!("ncperf suite: [{}/{total}] {}", i + 1, case.name);
-        let one = |stack: Stack| -> Result<RunResult, String> {
-            let r = run_once(&case.args, stack);
+        let mut one = |stack: Stack| -> Result<RunResult, String> {
+            let write = |suffix: &str, json: String| {
+                let path = runs_dir.join(format!("{}-{}{suffix}.json", case.name, stack.name()));
+                std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))
+            };
+            let r = if profile {
+                crate::profile::profile(&case.args, stack, &rules).and_then(|(r, b)| {
+                    let rep = b.report(stack.name());
+                    write(
+                        "-profile",
+                        serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?,
+                    )?;
+                    coverage.push((case.name.clone(), rep));
+                    Ok(r)
+                })
+            } else {
+                run_once(&case.args, stack)
+            };
             if let Ok(r) = &r {
-                let path = runs_dir.join(format!("{}-{}.json", case.name, stack.name()));
-                let json = serde_json::to_string_pretty(r).map_err(|e| e.to_string())?;
-                std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+                write("", serde_json::to_string_pretty(r).map_err(|e| e.to_string())?)?;
             }
             r
         };
@@ -123,7 +141,28 @@ pub fn run(out: &Path, quick: bool, hosts: Hosts) -> Result<(), String> {
         let netchannel = one(Stack::Netchannel);
         outcomes.push(Outcome { case, linux, netchannel });
     }
-    let report = report(&outcomes, quick, hosts);
+    let mut report = report(&outcomes, quick, hosts);
+    if profile {
+        report.push_str("\n## Profile classification coverage\n\n");
+        report.push_str(
+            "| case | stack | unclassified % of non-idle | idle % | top unclassified |\n",
+        );
+        report.push_str("|---|---|---:|---:|---|\n");
+        for (name, rep) in &coverage {
+            let top: Vec<String> =
+                rep.top_unclassified.iter().take(3).map(|(s, p)| format!("{s} {p:.2}%")).collect();
+            let _ = writeln!(
+                report,
+                "| {name} | {} | {:.2} | {:.1} | {} |",
+                rep.stack,
+                rep.unclassified_pct,
+                rep.idle_pct,
+                top.join(", ")
+            );
+        }
+        let worst = coverage.iter().map(|c| c.1.unclassified_pct).fold(0.0, f64::max);
+        let _ = writeln!(report, "\nWorst case: {worst:.2}% unclassified.");
+    }
     let path = out.join("report.md");
     std::fs::write(&path, report).map_err(|e| format!("{}: {e}", path.display()))?;
     plots(out, &outcomes)?;
