@@ -20,6 +20,7 @@ both_testbeds!(
     latency_class_never_touches_throughput_channels,
     nonblocking_with_epoll_readiness,
     one_poller_drives_many_sockets,
+    channels_scale_up_under_backpressure,
 );
 
 fn one_gib_striped_over_four_channels(hosts: Hosts) {
@@ -354,4 +355,26 @@ fn one_poller_drives_many_sockets(hosts: Hosts) {
         }
     }
     drop(sender.join().unwrap());
+}
+
+fn channels_scale_up_under_backpressure(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| {
+        c.channels = 1;
+        c.max_channels = 3;
+        c.latency_channels = 0;
+    });
+    let l = b.listen(10).unwrap();
+    let s = a.connect(b.local_addr(), 10).unwrap();
+    let p = l.accept().unwrap();
+    assert_eq!(a.stats().channels.len(), 1);
+    const LEN: u64 = 512 << 20;
+    let reader = std::thread::spawn(move || recv_pattern(&p, 11, 1 << 20));
+    send_pattern(&s, 11, LEN, 1 << 20);
+    s.shutdown().unwrap();
+    assert_eq!(reader.join().unwrap(), LEN, "bytes intact across channels added mid-stream");
+    let n = a.stats().channels.len();
+    assert!((2..=3).contains(&n), "a sender held back by a full channel adds channels: {n}");
+    // The accepting side mirrors the dialed channels.
+    assert_eq!(b.stats().channels.len(), n);
 }

@@ -169,6 +169,7 @@ pub struct EngineOpts {
 fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
     let mut config = Config::new(bind);
     config.channels = opts.channels;
+    config.max_channels = opts.channels; // measured at a fixed channel count
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
     Engine::new(config)

@@ -144,7 +144,8 @@ fn main() {
 }
 
 fn run(args: &Args) -> std::io::Result<()> {
-    let mut config = Config { channels: args.channels, ..Config::default() };
+    let mut config =
+        Config { channels: args.channels, max_channels: args.channels, ..Config::default() };
     if let Some(us) = args.spin_us {
         config.idle_spin = Duration::from_micros(us);
     }

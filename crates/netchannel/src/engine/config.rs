@@ -15,8 +15,11 @@ pub struct Config {
     /// Run every engine thread, and so every channel socket, inside this network namespace
     /// (e.g. `/run/netns/NAME`). The application's own threads are not moved.
     pub netns: Option<PathBuf>,
-    /// Throughput-class channels dialed to each peer.
+    /// Throughput-class channels dialed to each peer when the session opens (the minimum).
     pub channels: usize,
+    /// Most throughput-class channels per peer. While every one of them is above
+    /// `channel_queue_threshold` and a sender waits, the dialing engine adds one, up to this.
+    pub max_channels: usize,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).
     pub latency_channels: usize,
     pub policy: Policy,
@@ -50,6 +53,7 @@ impl Default for Config {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             netns: None,
             channels: 4,
+            max_channels: 4,
             latency_channels: 1,
             policy: Policy::RoundRobin,
             channel_queue_threshold: 2 << 20,
@@ -87,10 +91,16 @@ impl Config {
         if self.channels == 0 {
             return bad("channels must be at least 1".into());
         }
-        if self.channels + self.latency_channels > 64 {
+        if self.max_channels < self.channels {
             return bad(format!(
-                "at most 64 channels per peer (asked {} + {} latency)",
-                self.channels, self.latency_channels
+                "max_channels ({}) is below channels ({})",
+                self.max_channels, self.channels
+            ));
+        }
+        if self.max_channels + self.latency_channels > 64 {
+            return bad(format!(
+                "at most 64 channels per peer (asked up to {} + {} latency)",
+                self.max_channels, self.latency_channels
             ));
         }
         if self.max_frame_payload == 0 || self.max_frame_payload > MAX_PAYLOAD {

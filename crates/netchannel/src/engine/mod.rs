@@ -282,6 +282,8 @@ impl EngineInner {
                         peer_addr.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
                         Scheduler::new(self.config.policy, self.config.channel_queue_threshold),
                         self.config.channel_queue_threshold,
+                        false,
+                        0,
                     ))
                 })
                 .clone()
@@ -330,10 +332,13 @@ impl EngineInner {
         if self.stopping() {
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
         }
+        let initial = self.config.channels + self.config.latency_channels;
         let session = Arc::new(Session::new(
             addr,
             Scheduler::new(self.config.policy, self.config.channel_queue_threshold),
             self.config.channel_queue_threshold,
+            true,
+            initial as u16,
         ));
         let classes = std::iter::repeat_n(Class::Throughput, self.config.channels)
             .chain(std::iter::repeat_n(Class::Latency, self.config.latency_channels));
@@ -343,8 +348,11 @@ impl EngineInner {
             let me = self.clone();
             let session = session.clone();
             let tx = tx.clone();
+            let done = move |r: io::Result<()>| {
+                let _ = tx.send(r);
+            };
             self.spawn("nc-channel", move || {
-                me.dial_channel(session, addr, index as u16, class, tx)
+                me.dial_channel(session, addr, index as u16, class, done)
             })?;
             dialing += 1;
         }
@@ -379,16 +387,13 @@ impl EngineInner {
         addr: SocketAddr,
         index: u16,
         class: Class,
-        done: mpsc::Sender<io::Result<()>>,
+        done: impl FnOnce(io::Result<()>),
     ) {
         let hello = Handshake::hello(self.id, index, class);
         let (sock, reply) =
             match tcp::dial(addr, hello, self.config.dial_timeout, &self.tcp_options) {
                 Ok(ok) => ok,
-                Err(e) => {
-                    let _ = done.send(Err(e));
-                    return;
-                }
+                Err(e) => return done(Err(e)),
             };
         let meta = ChannelMeta { index, class, peer_engine: reply.engine_id };
         let setup = ChannelQueues::new(meta).map(Arc::new).and_then(|q| {
@@ -397,14 +402,43 @@ impl EngineInner {
         });
         let (queues, io) = match setup {
             Ok(ok) => ok,
-            Err(e) => {
-                let _ = done.send(Err(e));
-                return;
-            }
+            Err(e) => return done(Err(e)),
         };
         session.add_channel(queues.clone());
-        let _ = done.send(Ok(()));
+        done(Ok(()));
         worker::run(&self, &session, &queues, Box::new(io));
+    }
+
+    /// Adds a throughput channel to a session this engine dialed, if it is below
+    /// `max_channels` and not already adding one (NetScheduler's channel scaling).
+    pub(crate) fn grow(self: &Arc<Self>, session: &Arc<Session>) {
+        if !session.initiator
+            || self.stopping()
+            || !session.is_alive()
+            || session.class_count(Class::Throughput) >= self.config.max_channels
+            || session.growing.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let index = session.next_index.fetch_add(1, Ordering::SeqCst);
+        if index > crate::wire::handshake::MAX_CHANNEL_INDEX {
+            return; // indexes are spent (channels came and went); stay at this size
+        }
+        let (me, s, addr) = (self.clone(), session.clone(), session.peer_addr);
+        let done_session = session.clone();
+        let done = move |r: io::Result<()>| {
+            if r.is_err() {
+                // Do not redial a refusing or unreachable peer on every full queue.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            done_session.growing.store(false, Ordering::SeqCst);
+        };
+        if self
+            .spawn("nc-channel", move || me.dial_channel(s, addr, index, Class::Throughput, done))
+            .is_err()
+        {
+            session.growing.store(false, Ordering::SeqCst);
+        }
     }
 
     fn remember_closed(&self, stats: PeerChannelStats) {

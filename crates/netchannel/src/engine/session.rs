@@ -4,7 +4,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
@@ -25,6 +25,12 @@ pub(crate) struct Session {
     space: Condvar,
     space_waiters: AtomicUsize,
     alive: AtomicBool,
+    /// This engine dialed the session, so it can add channels.
+    pub initiator: bool,
+    /// Index the next added channel gets.
+    pub next_index: AtomicU16,
+    /// A channel is being added.
+    pub growing: AtomicBool,
 }
 
 pub(crate) enum Wait {
@@ -33,8 +39,17 @@ pub(crate) enum Wait {
 }
 
 impl Session {
-    pub fn new(peer_addr: SocketAddr, scheduler: Scheduler, threshold: u64) -> Self {
+    pub fn new(
+        peer_addr: SocketAddr,
+        scheduler: Scheduler,
+        threshold: u64,
+        initiator: bool,
+        first_free_index: u16,
+    ) -> Self {
         Session {
+            initiator,
+            next_index: AtomicU16::new(first_free_index),
+            growing: AtomicBool::new(false),
             peer_addr,
             groups: RwLock::new([Vec::new(), Vec::new()]),
             scheduler,
@@ -81,6 +96,10 @@ impl Session {
         g.iter().flatten().cloned().collect()
     }
 
+    pub fn class_count(&self, class: Class) -> usize {
+        self.groups.read().unwrap_or_else(|e| e.into_inner())[class.index()].len()
+    }
+
     pub fn channel_count(&self) -> usize {
         let g = self.groups.read().unwrap_or_else(|e| e.into_inner());
         g.iter().map(Vec::len).sum()
@@ -121,12 +140,14 @@ impl Session {
     }
 
     /// Picks the channel for the next DATA chunk of a stream, waiting while every eligible
-    /// channel is over the queue threshold (backpressure).
+    /// channel is over the queue threshold (backpressure). `on_full` runs when they all are:
+    /// the engine's cue to add a channel.
     pub fn pick_channel(
         &self,
         stream_id: u32,
         class: Class,
         wait: Wait,
+        on_full: &dyn Fn(),
     ) -> io::Result<Arc<ChannelQueues>> {
         loop {
             if !self.is_alive() || self.channel_count() == 0 {
@@ -138,6 +159,7 @@ impl Session {
             if let Some(ch) = self.try_pick(stream_id, class) {
                 return Ok(ch);
             }
+            on_full();
             let deadline = match wait {
                 Wait::NonBlocking => {
                     return Err(io::Error::new(io::ErrorKind::WouldBlock, "channels are full"))

@@ -269,7 +269,13 @@ impl VSocket {
                 return Ok(sent);
             }
             let session = &self.stream.session;
-            let ch = match session.pick_channel(self.stream.id, class, self.wait_mode(deadline)) {
+            let grow = || self.engine.grow(session);
+            let ch = match session.pick_channel(
+                self.stream.id,
+                class,
+                self.wait_mode(deadline),
+                &grow,
+            ) {
                 Ok(ch) => ch,
                 Err(e) => return partial_ok(sent, e),
             };
