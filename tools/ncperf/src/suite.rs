@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::apps::{Pattern, Workload};
@@ -299,22 +300,7 @@ fn plots(out: &Path, outcomes: &[Outcome]) -> Result<(), String> {
             .y_desc("Gbit/s per busy core")
             .draw()
             .map_err(plot_err)?;
-        for (pts, color, name) in [(l, RED, "linux"), (n, BLUE, "netchannel")] {
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                .map_err(plot_err)?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            chart
-                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
-                .map_err(plot_err)?;
-        }
-        chart
-            .configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE)
-            .draw()
-            .map_err(plot_err)?;
+        draw_stacks(&mut chart, l, n, true)?;
         root.present().map_err(plot_err)?;
     }
     for o in outcomes
@@ -362,7 +348,26 @@ fn cdf_plot(path: &Path, title: &str, o: &Outcome) -> Result<(), String> {
         .y_desc("fraction of RPCs")
         .draw()
         .map_err(plot_err)?;
-    for (pts, color, name) in [(l, RED, "linux"), (n, BLUE, "netchannel")] {
+    draw_stacks(&mut chart, l, n, false)?;
+    root.present().map_err(plot_err)
+}
+
+type LogXChart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<LogCoord<f64>, RangedCoordf64>>;
+
+/// One line per stack (linux red, netchannel blue), optional point markers, and the legend.
+fn draw_stacks<'a, 'b: 'a>(
+    chart: &mut LogXChart<'a, 'b>,
+    linux: Vec<(f64, f64)>,
+    netchannel: Vec<(f64, f64)>,
+    markers: bool,
+) -> Result<(), String> {
+    for (pts, color, name) in [(linux, RED, "linux"), (netchannel, BLUE, "netchannel")] {
+        if markers {
+            chart
+                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+                .map_err(plot_err)?;
+        }
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))
             .map_err(plot_err)?
@@ -374,8 +379,7 @@ fn cdf_plot(path: &Path, title: &str, o: &Outcome) -> Result<(), String> {
         .border_style(BLACK)
         .background_style(WHITE)
         .draw()
-        .map_err(plot_err)?;
-    root.present().map_err(plot_err)
+        .map_err(plot_err)
 }
 
 #[cfg(test)]
