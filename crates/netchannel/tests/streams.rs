@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +21,7 @@ both_testbeds!(
     nonblocking_with_epoll_readiness,
     one_poller_drives_many_sockets,
     channels_scale_up_under_backpressure,
+    blocking_send_of_exactly_the_window_returns,
 );
 
 fn one_gib_striped_over_four_channels(hosts: Hosts) {
@@ -377,4 +378,23 @@ fn channels_scale_up_under_backpressure(hosts: Hosts) {
     assert!((2..=3).contains(&n), "a sender held back by a full channel adds channels: {n}");
     // The accepting side mirrors the dialed channels.
     assert_eq!(b.stats().channels.len(), n);
+}
+
+fn blocking_send_of_exactly_the_window_returns(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| c.stream_window = 1 << 20);
+    let l = b.listen(11).unwrap();
+    let s = a.connect(b.local_addr(), 11).unwrap();
+    let p = l.accept().unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Fills the peer's window exactly while nobody reads: must return, not wait for credit.
+    assert_eq!(s.send(&vec![3u8; 1 << 20]).unwrap(), 1 << 20);
+    assert_eq!(s.send(&[]).unwrap(), 0, "an empty send never waits");
+    s.set_nonblocking(true);
+    assert_eq!(s.send(b"x").unwrap_err().kind(), ErrorKind::WouldBlock);
+    s.shutdown().unwrap();
+    assert_eq!(s.send(&[]).unwrap_err().kind(), ErrorKind::BrokenPipe);
+    let mut got = vec![0u8; 1 << 20];
+    (&p).read_exact(&mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 3));
 }

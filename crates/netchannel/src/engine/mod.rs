@@ -260,8 +260,6 @@ impl EngineInner {
         let hello = match hello {
             Ok(h) => h,
             Err(e) => {
-                self.counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
-                self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 self.remember_closed(PeerChannelStats {
                     peer_addr,
                     channel: ChannelStats {
@@ -270,6 +268,8 @@ impl EngineInner {
                         ..ChannelStats::default()
                     },
                 });
+                self.counters.handshake_failures.fetch_add(1, Ordering::SeqCst);
+                self.counters.protocol_errors.fetch_add(1, Ordering::SeqCst);
                 return;
             }
         };
@@ -454,14 +454,15 @@ impl EngineInner {
     /// last channel goes, the session and all its streams go with it.
     pub(crate) fn channel_closed(&self, session: &Arc<Session>, queues: &Arc<ChannelQueues>) {
         let stats = queues.stats();
-        if stats.protocol_errors > 0 {
-            self.counters.protocol_errors.fetch_add(stats.protocol_errors, Ordering::Relaxed);
-        }
-        let index = stats.index;
+        let (index, errors) = (stats.index, stats.protocol_errors);
+        // Recorded before counted, so whoever sees the count also finds the reason.
         self.remember_closed(PeerChannelStats {
             peer_addr: Some(session.peer_addr),
             channel: stats,
         });
+        if errors > 0 {
+            self.counters.protocol_errors.fetch_add(errors, Ordering::SeqCst);
+        }
         if self.stopping() {
             return;
         }

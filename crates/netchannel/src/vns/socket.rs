@@ -260,14 +260,18 @@ impl VSocket {
                 Err(e)
             }
         };
-        loop {
+        if buf.is_empty() {
+            // Like TCP: nothing to send, but a dead or shut-down socket still says so.
+            return match self.stream.lock().send_capacity() {
+                Err(e @ (SendError::Reset(_) | SendError::WriteClosed)) => Err(send_error(e)),
+                _ => Ok(0),
+            };
+        }
+        while sent < buf.len() {
             let class = match self.wait_for_credit(deadline) {
                 Ok(c) => c,
                 Err(e) => return partial_ok(sent, e),
             };
-            if sent == buf.len() {
-                return Ok(sent);
-            }
             let session = &self.stream.session;
             let grow = || self.engine.grow(session);
             let ch = match session.pick_channel(
@@ -305,10 +309,10 @@ impl VSocket {
             }
             sent += n;
         }
+        Ok(sent)
     }
 
-    /// Waits until the socket may send (credit available, or an error to report). With nothing
-    /// left to send, only reports errors.
+    /// Waits until the socket may send (credit available, or an error to report).
     fn wait_for_credit(&self, deadline: Option<Instant>) -> io::Result<Class> {
         let mut st = self.stream.lock();
         loop {
