@@ -150,14 +150,17 @@ impl Session {
         on_full: &dyn Fn(),
     ) -> io::Result<Arc<ChannelQueues>> {
         loop {
+            // The common case first: one read of the channel set per chunk.
+            if self.is_alive() {
+                if let Some(ch) = self.try_pick(stream_id, class) {
+                    return Ok(ch);
+                }
+            }
             if !self.is_alive() || self.channel_count() == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionReset,
                     format!("all channels to {} are lost", self.peer_addr),
                 ));
-            }
-            if let Some(ch) = self.try_pick(stream_id, class) {
-                return Ok(ch);
             }
             on_full();
             let deadline = match wait {
