@@ -15,7 +15,7 @@ pub mod tcp;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::sys::EventFd;
@@ -113,6 +113,30 @@ struct Counters {
     protocol_errors: AtomicU64,
 }
 
+/// Result of a producer's attempt to transmit on a parked worker's behalf.
+pub enum Inline {
+    /// Everything queued was written.
+    Done,
+    /// Bytes remain (the transport is full, or failed): the worker must take over.
+    Pending,
+    /// Another thread is transmitting right now.
+    Busy,
+}
+
+/// A transport's sending half that producers may drive themselves while the worker is parked,
+/// which saves the worker's wake-up (an eventfd write and a context switch, the largest cost of
+/// small RPCs in `ncperf profile`).
+pub trait InlineTransmit: Send + Sync {
+    fn try_transmit(&self, queues: &ChannelQueues, budget: usize) -> Inline;
+}
+
+/// Bytes a producer writes inline before handing the rest to the worker.
+const INLINE_BUDGET: usize = 256 * 1024;
+/// Only a small backlog (RPC-sized messages, control frames) is written inline; bulk frames go
+/// to the worker, so a bulk sender keeps its workers' parallelism (measured: inline bulk writes
+/// cost a single stream a fifth of its goodput, inline small ones cut 4 KiB RPC latency by 20%).
+const INLINE_MAX_QUEUED: u64 = 64 * 1024;
+
 /// Transport-independent queues of a channel plus the wake-up of its parked worker.
 pub struct ChannelQueues {
     meta: ChannelMeta,
@@ -128,6 +152,7 @@ pub struct ChannelQueues {
     wake: EventFd,
     counters: Counters,
     close_reason: Mutex<Option<String>>,
+    inline: OnceLock<Arc<dyn InlineTransmit>>,
 }
 
 impl ChannelQueues {
@@ -144,6 +169,7 @@ impl ChannelQueues {
             wake: EventFd::new()?,
             counters: Counters::default(),
             close_reason: Mutex::new(None),
+            inline: OnceLock::new(),
         })
     }
 
@@ -151,12 +177,28 @@ impl ChannelQueues {
         &self.wake
     }
 
-    /// Wakes the worker if it is parked. Pairs with [`ChannelQueues::set_parked`]: both sides
-    /// use SeqCst so either the worker sees the new work or the producer sees `parked`.
+    /// Lets producers transmit inline through `tx` while the worker is parked.
+    pub fn set_inline(&self, tx: Arc<dyn InlineTransmit>) {
+        let _ = self.inline.set(tx);
+    }
+
+    /// New work is queued: if the worker is parked, transmit it inline, and wake the worker
+    /// only if that could not finish. Pairs with [`ChannelQueues::set_parked`]: both sides use
+    /// SeqCst so either the worker sees the new work or the producer sees `parked`.
     pub fn wake(&self) {
-        if self.parked.load(Ordering::SeqCst) {
-            self.wake.notify();
+        if !self.parked.load(Ordering::SeqCst) {
+            return;
         }
+        if let Some(tx) = self.inline.get() {
+            let small = self.queued_bytes() <= INLINE_MAX_QUEUED;
+            if small
+                && self.is_open()
+                && matches!(tx.try_transmit(self, INLINE_BUDGET), Inline::Done)
+            {
+                return;
+            }
+        }
+        self.wake.notify();
     }
 
     pub fn set_parked(&self, parked: bool) {

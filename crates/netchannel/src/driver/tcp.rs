@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::pool::BufferPool;
@@ -138,23 +138,30 @@ struct PartialPayload {
 }
 
 pub struct TcpChannelIo {
-    sock: TcpStream,
+    sock: Arc<TcpStream>,
     queues: Arc<ChannelQueues>,
     epoll: Epoll,
     interest: u32,
     rx: Vec<u8>,
     rx_start: usize,
     partial: Option<PartialPayload>,
-    /// Frames taken from the queues and not yet fully written; `tx_data[i]` says whether
-    /// `tx[i]` is a DATA frame (control frames are batched into one buffer).
-    tx: VecDeque<Vec<u8>>,
-    tx_data: VecDeque<bool>,
-    tx_written: usize,
-    blocked_on_write: bool,
     /// False once a read returned EAGAIN, until epoll reports the socket readable again: saves
     /// a failing `read` per round on a channel that only transmits.
     maybe_readable: bool,
     pool: Arc<BufferPool>,
+    /// The sending half, shared with threads that transmit inline while the worker is parked.
+    tx: Arc<Mutex<TxHalf>>,
+}
+
+/// Frames taken from the queues and not yet fully written.
+pub struct TxHalf {
+    sock: Arc<TcpStream>,
+    pool: Arc<BufferPool>,
+    /// `tx_data[i]` says whether `tx[i]` is a DATA frame (control frames are batched).
+    tx: VecDeque<Vec<u8>>,
+    tx_data: VecDeque<bool>,
+    tx_written: usize,
+    blocked_on_write: bool,
     control_scratch: Vec<crate::wire::Frame<'static>>,
 }
 
@@ -167,6 +174,17 @@ impl TcpChannelIo {
         let epoll = Epoll::new()?;
         epoll.add(sock.as_raw_fd(), READABLE, TOKEN_SOCKET)?;
         epoll.add(queues.wake_fd().raw(), READABLE, TOKEN_WAKE)?;
+        let sock = Arc::new(sock);
+        let tx = Arc::new(Mutex::new(TxHalf {
+            sock: sock.clone(),
+            pool: pool.clone(),
+            tx: VecDeque::new(),
+            tx_data: VecDeque::new(),
+            tx_written: 0,
+            blocked_on_write: false,
+            control_scratch: Vec::new(),
+        }));
+        queues.set_inline(tx.clone());
         Ok(TcpChannelIo {
             sock,
             queues,
@@ -175,51 +193,15 @@ impl TcpChannelIo {
             rx: Vec::with_capacity(RX_READ),
             rx_start: 0,
             partial: None,
-            tx: VecDeque::new(),
-            tx_data: VecDeque::new(),
-            tx_written: 0,
-            blocked_on_write: false,
             maybe_readable: true,
             pool,
-            control_scratch: Vec::new(),
+            tx,
         })
     }
 
-    fn refill(&mut self, budget: usize) {
-        self.queues.take_control(&mut self.control_scratch);
-        if !self.control_scratch.is_empty() {
-            let mut buf = Vec::with_capacity(self.control_scratch.len() * MAX_CONTROL_LEN);
-            for f in &self.control_scratch {
-                f.encode(&mut buf);
-            }
-            self.queues.control_sent(self.control_scratch.len());
-            self.control_scratch.clear();
-            self.tx.push_back(buf);
-            self.tx_data.push_back(false);
-        }
-        let before = self.tx.len();
-        self.queues.take_data(&mut self.tx, MAX_IOV - before, budget);
-        self.tx_data.extend(std::iter::repeat_n(true, self.tx.len() - before));
+    fn tx(&self) -> std::sync::MutexGuard<'_, TxHalf> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner())
     }
-
-    fn advance(&mut self, mut n: usize) {
-        while n > 0 {
-            let Some(front) = self.tx.front() else { break };
-            let left = front.len() - self.tx_written;
-            if n < left {
-                self.tx_written += n;
-                return;
-            }
-            n -= left;
-            self.tx_written = 0;
-            let buf = self.tx.pop_front().expect("front exists");
-            if self.tx_data.pop_front() == Some(true) {
-                self.queues.data_sent(buf.len());
-                self.pool.put(buf);
-            }
-        }
-    }
-
     fn read_more(&mut self) -> io::Result<usize> {
         if self.rx_start > 0 && (self.rx_start == self.rx.len() || self.rx_start > RX_READ / 2) {
             self.rx.drain(..self.rx_start);
@@ -251,12 +233,51 @@ impl TcpChannelIo {
     }
 }
 
-impl ChannelIo for TcpChannelIo {
-    fn transmit(&mut self, budget: usize) -> Result<usize, ChannelError> {
+impl TxHalf {
+    fn refill(&mut self, queues: &ChannelQueues, budget: usize) {
+        queues.take_control(&mut self.control_scratch);
+        if !self.control_scratch.is_empty() {
+            let mut buf = Vec::with_capacity(self.control_scratch.len() * MAX_CONTROL_LEN);
+            for f in &self.control_scratch {
+                f.encode(&mut buf);
+            }
+            queues.control_sent(self.control_scratch.len());
+            self.control_scratch.clear();
+            self.tx.push_back(buf);
+            self.tx_data.push_back(false);
+        }
+        let before = self.tx.len();
+        queues.take_data(&mut self.tx, MAX_IOV - before, budget);
+        self.tx_data.extend(std::iter::repeat_n(true, self.tx.len() - before));
+    }
+
+    fn advance(&mut self, queues: &ChannelQueues, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.tx.front() else { break };
+            let left = front.len() - self.tx_written;
+            if n < left {
+                self.tx_written += n;
+                return;
+            }
+            n -= left;
+            self.tx_written = 0;
+            let buf = self.tx.pop_front().expect("front exists");
+            if self.tx_data.pop_front() == Some(true) {
+                queues.data_sent(buf.len());
+                self.pool.put(buf);
+            }
+        }
+    }
+
+    pub fn transmit(
+        &mut self,
+        queues: &ChannelQueues,
+        budget: usize,
+    ) -> Result<usize, ChannelError> {
         let mut written = 0;
         while written < budget {
             if self.tx.is_empty() {
-                self.refill(budget - written);
+                self.refill(queues, budget - written);
                 if self.tx.is_empty() {
                     break;
                 }
@@ -270,8 +291,8 @@ impl ChannelIo for TcpChannelIo {
             }
             match sys::writev(self.sock.as_raw_fd(), &iov[..count]) {
                 Ok(n) => {
-                    self.queues.count_tx_bytes(n);
-                    self.advance(n);
+                    queues.count_tx_bytes(n);
+                    self.advance(queues, n);
                     written += n;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -283,6 +304,23 @@ impl ChannelIo for TcpChannelIo {
             }
         }
         Ok(written)
+    }
+}
+
+impl super::InlineTransmit for Mutex<TxHalf> {
+    fn try_transmit(&self, queues: &ChannelQueues, budget: usize) -> super::Inline {
+        let Ok(mut tx) = self.try_lock() else { return super::Inline::Busy };
+        match tx.transmit(queues, budget) {
+            Ok(_) if tx.tx.is_empty() && !queues.has_work() => super::Inline::Done,
+            Ok(_) => super::Inline::Pending,
+            Err(_) => super::Inline::Pending, // the worker's own transmit meets the error
+        }
+    }
+}
+
+impl ChannelIo for TcpChannelIo {
+    fn transmit(&mut self, budget: usize) -> Result<usize, ChannelError> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).transmit(&self.queues, budget)
     }
 
     fn dequeue(
@@ -357,10 +395,13 @@ impl ChannelIo for TcpChannelIo {
     }
 
     fn park(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let want = if self.blocked_on_write && !self.tx.is_empty() {
-            READABLE | WRITABLE
-        } else {
-            READABLE
+        let want = {
+            let tx = self.tx();
+            if tx.blocked_on_write && !tx.tx.is_empty() {
+                READABLE | WRITABLE
+            } else {
+                READABLE
+            }
         };
         if want != self.interest {
             self.epoll.modify(self.sock.as_raw_fd(), want, TOKEN_SOCKET)?;
@@ -372,12 +413,12 @@ impl ChannelIo for TcpChannelIo {
         // A timeout proves nothing either way: probe the socket again.
         self.maybe_readable |= socket_ready || n == 0;
         self.queues.wake_fd().drain();
-        self.blocked_on_write = false;
+        self.tx().blocked_on_write = false;
         Ok(())
     }
 
     fn output_pending(&self) -> bool {
-        !self.tx.is_empty()
+        !self.tx().tx.is_empty()
     }
 }
 
