@@ -100,8 +100,6 @@ pub trait ChannelIo: Send {
     ) -> Result<usize, ChannelError>;
     /// Blocks until the transport is readable, writable with output pending, or woken.
     fn park(&mut self, timeout: Option<Duration>) -> io::Result<()>;
-    /// True while transmitted bytes wait for the transport to become writable.
-    fn output_pending(&self) -> bool;
 }
 
 #[derive(Default)]

@@ -129,6 +129,16 @@ pub fn finish_accept(sock: &mut TcpStream, reply: Handshake) -> io::Result<()> {
     sock.set_nonblocking(true)
 }
 
+/// What one `read` on the channel socket produced.
+enum ReadOutcome {
+    /// Bytes arrived (or the call was interrupted): go on.
+    Data,
+    /// The peer closed the connection.
+    Eof,
+    /// Nothing more until epoll says readable.
+    Drained,
+}
+
 /// A large DATA payload being read straight into its final buffer.
 struct PartialPayload {
     stream: u32,
@@ -214,22 +224,36 @@ impl TcpChannelIo {
     fn read_partial(&mut self, p: &mut PartialPayload) -> Result<bool, ChannelError> {
         while p.buf.len() < p.len {
             let want = p.len - p.buf.len();
-            match sys::read_append(self.sock.as_raw_fd(), &mut p.buf, want) {
-                Ok(0) => {
+            let r = sys::read_append(self.sock.as_raw_fd(), &mut p.buf, want);
+            match self.after_read(r)? {
+                ReadOutcome::Data => {}
+                ReadOutcome::Eof => {
                     return Err(ChannelError::Protocol(
                         "truncated frame: eof inside a payload".into(),
                     ))
                 }
-                Ok(n) => self.queues.count_rx(n, 0),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.maybe_readable = false;
-                    return Ok(false);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ChannelError::Io(e)),
+                ReadOutcome::Drained => return Ok(false),
             }
         }
         Ok(true)
+    }
+
+    /// Accounts one `read` result. Every EAGAIN clears the readiness hint, so a worker only
+    /// reads again after epoll reports the socket readable; EINTR counts as no data yet.
+    fn after_read(&mut self, r: io::Result<usize>) -> Result<ReadOutcome, ChannelError> {
+        match r {
+            Ok(0) => Ok(ReadOutcome::Eof),
+            Ok(n) => {
+                self.queues.count_rx(n, 0);
+                Ok(ReadOutcome::Data)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.maybe_readable = false;
+                Ok(ReadOutcome::Drained)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(ReadOutcome::Data),
+            Err(e) => Err(ChannelError::Io(e)),
+        }
     }
 }
 
@@ -376,20 +400,16 @@ impl ChannelIo for TcpChannelIo {
             if !self.maybe_readable {
                 return Ok(frames);
             }
-            match self.read_more() {
-                Ok(0) if self.rx_start < self.rx.len() => {
+            let r = self.read_more();
+            match self.after_read(r)? {
+                ReadOutcome::Data => {}
+                ReadOutcome::Eof if self.rx_start < self.rx.len() => {
                     return Err(ChannelError::Protocol(
                         "truncated frame: eof inside a frame".into(),
                     ))
                 }
-                Ok(0) => return Err(ChannelError::Closed),
-                Ok(n) => self.queues.count_rx(n, 0),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.maybe_readable = false;
-                    return Ok(frames);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ChannelError::Io(e)),
+                ReadOutcome::Eof => return Err(ChannelError::Closed),
+                ReadOutcome::Drained => return Ok(frames),
             }
         }
     }
@@ -415,10 +435,6 @@ impl ChannelIo for TcpChannelIo {
         self.queues.wake_fd().drain();
         self.tx().blocked_on_write = false;
         Ok(())
-    }
-
-    fn output_pending(&self) -> bool {
-        !self.tx().tx.is_empty()
     }
 }
 
