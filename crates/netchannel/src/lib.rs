@@ -3,10 +3,11 @@
 //!
 //! Layers (see docs/ARCHITECTURE.md):
 //! - [`wire`]: handshake and frame codec (pure).
-//! - [`vns`]: virtual sockets: ordering, credit, the application API.
-//! - [`scheduler`]: which channel carries each chunk.
-//! - [`driver`]: channels (the queues of a multi-queue "device") and the TCP transport.
-//! - [`engine`]: threads and execution model.
+//! - [`proto`]: the sans-IO protocol core: streams, credit, ordering, retention, recovery.
+//! - [`scheduler`]: which stream's chunk each channel carries next.
+//! - [`driver`]: channels (the queues of a multi-queue "device"), framing, the TCP transport.
+//! - [`engine`]: threads and execution model (workers, run to completion).
+//! - [`vns`]: virtual sockets, the application API.
 //!
 //! ```no_run
 //! use netchannel::{Config, Engine};
@@ -23,6 +24,7 @@
 
 pub mod driver;
 pub mod engine;
+pub mod proto;
 pub mod scheduler;
 pub mod sys;
 pub mod vns;

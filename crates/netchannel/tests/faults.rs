@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use netchannel::wire::frame::MAX_CONTROL_LEN;
+use netchannel::wire::frame::MAX_HEADER_LEN;
+use netchannel::wire::handshake::HANDSHAKE_LEN;
 use netchannel::wire::{self, Decoded, Frame, Handshake, HandshakeKind, RejectReason};
 use netchannel::{Class, Engine, VSocket};
 
@@ -62,12 +63,21 @@ fn raw_peer(tb: &Testbed, to: SocketAddr) -> TcpStream {
     s
 }
 
+fn read_handshake(s: &mut TcpStream) -> Handshake {
+    let mut reply = [0u8; HANDSHAKE_LEN];
+    s.read_exact(&mut reply).unwrap();
+    Handshake::decode(&reply).unwrap()
+}
+
+/// Completes a channel handshake by hand (no key) and returns the raw channel.
 fn raw_channel(tb: &Testbed, to: SocketAddr) -> TcpStream {
     let mut s = raw_peer(tb, to);
-    s.write_all(&Handshake::hello(0xBAD, 0, Class::Throughput).encode()).unwrap();
-    let mut reply = [0u8; 24];
-    s.read_exact(&mut reply).unwrap();
-    assert_eq!(Handshake::decode(&reply).unwrap().kind, HandshakeKind::Accept);
+    let hello = Handshake::hello(0xBAD, 0, Class::Throughput, [7; 16], false);
+    s.write_all(&hello.encode()).unwrap();
+    let challenge = read_handshake(&mut s);
+    assert_eq!(challenge.kind, HandshakeKind::Challenge);
+    s.write_all(&Handshake::confirm(&hello, &challenge, None).encode()).unwrap();
+    assert_eq!(read_handshake(&mut s).kind, HandshakeKind::Accept);
     s
 }
 
@@ -176,9 +186,7 @@ fn garbage_instead_of_handshake(hosts: Hosts) {
     let by = Bystander::new(&a, &b);
     let mut s = raw_peer(&tb, b.local_addr());
     s.write_all(b"GET / HTTP/1.1\r\nHost: netchannel\r\n\r\n").unwrap();
-    let mut reply = [0u8; 24];
-    s.read_exact(&mut reply).unwrap();
-    let reply = Handshake::decode(&reply).unwrap();
+    let reply = read_handshake(&mut s);
     assert_eq!(reply.kind, HandshakeKind::Reject(RejectReason::BadMagic));
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
@@ -191,26 +199,25 @@ fn wrong_version_is_refused_by_the_acceptor(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});
     let by = Bystander::new(&a, &b);
-    let mut hello = Handshake::hello(1, 0, Class::Throughput).encode();
-    hello[4..6].copy_from_slice(&2u16.to_be_bytes());
+    let mut hello = Handshake::hello(1, 0, Class::Throughput, [1; 16], false).encode();
+    hello[4..6].copy_from_slice(&9u16.to_be_bytes());
     let mut s = raw_peer(&tb, b.local_addr());
     s.write_all(&hello).unwrap();
-    let mut reply = [0u8; 24];
-    s.read_exact(&mut reply).unwrap();
     assert_eq!(
-        Handshake::decode(&reply).unwrap().kind,
+        read_handshake(&mut s).kind,
         HandshakeKind::Reject(RejectReason::UnsupportedVersion)
     );
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
-    assert!(reasons.iter().any(|r| r.contains("unsupported protocol version 2")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("unsupported protocol version 9")), "{reasons:?}");
     by.check();
 }
 
 fn wrong_version_or_magic_is_refused_by_the_dialer(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, _b) = tb.engines(|_| {});
-    // A fake engine on host B answering every hello with a corrupted accept.
+    // A fake engine on host B answering every hello with a corrupted challenge: first a wrong
+    // version (bytes 4..6), then a wrong magic (byte 0).
     let ns = tb.b.clone();
     let bind = SocketAddr::new(tb.addr_b, 0);
     let fake = std::thread::spawn(move || {
@@ -222,32 +229,32 @@ fn wrong_version_or_magic_is_refused_by_the_dialer(hosts: Hosts) {
     .join()
     .unwrap();
     let fake_addr = fake.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
-        for corrupt in [4usize, 0] {
-            // First a wrong version (byte 4..6), then a wrong magic (byte 0); every channel.
-            for _ in 0..5 {
-                let (mut s, _) = fake.accept().unwrap();
-                let mut hello = [0u8; 24];
-                if s.read_exact(&mut hello).is_err() {
-                    continue;
-                }
-                let mut reply = Handshake::accept(42, 0, Class::Throughput).encode();
-                if corrupt == 4 {
-                    reply[4..6].copy_from_slice(&2u16.to_be_bytes());
-                } else {
-                    reply[0] = b'X';
-                }
-                let _ = s.write_all(&reply);
+    let corrupt_magic = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mode = corrupt_magic.clone();
+    std::thread::spawn(move || {
+        for conn in fake.incoming() {
+            let Ok(mut s) = conn else { return };
+            let mut hello = [0u8; HANDSHAKE_LEN];
+            if s.read_exact(&mut hello).is_err() {
+                continue;
             }
+            let hello = Handshake::decode(&hello).unwrap();
+            let mut reply = Handshake::challenge(42, &hello, [0; 16], false).encode();
+            if mode.load(std::sync::atomic::Ordering::SeqCst) {
+                reply[0] = b'X';
+            } else {
+                reply[4..6].copy_from_slice(&9u16.to_be_bytes());
+            }
+            let _ = s.write_all(&reply);
         }
     });
     let err = a.connect(fake_addr, 1).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
-    assert!(err.to_string().contains("unsupported protocol version 2"), "{err}");
+    assert!(err.to_string().contains("unsupported protocol version 9"), "{err}");
+    corrupt_magic.store(true, std::sync::atomic::Ordering::SeqCst);
     let err = a.connect(fake_addr, 1).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
     assert!(err.to_string().contains("bad magic"), "{err}");
-    server.join().unwrap();
 }
 
 fn truncated_frame(hosts: Hosts) {
@@ -292,7 +299,7 @@ fn garbage_frame_after_handshake(hosts: Hosts) {
 }
 
 /// Reads frames from a raw channel until a SYN_ACK; returns the acceptor's stream id.
-fn read_syn_ack(s: &mut TcpStream) -> u32 {
+fn read_syn_ack(s: &mut TcpStream) -> u64 {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 256];
     loop {
@@ -314,7 +321,7 @@ fn data_beyond_credit(hosts: Hosts) {
     let by = Bystander::new(&a, &b);
     let l = b.listen(77).unwrap();
     let mut s = raw_channel(&tb, b.local_addr());
-    let mut out = Vec::with_capacity(MAX_CONTROL_LEN);
+    let mut out = Vec::with_capacity(MAX_HEADER_LEN);
     Frame::Syn { src: 1, port: 77, class: Class::Throughput, window: 65536 }.encode(&mut out);
     s.write_all(&out).unwrap();
     let id = read_syn_ack(&mut s);

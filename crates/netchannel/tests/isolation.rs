@@ -40,7 +40,7 @@ struct Stall {
 
 impl Stall {
     fn new(a: &Engine, b: &Engine, l: &netchannel::Listener) -> Stall {
-        let window = a.config().stream_window as usize;
+        let window = a.config().stream_window as u64;
         let stalled: VSocket = a.connect(b.local_addr(), l.port()).unwrap();
         let peer = l.accept().unwrap(); // never read
         let sender = std::thread::spawn(move || {

@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use netchannel::sys::{Epoll, EDGE, READABLE, WRITABLE};
@@ -106,17 +106,14 @@ impl Conn {
 
 /// Edge-triggered readiness for many connections, reported as tokens.
 pub enum Waiter {
-    Epoll(Epoll, std::sync::Mutex<Vec<libc::epoll_event>>),
+    Epoll(Epoll, std::sync::Mutex<Vec<(u64, u32)>>),
     Poller(Poller),
 }
 
 impl Waiter {
     pub fn new(stack: Stack) -> io::Result<Waiter> {
         Ok(match stack {
-            Stack::Linux => Waiter::Epoll(
-                Epoll::new()?,
-                std::sync::Mutex::new(vec![libc::epoll_event { events: 0, u64: 0 }; 256]),
-            ),
+            Stack::Linux => Waiter::Epoll(Epoll::new()?, std::sync::Mutex::new(Vec::new())),
             Stack::Netchannel => Waiter::Poller(Poller::new()?),
         })
     }
@@ -128,7 +125,7 @@ impl Waiter {
         match (self, conn) {
             (Waiter::Epoll(ep, _), Conn::Tcp(s)) => {
                 let write = if writes_block { WRITABLE } else { 0 };
-                ep.add(s.as_raw_fd(), READABLE | write | EDGE, token)
+                ep.add(s.as_fd(), READABLE | write | EDGE, token)
             }
             (Waiter::Poller(p), Conn::Virtual(s)) => p.register(s, token),
             _ => Err(io::Error::other("connection and waiter belong to different stacks")),
@@ -139,7 +136,7 @@ impl Waiter {
     pub fn want_writable(&self, conn: &Conn, token: u64) -> io::Result<()> {
         match (self, conn) {
             (Waiter::Epoll(ep, _), Conn::Tcp(s)) => {
-                ep.modify(s.as_raw_fd(), READABLE | WRITABLE | EDGE, token)
+                ep.modify(s.as_fd(), READABLE | WRITABLE | EDGE, token)
             }
             _ => Ok(()),
         }
@@ -149,9 +146,10 @@ impl Waiter {
         match self {
             Waiter::Epoll(ep, events) => {
                 let mut events = events.lock().unwrap_or_else(|e| e.into_inner());
-                let n = ep.wait(&mut events, Some(timeout))?;
+                events.clear();
+                ep.wait(&mut events, 256, Some(timeout))?;
                 tokens.clear();
-                tokens.extend(events[..n].iter().map(|e| e.u64));
+                tokens.extend(events.iter().map(|e| e.0));
                 Ok(())
             }
             Waiter::Poller(p) => p.wait(tokens, Some(timeout)),

@@ -2,7 +2,7 @@
 //! goodput next to a plain kernel TCP socket measured in the same run (interleaved, medians),
 //! then 4 KiB ping-pong latency on both.
 //!
-//! usage: nc-demo [--seconds S] [--rounds N] [--channels K] [--spin-us US] [--frame BYTES] [--only linux|netchannel]
+//! usage: nc-demo [--seconds S] [--rounds N] [--channels K] [--frame BYTES] [--only linux|netchannel]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -17,15 +17,13 @@ struct Args {
     seconds: f64,
     rounds: usize,
     channels: usize,
-    spin_us: Option<u64>,
     frame: Option<usize>,
     /// Measure only this stack ("linux" or "netchannel"); both when unset.
     only: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a =
-        Args { seconds: 2.0, rounds: 3, channels: 4, spin_us: None, frame: None, only: None };
+    let mut a = Args { seconds: 2.0, rounds: 3, channels: 4, frame: None, only: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -34,7 +32,6 @@ fn parse_args() -> Result<Args, String> {
             "--seconds" => a.seconds = v.parse().map_err(|e| bad(&e))?,
             "--rounds" => a.rounds = v.parse().map_err(|e| bad(&e))?,
             "--channels" => a.channels = v.parse().map_err(|e| bad(&e))?,
-            "--spin-us" => a.spin_us = Some(v.parse().map_err(|e| bad(&e))?),
             "--frame" => a.frame = Some(v.parse().map_err(|e| bad(&e))?),
             "--only" if v == "linux" || v == "netchannel" => a.only = Some(v),
             _ => return Err(format!("unknown argument {flag}")),
@@ -133,7 +130,7 @@ fn main() {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("nc-demo: {e}\nusage: nc-demo [--seconds S] [--rounds N] [--channels K] [--spin-us US] [--frame BYTES] [--only linux|netchannel]");
+            eprintln!("nc-demo: {e}\nusage: nc-demo [--seconds S] [--rounds N] [--channels K] [--frame BYTES] [--only linux|netchannel]");
             std::process::exit(2);
         }
     };
@@ -146,9 +143,6 @@ fn main() {
 fn run(args: &Args) -> std::io::Result<()> {
     let mut config =
         Config { channels: args.channels, max_channels: args.channels, ..Config::default() };
-    if let Some(us) = args.spin_us {
-        config.idle_spin = Duration::from_micros(us);
-    }
     if let Some(f) = args.frame {
         config.max_frame_payload = f;
     }

@@ -1,25 +1,36 @@
-//! NetDriver: the network and remote hosts seen as a multi-queue device. A *channel* is one queue.
+//! NetDriver: the network and remote hosts seen as a multi-queue device. A *channel* is one
+//! queue: an instance of a transport (for TCP: one connection) with its own congestion and flow
+//! control. The paper's API maps onto:
+//! - `create`: a transport's constructors (`tcp::dial`, `tcp::Incoming` on the accepting side);
+//! - `destroy`: [`Channel::close`];
+//! - `enqueue`: the session core's queues, pulled by [`Channel::write`] when the socket has room;
+//! - `dequeue`: [`Channel::read`] into the channel's [`framing::FrameReader`].
 //!
-//! The paper's API maps onto two halves:
-//! - [`Channel`] (shared): `enqueue` of frames by any thread, queue occupancy for the scheduler,
-//!   statistics. [`ChannelQueues`] implements it once for every transport.
-//! - [`ChannelIo`] (owned by the channel's worker): `transmit` what was enqueued, `dequeue`
-//!   received frames, `park` until there is work. `create` is a transport's constructor
-//!   (for TCP, [`tcp::dial`] / [`tcp::accept_handshake`]); `destroy` is dropping the pair.
-//!
-//! A new transport implements only `ChannelIo` and its constructors.
+//! A new transport implements [`Transport`] (a non-blocking byte stream with a pollable fd) and
+//! its constructors; framing, batching and the execution model are shared.
 
-pub mod pool;
+pub mod framing;
 pub mod tcp;
 
 use std::collections::VecDeque;
-use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
-use crate::sys::EventFd;
-use crate::wire::{Class, Frame};
+use parking_lot::Mutex;
+
+use crate::proto::OutFrame;
+use crate::sys;
+use crate::wire::Class;
+use framing::{FrameReader, Parsed};
+
+/// What a channel needs from its transport.
+pub trait Transport: Send + Sync + 'static {
+    /// The fd epoll watches (readable, writable, hang-up).
+    fn fd(&self) -> BorrowedFd<'_>;
+    /// Stops both directions; the peer sees end of stream.
+    fn shutdown(&self);
+}
 
 /// Identity of a channel within its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +38,6 @@ pub struct ChannelMeta {
     pub index: u16,
     pub class: Class,
     pub peer_engine: u64,
-}
-
-/// A received frame, owned, so DATA payloads move into the receive buffer without a copy.
-#[derive(Debug)]
-pub enum InFrame {
-    Data { stream: u32, offset: u64, payload: Vec<u8> },
-    Control(Frame<'static>),
 }
 
 /// Why a channel stopped.
@@ -67,39 +71,71 @@ pub struct ChannelStats {
     pub rx_bytes: u64,
     pub tx_frames: u64,
     pub rx_frames: u64,
+    /// Bytes pulled from the session and not yet written to the socket.
     pub queued_bytes: u64,
     pub protocol_errors: u64,
     /// Why the channel closed, once it has.
     pub close_reason: Option<String>,
 }
 
-/// The shared side of a channel.
-pub trait Channel: Send + Sync {
-    fn meta(&self) -> ChannelMeta;
-    /// Queues one encoded DATA frame. Never blocks: the scheduler bounds the queue by checking
-    /// `queued_bytes` first. Returns false when the channel is closed (the frame is dropped).
-    fn enqueue(&self, frame: Vec<u8>) -> bool;
-    /// Queues a control frame; sent before queued DATA. Control frames are bounded by
-    /// construction (a few per stream per window, see docs/ARCHITECTURE.md).
-    fn enqueue_control(&self, frame: Frame<'static>) -> bool;
-    fn queued_bytes(&self) -> u64;
-    fn is_open(&self) -> bool;
-    fn stats(&self) -> ChannelStats;
+/// Exclusive, non-blocking ownership of one half of a channel. A thread that finds the half
+/// busy leaves a note (`PENDING`) instead of waiting; the owner runs again before it lets go,
+/// so work announced while it ran is never lost and nobody ever blocks on the half.
+#[derive(Default)]
+pub struct RunLock(AtomicU8);
+
+const BUSY: u8 = 1;
+const PENDING: u8 = 2;
+
+impl RunLock {
+    /// True: the caller owns the half until `release` returns false.
+    pub fn try_acquire(&self) -> bool {
+        let mut s = self.0.load(Ordering::Acquire);
+        loop {
+            let next = if s & BUSY != 0 { s | PENDING } else { BUSY };
+            match self.0.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return s & BUSY == 0,
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Lets go, unless somebody left a note meanwhile: then returns true, the caller still
+    /// owns the half and must run again.
+    pub fn release(&self) -> bool {
+        let mut s = self.0.load(Ordering::Acquire);
+        loop {
+            let (next, again) = if s & PENDING != 0 { (BUSY, true) } else { (0, false) };
+            match self.0.compare_exchange_weak(s, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return again,
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.0.load(Ordering::Acquire) & BUSY != 0
+    }
 }
 
-/// The worker-owned side of a channel.
-pub trait ChannelIo: Send {
-    /// Writes queued frames, at most about `budget` bytes; returns bytes written.
-    fn transmit(&mut self, budget: usize) -> Result<usize, ChannelError>;
-    /// Reads and parses at most `max_frames` frames, handing each to `sink`; an `Err` from the
-    /// sink is a protocol violation that closes the channel. Returns frames handled.
-    fn dequeue(
-        &mut self,
-        max_frames: usize,
-        sink: &mut dyn FnMut(InFrame) -> Result<(), String>,
-    ) -> Result<usize, ChannelError>;
-    /// Blocks until the transport is readable, writable with output pending, or woken.
-    fn park(&mut self, timeout: Option<Duration>) -> io::Result<()>;
+/// The receiving half: what was read and not yet handed to the session.
+pub struct RxState {
+    pub reader: FrameReader,
+    pub parsed: Vec<Parsed>,
+}
+
+/// The sending half: frames pulled from the session and not yet fully written.
+#[derive(Default)]
+pub struct TxState {
+    pub frames: VecDeque<OutFrame>,
+    /// Bytes of the front frame already written.
+    pub written: usize,
+}
+
+impl TxState {
+    pub fn queued_bytes(&self) -> usize {
+        self.frames.iter().map(OutFrame::len).sum::<usize>() - self.written
+    }
 }
 
 #[derive(Default)]
@@ -109,205 +145,172 @@ struct Counters {
     tx_frames: AtomicU64,
     rx_frames: AtomicU64,
     protocol_errors: AtomicU64,
-}
-
-/// Result of a producer's attempt to transmit on a parked worker's behalf.
-pub enum Inline {
-    /// Everything queued was written.
-    Done,
-    /// Bytes remain (the transport is full, or failed): the worker must take over.
-    Pending,
-    /// Another thread is transmitting right now.
-    Busy,
-}
-
-/// A transport's sending half that producers may drive themselves while the worker is parked,
-/// which saves the worker's wake-up (an eventfd write and a context switch, the largest cost of
-/// small RPCs in `ncperf profile`).
-pub trait InlineTransmit: Send + Sync {
-    fn try_transmit(&self, queues: &ChannelQueues, budget: usize) -> Inline;
-}
-
-/// Bytes a producer writes inline before handing the rest to the worker.
-const INLINE_BUDGET: usize = 256 * 1024;
-/// Only a small backlog (RPC-sized messages, control frames) is written inline; bulk frames go
-/// to the worker, so a bulk sender keeps its workers' parallelism (measured: inline bulk writes
-/// cost a single stream a fifth of its goodput, inline small ones cut 4 KiB RPC latency by 20%).
-const INLINE_MAX_QUEUED: u64 = 64 * 1024;
-
-/// Transport-independent queues of a channel plus the wake-up of its parked worker.
-pub struct ChannelQueues {
-    meta: ChannelMeta,
-    data: Mutex<VecDeque<Vec<u8>>>,
-    control: Mutex<VecDeque<Frame<'static>>>,
-    control_len: AtomicUsize,
-    /// Frames in `data` not yet taken by the worker (unlike `queued`, excludes bytes the
-    /// worker holds while the transport is busy), so a blocked worker can still park.
-    data_len: AtomicUsize,
     queued: AtomicU64,
-    parked: AtomicBool,
+}
+
+/// Outcome of one `write`.
+pub struct Written {
+    pub bytes: usize,
+    /// The socket is full (EAGAIN): wait for writability.
+    pub blocked: bool,
+}
+
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+/// One channel at run time: its transport and its two halves.
+pub struct Channel {
+    /// Unique in the process (tokens in epoll sets).
+    pub uid: u64,
+    pub meta: ChannelMeta,
+    transport: Box<dyn Transport>,
+    /// A second fd of the transport's socket, watched for hang-ups only (see `worker`).
+    hangup: OwnedFd,
+    pub rx_run: RunLock,
+    pub rx: Mutex<RxState>,
+    pub tx_run: RunLock,
+    pub tx: Mutex<TxState>,
+    /// The last write met a full socket; producers leave the bytes to whoever sees EPOLLOUT.
+    pub tx_blocked: AtomicBool,
+    /// The peer shut down or the connection failed: the receive half reads until the end (a
+    /// short read no longer means nothing more will come: end of stream may follow the data
+    /// in the same edge).
+    pub hung_up: AtomicBool,
     open: AtomicBool,
-    wake: EventFd,
+    /// The worker thread that serves this channel when no application thread does.
+    pub worker: usize,
     counters: Counters,
     close_reason: Mutex<Option<String>>,
-    inline: OnceLock<Arc<dyn InlineTransmit>>,
 }
 
-impl ChannelQueues {
-    pub fn new(meta: ChannelMeta) -> io::Result<Self> {
-        Ok(ChannelQueues {
+impl Channel {
+    pub fn new(
+        meta: ChannelMeta,
+        transport: Box<dyn Transport>,
+        large: usize,
+        worker: usize,
+    ) -> io::Result<Self> {
+        let hangup = rustix::io::fcntl_dupfd_cloexec(transport.fd(), 0)?;
+        Ok(Channel {
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             meta,
-            data: Mutex::new(VecDeque::new()),
-            control: Mutex::new(VecDeque::new()),
-            control_len: AtomicUsize::new(0),
-            data_len: AtomicUsize::new(0),
-            queued: AtomicU64::new(0),
-            parked: AtomicBool::new(false),
+            transport,
+            hangup,
+            rx_run: RunLock::default(),
+            rx: Mutex::new(RxState { reader: FrameReader::new(large), parsed: Vec::new() }),
+            tx_run: RunLock::default(),
+            tx: Mutex::new(TxState::default()),
+            tx_blocked: AtomicBool::new(false),
+            hung_up: AtomicBool::new(false),
             open: AtomicBool::new(true),
-            wake: EventFd::new()?,
+            worker,
             counters: Counters::default(),
             close_reason: Mutex::new(None),
-            inline: OnceLock::new(),
         })
     }
 
-    pub fn wake_fd(&self) -> &EventFd {
-        &self.wake
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.transport.fd()
     }
 
-    /// Lets producers transmit inline through `tx` while the worker is parked.
-    pub fn set_inline(&self, tx: Arc<dyn InlineTransmit>) {
-        let _ = self.inline.set(tx);
+    pub fn hangup_fd(&self) -> BorrowedFd<'_> {
+        self.hangup.as_fd()
     }
 
-    /// New work is queued: if the worker is parked, transmit it inline, and wake the worker
-    /// only if that could not finish. Pairs with [`ChannelQueues::set_parked`]: both sides use
-    /// SeqCst so either the worker sees the new work or the producer sees `parked`.
-    pub fn wake(&self) {
-        if !self.parked.load(Ordering::SeqCst) {
-            return;
-        }
-        if let Some(tx) = self.inline.get() {
-            let small = self.queued_bytes() <= INLINE_MAX_QUEUED;
-            if small
-                && self.is_open()
-                && matches!(tx.try_transmit(self, INLINE_BUDGET), Inline::Done)
-            {
-                return;
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Reads what the reader wants next into its buffer: `Ok(0)` is end of stream, and
+    /// `WouldBlock` means nothing is there.
+    pub fn read(&self, st: &mut RxState) -> io::Result<usize> {
+        let want = st.reader.want();
+        debug_assert!(want > 0);
+        let buf = st.reader.buffer(want);
+        let n = sys::read_append(self.transport.fd(), buf, want)?;
+        self.counters.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Reads bytes of a deferred payload straight into an application buffer.
+    pub fn read_direct(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = sys::read_into(self.transport.fd(), buf)?;
+        self.counters.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    pub fn count_rx_frames(&self, n: usize) {
+        self.counters.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Writes as much of the pulled frames as the socket takes, in one `writev`.
+    pub fn write(&self, st: &mut TxState) -> io::Result<Written> {
+        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(st.frames.len() * 2);
+        let mut skip = st.written;
+        for f in &st.frames {
+            let header = &f.header[..f.header_len as usize];
+            for part in [header, &f.payload[..]] {
+                if skip >= part.len() {
+                    skip -= part.len();
+                    continue;
+                }
+                iov.push(IoSlice::new(&part[skip..]));
+                skip = 0;
+            }
+            if iov.len() >= 1022 {
+                break;
             }
         }
-        self.wake.notify();
-    }
-
-    pub fn set_parked(&self, parked: bool) {
-        self.parked.store(parked, Ordering::SeqCst);
-    }
-
-    pub fn has_work(&self) -> bool {
-        self.control_len.load(Ordering::SeqCst) > 0 || self.data_len.load(Ordering::SeqCst) > 0
-    }
-
-    /// Moves queued control frames into `out`.
-    pub fn take_control(&self, out: &mut Vec<Frame<'static>>) {
-        if self.control_len.load(Ordering::Acquire) == 0 {
-            return;
+        if iov.is_empty() {
+            return Ok(Written { bytes: 0, blocked: false });
         }
-        let mut q = self.control.lock().unwrap_or_else(|e| e.into_inner());
-        self.control_len.store(0, Ordering::Release);
-        out.extend(q.drain(..));
-    }
-
-    /// Moves up to `max_frames` DATA frames (about `max_bytes`) into `out`.
-    pub fn take_data(&self, out: &mut VecDeque<Vec<u8>>, max_frames: usize, max_bytes: usize) {
-        let mut q = self.data.lock().unwrap_or_else(|e| e.into_inner());
-        let mut bytes = 0;
-        while bytes < max_bytes && out.len() < max_frames {
-            let Some(f) = q.pop_front() else { break };
-            bytes += f.len();
-            out.push_back(f);
-        }
-        self.data_len.store(q.len(), Ordering::SeqCst);
-    }
-
-    /// A DATA frame of `len` bytes has been handed to the transport.
-    pub fn data_sent(&self, len: usize) {
-        self.queued.fetch_sub(len as u64, Ordering::AcqRel);
-        self.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn control_sent(&self, frames: usize) {
-        self.counters.tx_frames.fetch_add(frames as u64, Ordering::Relaxed);
-    }
-
-    pub fn count_tx_bytes(&self, n: usize) {
+        let n = match sys::writev(self.transport.fd(), &iov) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Ok(Written { bytes: 0, blocked: true });
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                return Ok(Written { bytes: 0, blocked: false });
+            }
+            Err(e) => return Err(e),
+        };
+        drop(iov);
         self.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.counters.queued.fetch_sub(n as u64, Ordering::Relaxed);
+        let mut left = st.written + n;
+        let mut frames = 0;
+        while let Some(front) = st.frames.front() {
+            if left < front.len() {
+                break;
+            }
+            left -= front.len();
+            st.frames.pop_front();
+            frames += 1;
+        }
+        st.written = left;
+        self.counters.tx_frames.fetch_add(frames, Ordering::Relaxed);
+        Ok(Written { bytes: n, blocked: false })
     }
 
-    pub fn count_rx(&self, bytes: usize, frames: usize) {
-        self.counters.rx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        self.counters.rx_frames.fetch_add(frames as u64, Ordering::Relaxed);
+    /// Frames pulled from the session were added to `TxState` (statistics only).
+    pub fn count_queued(&self, bytes: usize) {
+        self.counters.queued.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
-    /// Marks the channel closed, records why, and drops what was still queued.
-    pub fn close(&self, reason: &ChannelError) {
+    /// Marks the channel closed and records why; shuts the transport down. Returns false if it
+    /// was already closed.
+    pub fn close(&self, reason: &ChannelError) -> bool {
+        if !self.open.swap(false, Ordering::AcqRel) {
+            return false;
+        }
         if matches!(reason, ChannelError::Protocol(_)) {
             self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
         }
-        *self.close_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
-        self.open.store(false, Ordering::SeqCst);
-        let dropped: usize = {
-            let mut q = self.data.lock().unwrap_or_else(|e| e.into_inner());
-            self.data_len.store(0, Ordering::SeqCst);
-            q.drain(..).map(|f| f.len()).sum()
-        };
-        self.queued.fetch_sub(dropped as u64, Ordering::AcqRel);
-        self.control.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.control_len.store(0, Ordering::Release);
-    }
-}
-
-impl Channel for ChannelQueues {
-    fn meta(&self) -> ChannelMeta {
-        self.meta
-    }
-
-    fn enqueue(&self, frame: Vec<u8>) -> bool {
-        {
-            let mut q = self.data.lock().unwrap_or_else(|e| e.into_inner());
-            // Checked under the lock that `close` drains under, so nothing is left behind.
-            if !self.open.load(Ordering::SeqCst) {
-                return false;
-            }
-            self.queued.fetch_add(frame.len() as u64, Ordering::SeqCst);
-            q.push_back(frame);
-            self.data_len.store(q.len(), Ordering::SeqCst);
-        }
-        self.wake();
+        *self.close_reason.lock() = Some(reason.to_string());
+        self.transport.shutdown();
         true
     }
 
-    fn enqueue_control(&self, frame: Frame<'static>) -> bool {
-        {
-            let mut q = self.control.lock().unwrap_or_else(|e| e.into_inner());
-            if !self.open.load(Ordering::SeqCst) {
-                return false;
-            }
-            q.push_back(frame);
-            self.control_len.store(q.len(), Ordering::SeqCst);
-        }
-        self.wake();
-        true
-    }
-
-    fn queued_bytes(&self) -> u64 {
-        self.queued.load(Ordering::Relaxed)
-    }
-
-    fn is_open(&self) -> bool {
-        self.open.load(Ordering::SeqCst)
-    }
-
-    fn stats(&self) -> ChannelStats {
+    pub fn stats(&self) -> ChannelStats {
         let c = &self.counters;
         ChannelStats {
             index: self.meta.index,
@@ -318,21 +321,57 @@ impl Channel for ChannelQueues {
             rx_bytes: c.rx_bytes.load(Ordering::Relaxed),
             tx_frames: c.tx_frames.load(Ordering::Relaxed),
             rx_frames: c.rx_frames.load(Ordering::Relaxed),
-            queued_bytes: self.queued_bytes(),
+            queued_bytes: c.queued.load(Ordering::Relaxed),
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
-            close_reason: self.close_reason.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            close_reason: self.close_reason.lock().clone(),
         }
     }
 }
 
-/// Converts a borrowed control frame into an owned one; `None` for DATA.
-pub fn owned_control(frame: Frame<'_>) -> Option<Frame<'static>> {
-    Some(match frame {
-        Frame::Data { .. } => return None,
-        Frame::Syn { src, port, class, window } => Frame::Syn { src, port, class, window },
-        Frame::SynAck { dst, src, window } => Frame::SynAck { dst, src, window },
-        Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
-        Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
-        Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_lock_never_loses_a_note() {
+        let l = RunLock::default();
+        assert!(l.try_acquire());
+        assert!(!l.try_acquire(), "busy: leaves a note");
+        assert!(l.release(), "the owner runs again");
+        assert!(!l.release());
+        assert!(!l.is_busy());
+        assert!(l.try_acquire());
+        assert!(!l.release());
+    }
+
+    #[test]
+    fn run_lock_under_contention() {
+        use std::sync::Arc;
+        // Every announcement (a counter bump followed by try_acquire) is seen by a run.
+        let lock = Arc::new(RunLock::default());
+        let announced = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (lock, announced, seen) = (lock.clone(), announced.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        announced.fetch_add(1, Ordering::SeqCst);
+                        if lock.try_acquire() {
+                            loop {
+                                seen.store(announced.load(Ordering::SeqCst), Ordering::SeqCst);
+                                if !lock.release() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(seen.load(Ordering::SeqCst), 80_000);
+    }
 }

@@ -1,445 +1,304 @@
-//! The TCP transport: one channel = one kernel TCP connection.
+//! The TCP transport: one channel = one kernel TCP connection, and its handshake.
 //!
-//! Many frames leave in one `writev` and many are parsed from one `read`. Large DATA payloads
-//! whose header arrived first are read straight into their own buffer, so the bytes are copied
-//! once by the kernel and never staged in the receive buffer.
+//! The dialer runs the handshake blocking (with a timeout) on the thread that dials. The
+//! acceptor runs it as a non-blocking state machine ([`Incoming`]) that the engine's acceptor
+//! thread drives for many connections at once, so a silent or slow peer costs neither a thread
+//! nor a wait.
 
-use std::collections::VecDeque;
-use std::io::{self, IoSlice, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
 
-use super::pool::BufferPool;
-use super::{owned_control, ChannelError, ChannelIo, ChannelQueues, InFrame};
-use crate::sys::{self, Epoll, READABLE, WRITABLE};
-use crate::wire::frame::{self, DATA_HEADER_LEN, MAX_CONTROL_LEN};
-use crate::wire::handshake::HANDSHAKE_LEN;
-use crate::wire::{Decoded, Handshake, HandshakeKind, WireError};
-
-/// Payloads at least this large are read directly into their own buffer.
-const DIRECT_READ_MIN: usize = 16 * 1024;
-/// Bytes asked of one `read` into the staging buffer.
-const RX_READ: usize = 256 * 1024;
-/// iovecs per `writev`.
-const MAX_IOV: usize = 64;
-const TOKEN_SOCKET: u64 = 0;
-const TOKEN_WAKE: u64 = 1;
+use super::Transport;
+use crate::sys;
+use crate::wire::handshake::{check_prefix, FLAG_AUTH, HANDSHAKE_LEN};
+use crate::wire::{Class, Handshake, HandshakeKind, RejectReason, WireError};
 
 /// Socket options every channel gets.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpOptions {
     /// Unsent bytes the kernel may hold per channel (`TCP_NOTSENT_LOWAT`): the rest waits in
-    /// user space, where the scheduler can still place it.
+    /// user space, where the scheduler still decides.
     pub notsent_lowat: u32,
+    /// The same for latency-class channels (small: nothing queues in front of an RPC).
+    pub latency_notsent_lowat: u32,
+    /// `SO_PRIORITY` of latency-class channels (used by qdiscs on real NICs).
+    pub latency_priority: i32,
 }
 
-fn configure(sock: &TcpStream, opts: &TcpOptions) -> io::Result<()> {
+pub struct TcpTransport(TcpStream);
+
+impl Transport for TcpTransport {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+
+    fn shutdown(&self) {
+        let _ = self.0.shutdown(Shutdown::Both);
+    }
+}
+
+impl TcpTransport {
+    pub fn new(sock: TcpStream) -> Self {
+        TcpTransport(sock)
+    }
+}
+
+/// Applies the channel options for `class`.
+pub fn configure(sock: &TcpStream, class: Class, opts: &TcpOptions) -> io::Result<()> {
     sock.set_nodelay(true)?;
+    let lowat = match class {
+        Class::Throughput => opts.notsent_lowat,
+        Class::Latency => opts.latency_notsent_lowat,
+    };
     sys::set_int_sockopt(
-        sock.as_raw_fd(),
+        sock.as_fd(),
         libc::IPPROTO_TCP,
         libc::TCP_NOTSENT_LOWAT,
-        opts.notsent_lowat.min(i32::MAX as u32) as i32,
-    )
+        lowat.min(i32::MAX as u32) as i32,
+    )?;
+    if class == Class::Latency && opts.latency_priority != 0 {
+        // Best effort: priorities above 6 need CAP_NET_ADMIN.
+        let _ = sys::set_int_sockopt(
+            sock.as_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PRIORITY,
+            opts.latency_priority,
+        );
+    }
+    Ok(())
 }
 
 fn refused(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionRefused, msg)
 }
 
-fn read_handshake(sock: &mut TcpStream) -> io::Result<[u8; HANDSHAKE_LEN]> {
+/// Reads one handshake message, naming a peer of another protocol version from the first six
+/// bytes (its messages have another size).
+fn read_message(sock: &mut TcpStream, addr: SocketAddr) -> io::Result<Handshake> {
     let mut buf = [0u8; HANDSHAKE_LEN];
-    sock.read_exact(&mut buf)?;
-    Ok(buf)
-}
-
-/// Dials a peer engine's channel listener and performs the handshake (the `create` of the
-/// paper's API, dial side). Fails with `ConnectionRefused` when nothing listens or the peer
-/// refuses, `InvalidData` when the peer is not a compatible engine, `TimedOut` when it is silent.
-pub fn dial(
-    addr: SocketAddr,
-    hello: Handshake,
-    timeout: Duration,
-    opts: &TcpOptions,
-) -> io::Result<(TcpStream, Handshake)> {
-    let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
-    configure(&sock, opts)?;
-    sock.set_read_timeout(Some(timeout))?;
-    sock.write_all(&hello.encode())?;
-    let reply = read_handshake(&mut sock).map_err(|e| match e.kind() {
+    let map_io = |e: io::Error| match e.kind() {
         io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
             refused(format!("engine at {addr} closed the channel during the handshake"))
         }
-        io::ErrorKind::WouldBlock => io::Error::new(
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
             io::ErrorKind::TimedOut,
             format!("engine at {addr} did not answer the channel handshake"),
         ),
         _ => e,
-    })?;
-    let reply = Handshake::decode(&reply).map_err(|e| match e {
+    };
+    sock.read_exact(&mut buf[..6]).map_err(map_io)?;
+    check_prefix(buf[..6].try_into().expect("6 bytes")).map_err(|e| match e {
         WireError::UnsupportedVersion(_) => refused(format!("engine at {addr}: {e}")),
         e => io::Error::new(io::ErrorKind::InvalidData, format!("engine at {addr}: {e}")),
     })?;
-    match reply.kind {
-        HandshakeKind::Accept => {}
-        HandshakeKind::Reject(reason) => {
-            return Err(refused(format!("engine at {addr} refused the channel: {reason}")))
-        }
-        HandshakeKind::Hello => {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("engine at {addr} answered a hello with a hello"),
-            ))
+    sock.read_exact(&mut buf[6..]).map_err(map_io)?;
+    Handshake::decode(&buf)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("engine at {addr}: {e}")))
+}
+
+/// Dials a peer engine's channel listener and performs the handshake (the `create` of the
+/// paper's API, dial side). Fails with `ConnectionRefused` when nothing listens, the peer
+/// refuses or speaks another version, `PermissionDenied` when authentication fails either way,
+/// `InvalidData` when the peer is not an engine, `TimedOut` when it is silent. Returns the
+/// socket (non-blocking) and the acceptor's engine id.
+#[allow(clippy::too_many_arguments)]
+pub fn dial(
+    addr: SocketAddr,
+    engine_id: u64,
+    channel: u16,
+    class: Class,
+    key: Option<&[u8]>,
+    timeout: Duration,
+    opts: &TcpOptions,
+) -> io::Result<(TcpStream, u64)> {
+    let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
+    configure(&sock, class, opts)?;
+    sock.set_read_timeout(Some(timeout))?;
+    sock.set_write_timeout(Some(timeout))?;
+    let hello = Handshake::hello(engine_id, channel, class, sys::random_bytes(), key.is_some());
+    sock.write_all(&hello.encode())?;
+    let denied = |msg: String| io::Error::new(io::ErrorKind::PermissionDenied, msg);
+    let challenge = expect(&mut sock, addr, HandshakeKind::Challenge)?;
+    if key.is_none() && challenge.flags & FLAG_AUTH != 0 {
+        let _ = sock.write_all(&Handshake::reject(engine_id, RejectReason::AuthFailed).encode());
+        return Err(denied(format!(
+            "engine at {addr} requires authentication: configure the pre-shared key"
+        )));
+    }
+    sock.write_all(&Handshake::confirm(&hello, &challenge, key).encode())?;
+    let accept = expect(&mut sock, addr, HandshakeKind::Accept)?;
+    if accept.channel != channel || accept.class != class {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("engine at {addr} accepted another channel than the one dialed"),
+        ));
+    }
+    if let Some(k) = key {
+        if !Handshake::verify_accept(k, &hello, &challenge, &accept) {
+            return Err(denied(format!(
+                "engine at {addr} did not prove the pre-shared key (it has none or another)"
+            )));
         }
     }
     sock.set_read_timeout(None)?;
+    sock.set_write_timeout(None)?;
     sock.set_nonblocking(true)?;
-    Ok((sock, reply))
+    Ok((sock, challenge.engine_id))
 }
 
-/// Reads and validates the hello of an accepted connection. On a bad hello, answers with a
-/// reject naming the reason before returning the error, so both sides see why.
-pub fn accept_handshake(
-    sock: &mut TcpStream,
-    local_engine: u64,
-    timeout: Duration,
-    opts: &TcpOptions,
-) -> Result<Handshake, WireError> {
-    let bad_io = |_: io::Error| WireError::BadField { field: "handshake (i/o)", value: 0 };
-    configure(sock, opts).map_err(bad_io)?;
-    sock.set_read_timeout(Some(timeout)).map_err(bad_io)?;
-    let buf = read_handshake(sock).map_err(bad_io)?;
-    let hello = match Handshake::decode(&buf) {
-        Ok(h) if h.kind == HandshakeKind::Hello => h,
-        Ok(_) => Err(WireError::BadField { field: "handshake kind", value: buf[6] as u64 })?,
-        Err(e) => {
-            let _ = sock.write_all(&Handshake::reject_for(&e, local_engine).encode());
-            return Err(e);
+/// Reads the next handshake message and checks it is of `kind`, mapping a reject to the error
+/// a TCP user expects.
+fn expect(sock: &mut TcpStream, addr: SocketAddr, kind: HandshakeKind) -> io::Result<Handshake> {
+    let m = read_message(sock, addr)?;
+    match m.kind {
+        k if k == kind => Ok(m),
+        HandshakeKind::Reject(RejectReason::AuthFailed) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("engine at {addr} refused the channel: authentication failed"),
+        )),
+        HandshakeKind::Reject(reason) => {
+            Err(refused(format!("engine at {addr} refused the channel: {reason}")))
         }
-    };
-    Ok(hello)
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("engine at {addr} answered with {other:?} where {kind:?} was due"),
+        )),
+    }
 }
 
-/// Sends the accept (or a reject) and switches the socket to non-blocking mode.
-pub fn finish_accept(sock: &mut TcpStream, reply: Handshake) -> io::Result<()> {
-    sock.write_all(&reply.encode())?;
-    sock.set_read_timeout(None)?;
-    sock.set_nonblocking(true)
+/// The accepting side of one channel handshake, driven without blocking.
+pub struct Incoming {
+    pub sock: TcpStream,
+    pub peer: Option<SocketAddr>,
+    pub deadline: Instant,
+    buf: [u8; HANDSHAKE_LEN],
+    have: usize,
+    /// The hello and our challenge, once sent.
+    sent: Option<(Handshake, Handshake)>,
 }
 
-/// What one `read` on the channel socket produced.
-enum ReadOutcome {
-    /// Bytes arrived (or the call was interrupted): go on.
-    Data,
-    /// The peer closed the connection.
-    Eof,
-    /// Nothing more until epoll says readable.
-    Drained,
+/// Where an [`Incoming`] handshake stands.
+pub enum Progress {
+    /// Waiting for more bytes.
+    Pending,
+    /// The dialer proved what it had to; call [`Incoming::admit`] or [`Incoming::refuse`].
+    Confirmed(Handshake),
+    /// Refused (a reject was sent when the peer deserved an answer); the reason for the stats.
+    Failed(String),
 }
 
-/// A large DATA payload being read straight into its final buffer.
-struct PartialPayload {
-    stream: u32,
-    offset: u64,
-    len: usize,
-    buf: Vec<u8>,
-}
-
-pub struct TcpChannelIo {
-    sock: Arc<TcpStream>,
-    queues: Arc<ChannelQueues>,
-    epoll: Epoll,
-    interest: u32,
-    rx: Vec<u8>,
-    rx_start: usize,
-    partial: Option<PartialPayload>,
-    /// False once a read returned EAGAIN, until epoll reports the socket readable again: saves
-    /// a failing `read` per round on a channel that only transmits.
-    maybe_readable: bool,
-    pool: Arc<BufferPool>,
-    /// The sending half, shared with threads that transmit inline while the worker is parked.
-    tx: Arc<Mutex<TxHalf>>,
-}
-
-/// Frames taken from the queues and not yet fully written.
-pub struct TxHalf {
-    sock: Arc<TcpStream>,
-    pool: Arc<BufferPool>,
-    /// `tx_data[i]` says whether `tx[i]` is a DATA frame (control frames are batched).
-    tx: VecDeque<Vec<u8>>,
-    tx_data: VecDeque<bool>,
-    tx_written: usize,
-    blocked_on_write: bool,
-    control_scratch: Vec<crate::wire::Frame<'static>>,
-}
-
-impl TcpChannelIo {
-    pub fn new(
-        sock: TcpStream,
-        queues: Arc<ChannelQueues>,
-        pool: Arc<BufferPool>,
-    ) -> io::Result<Self> {
-        let epoll = Epoll::new()?;
-        epoll.add(sock.as_raw_fd(), READABLE, TOKEN_SOCKET)?;
-        epoll.add(queues.wake_fd().raw(), READABLE, TOKEN_WAKE)?;
-        let sock = Arc::new(sock);
-        let tx = Arc::new(Mutex::new(TxHalf {
-            sock: sock.clone(),
-            pool: pool.clone(),
-            tx: VecDeque::new(),
-            tx_data: VecDeque::new(),
-            tx_written: 0,
-            blocked_on_write: false,
-            control_scratch: Vec::new(),
-        }));
-        queues.set_inline(tx.clone());
-        Ok(TcpChannelIo {
+impl Incoming {
+    pub fn new(sock: TcpStream, timeout: Duration) -> io::Result<Self> {
+        sock.set_nonblocking(true)?;
+        let peer = sock.peer_addr().ok();
+        Ok(Incoming {
             sock,
-            queues,
-            epoll,
-            interest: READABLE,
-            rx: Vec::with_capacity(RX_READ),
-            rx_start: 0,
-            partial: None,
-            maybe_readable: true,
-            pool,
-            tx,
+            peer,
+            deadline: Instant::now() + timeout,
+            buf: [0; HANDSHAKE_LEN],
+            have: 0,
+            sent: None,
         })
     }
 
-    fn tx(&self) -> std::sync::MutexGuard<'_, TxHalf> {
-        self.tx.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    fn read_more(&mut self) -> io::Result<usize> {
-        if self.rx_start > 0 && (self.rx_start == self.rx.len() || self.rx_start > RX_READ / 2) {
-            self.rx.drain(..self.rx_start);
-            self.rx_start = 0;
-        }
-        sys::read_append(self.sock.as_raw_fd(), &mut self.rx, RX_READ)
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 
-    /// Continues a direct payload read. Returns true when the payload is complete.
-    fn read_partial(&mut self, p: &mut PartialPayload) -> Result<bool, ChannelError> {
-        while p.buf.len() < p.len {
-            let want = p.len - p.buf.len();
-            let r = sys::read_append(self.sock.as_raw_fd(), &mut p.buf, want);
-            match self.after_read(r)? {
-                ReadOutcome::Data => {}
-                ReadOutcome::Eof => {
-                    return Err(ChannelError::Protocol(
-                        "truncated frame: eof inside a payload".into(),
-                    ))
-                }
-                ReadOutcome::Drained => return Ok(false),
-            }
-        }
-        Ok(true)
+    fn reject(&mut self, local: u64, reason: RejectReason, why: String) -> Progress {
+        self.refuse(local, reason);
+        Progress::Failed(why)
     }
 
-    /// Accounts one `read` result. Every EAGAIN clears the readiness hint, so a worker only
-    /// reads again after epoll reports the socket readable; EINTR counts as no data yet.
-    fn after_read(&mut self, r: io::Result<usize>) -> Result<ReadOutcome, ChannelError> {
-        match r {
-            Ok(0) => Ok(ReadOutcome::Eof),
-            Ok(n) => {
-                self.queues.count_rx(n, 0);
-                Ok(ReadOutcome::Data)
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                self.maybe_readable = false;
-                Ok(ReadOutcome::Drained)
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(ReadOutcome::Data),
-            Err(e) => Err(ChannelError::Io(e)),
-        }
-    }
-}
-
-impl TxHalf {
-    fn refill(&mut self, queues: &ChannelQueues, budget: usize) {
-        queues.take_control(&mut self.control_scratch);
-        if !self.control_scratch.is_empty() {
-            let mut buf = Vec::with_capacity(self.control_scratch.len() * MAX_CONTROL_LEN);
-            for f in &self.control_scratch {
-                f.encode(&mut buf);
-            }
-            queues.control_sent(self.control_scratch.len());
-            self.control_scratch.clear();
-            self.tx.push_back(buf);
-            self.tx_data.push_back(false);
-        }
-        let before = self.tx.len();
-        queues.take_data(&mut self.tx, MAX_IOV - before, budget);
-        self.tx_data.extend(std::iter::repeat_n(true, self.tx.len() - before));
-    }
-
-    fn advance(&mut self, queues: &ChannelQueues, mut n: usize) {
-        while n > 0 {
-            let Some(front) = self.tx.front() else { break };
-            let left = front.len() - self.tx_written;
-            if n < left {
-                self.tx_written += n;
-                return;
-            }
-            n -= left;
-            self.tx_written = 0;
-            let buf = self.tx.pop_front().expect("front exists");
-            if self.tx_data.pop_front() == Some(true) {
-                queues.data_sent(buf.len());
-                self.pool.put(buf);
-            }
-        }
-    }
-
-    pub fn transmit(
+    /// Reads what arrived and advances the handshake. `key`: the pre-shared key, if any.
+    /// `check_hello` may refuse a hello before anything is answered (limits, duplicates).
+    pub fn advance(
         &mut self,
-        queues: &ChannelQueues,
-        budget: usize,
-    ) -> Result<usize, ChannelError> {
-        let mut written = 0;
-        while written < budget {
-            if self.tx.is_empty() {
-                self.refill(queues, budget - written);
-                if self.tx.is_empty() {
-                    break;
-                }
-            }
-            let mut iov: [IoSlice<'_>; MAX_IOV] = [IoSlice::new(&[]); MAX_IOV];
-            let mut count = 0;
-            for (i, buf) in self.tx.iter().take(MAX_IOV).enumerate() {
-                let start = if i == 0 { self.tx_written } else { 0 };
-                iov[count] = IoSlice::new(&buf[start..]);
-                count += 1;
-            }
-            match sys::writev(self.sock.as_raw_fd(), &iov[..count]) {
-                Ok(n) => {
-                    queues.count_tx_bytes(n);
-                    self.advance(queues, n);
-                    written += n;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.blocked_on_write = true;
-                    break;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ChannelError::Io(e)),
-            }
-        }
-        Ok(written)
-    }
-}
-
-impl super::InlineTransmit for Mutex<TxHalf> {
-    fn try_transmit(&self, queues: &ChannelQueues, budget: usize) -> super::Inline {
-        let Ok(mut tx) = self.try_lock() else { return super::Inline::Busy };
-        match tx.transmit(queues, budget) {
-            Ok(_) if tx.tx.is_empty() && !queues.has_work() => super::Inline::Done,
-            Ok(_) => super::Inline::Pending,
-            Err(_) => super::Inline::Pending, // the worker's own transmit meets the error
-        }
-    }
-}
-
-impl ChannelIo for TcpChannelIo {
-    fn transmit(&mut self, budget: usize) -> Result<usize, ChannelError> {
-        self.tx.lock().unwrap_or_else(|e| e.into_inner()).transmit(&self.queues, budget)
-    }
-
-    fn dequeue(
-        &mut self,
-        max_frames: usize,
-        sink: &mut dyn FnMut(InFrame) -> Result<(), String>,
-    ) -> Result<usize, ChannelError> {
-        let mut frames = 0;
+        local: u64,
+        key: Option<&[u8]>,
+        opts: &TcpOptions,
+        check_hello: &mut dyn FnMut(&Handshake) -> Result<(), RejectReason>,
+    ) -> Progress {
         loop {
-            if let Some(mut p) = self.partial.take() {
-                if !self.read_partial(&mut p)? {
-                    self.partial = Some(p);
-                    return Ok(frames);
+            match (&self.sock).read(&mut self.buf[self.have..]) {
+                Ok(0) => {
+                    return Progress::Failed("closed by the dialer during the handshake".into())
                 }
-                self.queues.count_rx(0, 1);
-                frames += 1;
-                sink(InFrame::Data { stream: p.stream, offset: p.offset, payload: p.buf })
-                    .map_err(ChannelError::Protocol)?;
+                Ok(n) => self.have += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Progress::Pending,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Progress::Failed(format!("handshake i/o error: {e}")),
             }
-            while frames < max_frames {
-                let avail = &self.rx[self.rx_start..];
-                match frame::decode(avail).map_err(|e| ChannelError::Protocol(e.to_string()))? {
-                    Decoded::Frame(f, n) => {
-                        let owned = match f {
-                            crate::wire::Frame::Data { stream, offset, payload } => {
-                                let mut buf = self.pool.get(payload.len());
-                                buf.extend_from_slice(payload);
-                                InFrame::Data { stream, offset, payload: buf }
-                            }
-                            other => InFrame::Control(owned_control(other).expect("not data")),
-                        };
-                        self.rx_start += n;
-                        self.queues.count_rx(0, 1);
-                        frames += 1;
-                        sink(owned).map_err(ChannelError::Protocol)?;
-                    }
-                    Decoded::PartialData { stream, offset, len } if len >= DIRECT_READ_MIN => {
-                        let mut buf = self.pool.get(len);
-                        buf.extend_from_slice(&avail[DATA_HEADER_LEN..]);
-                        self.rx_start = self.rx.len();
-                        self.partial = Some(PartialPayload { stream, offset, len, buf });
-                        break;
-                    }
-                    Decoded::PartialData { .. } | Decoded::Incomplete { .. } => break,
+            if self.have >= 6 {
+                if let Err(e) = check_prefix(self.buf[..6].try_into().expect("6 bytes")) {
+                    let why = format!("handshake refused: {e}");
+                    return self.reject(local, Handshake::reject_reason(&e), why);
                 }
             }
-            if frames >= max_frames {
-                return Ok(frames);
-            }
-            if self.partial.is_some() {
+            if self.have < HANDSHAKE_LEN {
                 continue;
             }
-            if !self.maybe_readable {
-                return Ok(frames);
-            }
-            let r = self.read_more();
-            match self.after_read(r)? {
-                ReadOutcome::Data => {}
-                ReadOutcome::Eof if self.rx_start < self.rx.len() => {
-                    return Err(ChannelError::Protocol(
-                        "truncated frame: eof inside a frame".into(),
-                    ))
+            self.have = 0;
+            let msg = match Handshake::decode(&self.buf) {
+                Ok(m) => m,
+                Err(e) => {
+                    let why = format!("handshake refused: {e}");
+                    return self.reject(local, RejectReason::BadField, why);
                 }
-                ReadOutcome::Eof => return Err(ChannelError::Closed),
-                ReadOutcome::Drained => return Ok(frames),
+            };
+            match (self.sent, msg.kind) {
+                (None, HandshakeKind::Hello) => {
+                    if let Err(reason) = check_hello(&msg) {
+                        return self.reject(local, reason, format!("channel refused: {reason}"));
+                    }
+                    if let Err(e) = configure(&self.sock, msg.class, opts) {
+                        return Progress::Failed(format!("cannot configure channel: {e}"));
+                    }
+                    let challenge =
+                        Handshake::challenge(local, &msg, sys::random_bytes(), key.is_some());
+                    // 72 bytes into an empty socket buffer: a short write means a broken peer.
+                    match (&self.sock).write(&challenge.encode()) {
+                        Ok(HANDSHAKE_LEN) => self.sent = Some((msg, challenge)),
+                        _ => return Progress::Failed("cannot answer the handshake".into()),
+                    }
+                }
+                (Some((hello, challenge)), HandshakeKind::Confirm) => {
+                    if let Some(k) = key {
+                        if !Handshake::verify_confirm(k, &hello, &challenge, &msg) {
+                            return self.reject(
+                                local,
+                                RejectReason::AuthFailed,
+                                "handshake refused: authentication failed".into(),
+                            );
+                        }
+                    }
+                    return Progress::Confirmed(hello);
+                }
+                (_, HandshakeKind::Reject(r)) => {
+                    return Progress::Failed(format!("the dialer gave up: {r}"));
+                }
+                (_, kind) => {
+                    let why = format!("handshake refused: unexpected {kind:?}");
+                    return self.reject(local, RejectReason::BadField, why);
+                }
             }
         }
     }
 
-    fn park(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let want = {
-            let tx = self.tx();
-            if tx.blocked_on_write && !tx.tx.is_empty() {
-                READABLE | WRITABLE
-            } else {
-                READABLE
-            }
-        };
-        if want != self.interest {
-            self.epoll.modify(self.sock.as_raw_fd(), want, TOKEN_SOCKET)?;
-            self.interest = want;
+    /// Admits the channel: sends `Accept` (with the acceptor's proof) and returns the socket.
+    pub fn admit(self, key: Option<&[u8]>) -> io::Result<TcpStream> {
+        let (hello, challenge) = self.sent.ok_or_else(|| io::Error::other("not confirmed"))?;
+        match (&self.sock).write(&Handshake::accept(&hello, &challenge, key).encode()) {
+            Ok(HANDSHAKE_LEN) => Ok(self.sock),
+            Ok(_) => Err(io::Error::other("short write of the handshake")),
+            Err(e) => Err(e),
         }
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 2];
-        let n = self.epoll.wait(&mut events, timeout)?;
-        let socket_ready = events[..n].iter().any(|e| e.u64 == TOKEN_SOCKET);
-        // A timeout proves nothing either way: probe the socket again.
-        self.maybe_readable |= socket_ready || n == 0;
-        self.queues.wake_fd().drain();
-        self.tx().blocked_on_write = false;
-        Ok(())
     }
-}
 
-impl Drop for TcpChannelIo {
-    fn drop(&mut self) {
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    /// Refuses the dialer (a limit, a duplicate channel index) with `reason`.
+    pub fn refuse(&mut self, local: u64, reason: RejectReason) {
+        let _ = (&self.sock).write(&Handshake::reject(local, reason).encode());
     }
 }

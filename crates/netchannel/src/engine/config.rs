@@ -1,14 +1,15 @@
-//! Engine configuration.
+//! Engine configuration: every knob, with defaults.
 
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::proto::table::MAX_STREAMS;
 use crate::scheduler::Policy;
 use crate::wire::frame::{MAX_PAYLOAD, MAX_WINDOW};
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     /// Address the channel listener binds (IPv4 or IPv6; port 0 picks one).
     pub listen_addr: SocketAddr,
@@ -17,19 +18,19 @@ pub struct Config {
     pub netns: Option<PathBuf>,
     /// Throughput-class channels dialed to each peer when the session opens (the minimum).
     pub channels: usize,
-    /// Most throughput-class channels per peer. While every one of them is above
-    /// `channel_queue_threshold` and a sender waits, the dialing engine adds one, up to this.
+    /// Most throughput-class channels per peer. While senders find every channel of the class
+    /// holding its share of unsent bytes, the dialing engine adds one, up to this.
     pub max_channels: usize,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).
     pub latency_channels: usize,
     pub policy: Policy,
-    /// A channel holding more queued bytes than this is skipped by round-robin (paper: 2 MB).
+    /// Unsent bytes a class may hold per channel before senders wait (paper: 2 MB per queue).
     pub channel_queue_threshold: u64,
     /// Largest DATA payload this engine sends.
     pub max_frame_payload: usize,
     /// Receive window granted to the peer per virtual socket.
     pub stream_window: u32,
-    /// Most virtual sockets open at once.
+    /// Most virtual sockets open at once per peer.
     pub max_streams: u32,
     /// Out-of-order segments held per virtual socket before the peer is deemed abusive.
     pub max_out_of_order_segments: usize,
@@ -37,14 +38,47 @@ pub struct Config {
     /// Timeout for one channel's TCP connect and handshake.
     pub dial_timeout: Duration,
     pub accept_backlog: usize,
-    /// How long a worker keeps polling after its last work before parking in epoll.
-    pub idle_spin: Duration,
-    /// Frames a worker parses per round before it serves transmission again.
-    pub rx_batch_frames: usize,
-    /// Bytes a worker writes per round before it serves reception again.
+    /// Bytes a channel writes per run before another channel gets a turn.
     pub tx_batch_bytes: usize,
-    /// `TCP_NOTSENT_LOWAT` of channel sockets.
+    /// `TCP_NOTSENT_LOWAT` of throughput channels: the rest waits in user space.
     pub notsent_lowat: u32,
+    /// `TCP_NOTSENT_LOWAT` of latency channels.
+    pub latency_notsent_lowat: u32,
+    /// Worker threads serving throughput channels when no application thread does.
+    pub workers: usize,
+    /// DATA payloads at least this large stay in the socket until their reader reads them
+    /// straight into its buffer (0: never; everything is staged).
+    pub defer_min: usize,
+    /// How long a deferred payload waits for its reader before the engine stages it (so a
+    /// reader that went away cannot hold up the other streams of its channel).
+    pub defer_grace: Duration,
+    /// How long a closed socket may take to deliver its last bytes before it is reset (as
+    /// `SO_LINGER`), and how long a closed socket waits for its peer to finish.
+    pub linger: Duration,
+    /// Channel handshakes in progress at once; more connections are refused.
+    pub max_handshakes: usize,
+    /// Pre-shared key: when set, every channel is authenticated both ways (HMAC-SHA256
+    /// challenge-response) before it is admitted, and peers without the key are refused.
+    pub psk: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("listen_addr", &self.listen_addr)
+            .field("netns", &self.netns)
+            .field("channels", &self.channels)
+            .field("max_channels", &self.max_channels)
+            .field("latency_channels", &self.latency_channels)
+            .field("policy", &self.policy)
+            .field("workers", &self.workers)
+            .field("psk", &self.psk.as_ref().map(|_| "<set>"))
+            .finish_non_exhaustive()
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 impl Default for Config {
@@ -57,27 +91,23 @@ impl Default for Config {
             latency_channels: 1,
             policy: Policy::RoundRobin,
             channel_queue_threshold: 2 << 20,
-            max_frame_payload: 128 * 1024,
+            max_frame_payload: 256 * 1024,
             stream_window: 4 << 20,
             max_streams: 1 << 21,
             max_out_of_order_segments: 4096,
             connect_timeout: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(1),
             accept_backlog: 4096,
-            idle_spin: default_idle_spin(),
-            rx_batch_frames: 256,
-            tx_batch_bytes: 4 << 20,
+            tx_batch_bytes: 1 << 20,
             notsent_lowat: 1 << 20,
+            latency_notsent_lowat: 16 * 1024,
+            workers: cores().saturating_sub(1).max(1),
+            defer_min: 32 * 1024,
+            defer_grace: Duration::from_millis(2),
+            linger: Duration::from_secs(30),
+            max_handshakes: 64,
+            psk: None,
         }
-    }
-}
-
-/// Idle polling only pays when a spare core exists: on two cores a polling worker takes the
-/// core its peer thread needs (measured: 50 us of idle spin halved goodput; docs/BENCHMARKS.md).
-fn default_idle_spin() -> Duration {
-    match std::thread::available_parallelism().map_or(1, |n| n.get()) {
-        0..=2 => Duration::ZERO,
-        _ => Duration::from_micros(20),
     }
 }
 
@@ -109,11 +139,17 @@ impl Config {
         if self.stream_window == 0 || self.stream_window > MAX_WINDOW {
             return bad(format!("stream_window must be in 1..={MAX_WINDOW}"));
         }
-        if self.max_streams == 0 || self.max_streams > crate::vns::table::MAX_STREAMS {
-            return bad(format!("max_streams must be in 1..={}", crate::vns::table::MAX_STREAMS));
+        if self.max_streams == 0 || self.max_streams > MAX_STREAMS {
+            return bad(format!("max_streams must be in 1..={MAX_STREAMS}"));
         }
-        if self.accept_backlog == 0 || self.rx_batch_frames == 0 || self.tx_batch_bytes == 0 {
-            return bad("accept_backlog, rx_batch_frames and tx_batch_bytes must be > 0".into());
+        if self.accept_backlog == 0 || self.tx_batch_bytes == 0 || self.workers == 0 {
+            return bad("accept_backlog, tx_batch_bytes and workers must be > 0".into());
+        }
+        if self.max_handshakes == 0 {
+            return bad("max_handshakes must be > 0".into());
+        }
+        if self.psk.as_ref().is_some_and(|k| k.len() < 16) {
+            return bad("the pre-shared key must be at least 16 bytes".into());
         }
         Ok(())
     }

@@ -1,201 +1,546 @@
-//! A session is the set of channels between this engine and one peer engine, in one direction of
-//! establishment (the dialing side owns the session; the accepting side mirrors it). Channels are
-//! split by class: Latency-class streams never use Throughput channels, and the reverse.
+//! A session at run time: the protocol core of one peer under a lock, the channels to that peer,
+//! and the two channel runners any thread may run (a waiting application thread or a worker):
+//! `rx` reads, parses and feeds frames to the core; `tx` pulls frames from the core and writes
+//! them. Each runner takes its channel half's [`RunLock`](crate::driver::RunLock) without
+//! blocking: a thread that finds it busy leaves a note and the owner runs once more.
+//!
+//! Locking: the core lock is held for protocol decisions only, never across a system call or a
+//! payload copy; wake-ups are collected under it and delivered after.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::Instant;
 
-use crate::driver::{Channel, ChannelQueues};
-use crate::scheduler::{home_channel, Scheduler};
-use crate::wire::{Class, Frame};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
-/// How long a sender blocked on full channels sleeps before re-checking, in case a wake-up was
-/// missed (wake-ups are the normal path; this only bounds the damage of a lost one).
-const SPACE_RECHECK: Duration = Duration::from_millis(20);
+use super::EngineCtx;
+use crate::driver::framing::{Parsed, Verdict};
+use crate::driver::{Channel, ChannelError};
+use crate::proto::{HeaderVerdict, Input, OutFrame, Session};
+use crate::sys::{HANGUP, READABLE, WRITABLE};
+use crate::vns::{StreamUser, Wakes};
+use crate::wire::{Class, RstReason};
 
-pub(crate) struct Session {
+/// Reads per rx run before the rest is handed to the worker (so one thread cannot be kept
+/// reading other streams' bytes forever).
+const RX_READS_PER_RUN: usize = 16;
+/// Frames parsed per session-lock acquisition.
+const PARSE_BATCH: usize = 512;
+/// Frames (and about twice as many iovecs) per pull.
+const MAX_FRAMES: usize = 256;
+
+pub(crate) type Core = Session<StreamUser>;
+
+pub(crate) struct SessionRt {
+    pub ctx: Arc<EngineCtx>,
+    pub core: Mutex<Core>,
+    /// Open channels.
+    channels: RwLock<Vec<Arc<Channel>>>,
     pub peer_addr: SocketAddr,
-    groups: RwLock<[Vec<Arc<ChannelQueues>>; 2]>,
-    scheduler: Scheduler,
-    threshold: u64,
-    space_lock: Mutex<()>,
-    space: Condvar,
-    space_waiters: AtomicUsize,
-    alive: AtomicBool,
+    /// The peer engine's id (its sessions are keyed by it on the accepting side).
+    pub peer_engine: u64,
     /// This engine dialed the session, so it can add channels.
     pub initiator: bool,
     /// Index the next added channel gets.
     pub next_index: AtomicU16,
     /// A channel is being added.
     pub growing: AtomicBool,
+    /// Which channel an inline send tries first.
+    cursor: AtomicUsize,
 }
 
-pub(crate) enum Wait {
-    Block(Option<std::time::Instant>),
-    NonBlocking,
-}
-
-impl Session {
+impl SessionRt {
     pub fn new(
+        ctx: Arc<EngineCtx>,
         peer_addr: SocketAddr,
-        scheduler: Scheduler,
-        threshold: u64,
+        peer_engine: u64,
         initiator: bool,
-        first_free_index: u16,
-    ) -> Self {
-        Session {
-            initiator,
-            next_index: AtomicU16::new(first_free_index),
-            growing: AtomicBool::new(false),
+        first_index: u16,
+    ) -> Arc<SessionRt> {
+        let core = Session::new(ctx.core_config());
+        Arc::new(SessionRt {
+            ctx,
+            core: Mutex::new(core),
+            channels: RwLock::new(Vec::new()),
             peer_addr,
-            groups: RwLock::new([Vec::new(), Vec::new()]),
-            scheduler,
-            threshold,
-            space_lock: Mutex::new(()),
-            space: Condvar::new(),
-            space_waiters: AtomicUsize::new(0),
-            alive: AtomicBool::new(true),
+            peer_engine,
+            initiator,
+            next_index: AtomicU16::new(first_index),
+            growing: AtomicBool::new(false),
+            cursor: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock()
+    }
+
+    pub fn channels(&self) -> Vec<Arc<Channel>> {
+        self.channels.read().clone()
+    }
+
+    pub fn channel(&self, index: u16) -> Option<Arc<Channel>> {
+        self.channels.read().iter().find(|c| c.meta.index == index).cloned()
+    }
+
+    /// The open channels that carry `class` (its own, or the other class's if it has none).
+    pub fn serving_channels(&self, class: Class) -> Vec<Arc<Channel>> {
+        let all = self.channels.read();
+        let own: Vec<_> = all.iter().filter(|c| c.meta.class == class).cloned().collect();
+        if own.is_empty() {
+            all.clone()
+        } else {
+            own
         }
     }
 
     pub fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
+        !self.channels.read().is_empty()
     }
 
-    pub fn kill(&self) {
-        self.alive.store(false, Ordering::SeqCst);
-        self.notify_space();
-    }
-
-    /// Adds a channel; false if its index is already in use by an open channel.
-    pub fn add_channel(&self, ch: Arc<ChannelQueues>) -> bool {
-        let mut g = self.groups.write().unwrap_or_else(|e| e.into_inner());
-        let index = ch.meta().index;
-        if g.iter().flatten().any(|c| c.meta().index == index) {
-            return false;
+    /// Adds an open channel: to the core, to the session, and to its worker's epoll set.
+    pub fn add_channel(self: &Arc<Self>, ch: Arc<Channel>) -> bool {
+        {
+            let mut core = self.lock();
+            if core.has_channel(ch.meta.index) {
+                return false;
+            }
+            core.add_channel(ch.meta.index, ch.meta.class);
+            let mut wakes = Wakes::default();
+            self.settle(&mut core, &mut wakes);
+            self.channels.write().push(ch.clone());
         }
-        let class = ch.meta().class.index();
-        g[class].push(ch);
+        self.ctx.workers[ch.worker].add(ch, self.clone());
         true
     }
 
-    /// Removes a channel; returns how many remain.
-    pub fn remove_channel(&self, index: u16) -> usize {
-        let mut g = self.groups.write().unwrap_or_else(|e| e.into_inner());
-        for group in g.iter_mut() {
-            group.retain(|c| c.meta().index != index);
+    /// Delivers the core's events: wake-ups of waiting threads and pollers, and the listener's
+    /// decision for streams the peer opened.
+    pub fn settle(self: &Arc<Self>, core: &mut Core, wakes: &mut Wakes) {
+        while let Some((id, port)) = core.poll_incoming() {
+            let listener = self.ctx.listeners.lock().get(&port).cloned();
+            match listener {
+                None => core.refuse_incoming(id, RstReason::NoListener),
+                Some(l) => {
+                    let window = self.ctx.config.stream_window;
+                    if l.offer(self.clone(), id) {
+                        core.accept_incoming(id, window);
+                        wakes.listeners.push(l);
+                    } else {
+                        core.refuse_incoming(id, RstReason::Refused);
+                    }
+                }
+            }
         }
-        g.iter().map(Vec::len).sum()
-    }
-
-    pub fn channels(&self) -> Vec<Arc<ChannelQueues>> {
-        let g = self.groups.read().unwrap_or_else(|e| e.into_inner());
-        g.iter().flatten().cloned().collect()
-    }
-
-    pub fn class_count(&self, class: Class) -> usize {
-        self.groups.read().unwrap_or_else(|e| e.into_inner())[class.index()].len()
-    }
-
-    pub fn channel_count(&self) -> usize {
-        let g = self.groups.read().unwrap_or_else(|e| e.into_inner());
-        g.iter().map(Vec::len).sum()
-    }
-
-    /// The group of a class; a class with no channels borrows the other one's, so a session
-    /// dialed without latency channels still works.
-    fn with_group<R>(&self, class: Class, f: impl FnOnce(&[Arc<ChannelQueues>]) -> R) -> R {
-        let g = self.groups.read().unwrap_or_else(|e| e.into_inner());
-        let own = &g[class.index()];
-        if own.is_empty() {
-            f(&g[1 - class.index()])
-        } else {
-            f(own)
+        while let Some((id, bits)) = core.poll_event() {
+            if let Some(s) = core.stream(id) {
+                s.user.wakes(bits, wakes);
+            }
         }
     }
 
-    /// Queues a control frame on the stream's home channel; returns the channel index used.
-    pub fn send_control(&self, stream_id: u32, class: Class, frame: Frame<'static>) -> Option<u16> {
-        self.with_group(class, |group| {
-            if group.is_empty() {
-                return None;
-            }
-            let ch = &group[home_channel(stream_id, group.len())];
-            ch.enqueue_control(frame).then(|| ch.meta().index)
-        })
+    /// Handles a readiness event of one of this session's channels.
+    pub fn on_channel_event(self: &Arc<Self>, ch: &Arc<Channel>, events: u32) {
+        if events & HANGUP != 0 {
+            ch.hung_up.store(true, Ordering::Release);
+        }
+        if events & WRITABLE != 0 {
+            ch.tx_blocked.store(false, Ordering::Release);
+            self.tx(ch, false);
+        }
+        if events & (READABLE | HANGUP) != 0 || events & WRITABLE == 0 {
+            self.rx(ch);
+        }
     }
 
-    fn try_pick(&self, stream_id: u32, class: Class) -> Option<Arc<ChannelQueues>> {
-        self.with_group(class, |group| {
-            let mut loads = [0u64; 64];
-            for (l, ch) in loads.iter_mut().zip(group) {
-                *l = ch.queued_bytes();
-            }
-            let i = self.scheduler.pick(stream_id, &loads[..group.len().min(64)])?;
-            Some(group[i].clone())
-        })
-    }
+    // ------------------------------------------------------------------ receive
 
-    /// Picks the channel for the next DATA chunk of a stream, waiting while every eligible
-    /// channel is over the queue threshold (backpressure). `on_full` runs when they all are:
-    /// the engine's cue to add a channel.
-    pub fn pick_channel(
-        &self,
-        stream_id: u32,
-        class: Class,
-        wait: Wait,
-        on_full: &dyn Fn(),
-    ) -> io::Result<Arc<ChannelQueues>> {
+    /// Runs the receive half of `ch` if no other thread does (else leaves it a note).
+    pub fn rx(self: &Arc<Self>, ch: &Arc<Channel>) {
+        if !ch.is_open() || !ch.rx_run.try_acquire() {
+            return;
+        }
         loop {
-            // The common case first: one read of the channel set per chunk.
-            if self.is_alive() {
-                if let Some(ch) = self.try_pick(stream_id, class) {
-                    return Ok(ch);
+            let mut wakes = Wakes::default();
+            let r = self.rx_run(ch, &mut wakes);
+            wakes.fire();
+            match r {
+                Ok(drained) => {
+                    if !drained {
+                        // Budget spent with bytes left: the worker goes on.
+                        self.ctx.workers[ch.worker].service(ch.uid);
+                    }
+                }
+                Err(e) => {
+                    self.channel_failed(ch, e);
+                    ch.rx_run.release();
+                    return;
                 }
             }
-            if !self.is_alive() || self.channel_count() == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    format!("all channels to {} are lost", self.peer_addr),
-                ));
+            if !ch.rx_run.release() {
+                return;
             }
-            on_full();
-            let deadline = match wait {
-                Wait::NonBlocking => {
-                    return Err(io::Error::new(io::ErrorKind::WouldBlock, "channels are full"))
+        }
+    }
+
+    /// Reads and dispatches until the socket is drained (true), the channel waits on a
+    /// deferred payload (true: its reader goes on), or the budget is spent (false).
+    fn rx_run(
+        self: &Arc<Self>,
+        ch: &Arc<Channel>,
+        wakes: &mut Wakes,
+    ) -> Result<bool, ChannelError> {
+        let mut st = ch.rx.lock();
+        let grace = self.ctx.config.defer_grace;
+        for _ in 0..RX_READS_PER_RUN {
+            if st.reader.is_deferred() {
+                let mut core = self.lock();
+                match core.deferred(ch.meta.index) {
+                    None => st.reader.resume(),
+                    Some(d) => {
+                        let wanted = core.deferred_wanted(ch.meta.index);
+                        if wanted && !d.taken && d.since.elapsed() < grace {
+                            // Its reader reads it; bytes may have arrived for it.
+                            core.channel_readable(ch.meta.index);
+                            self.settle(&mut core, wakes);
+                            self.ctx.workers[ch.worker].demand_tick();
+                            return Ok(true);
+                        }
+                        if let Some(d) = core.take_over_deferred(ch.meta.index) {
+                            st.reader.take_over_deferred(d.remaining, wanted);
+                        }
+                    }
                 }
-                Wait::Block(deadline) => deadline,
+            }
+            let want = st.reader.want();
+            if want == 0 {
+                return Ok(true);
+            }
+            let n = match ch.read(&mut st) {
+                Ok(0) if st.reader.mid_frame() => {
+                    return Err(ChannelError::Protocol(
+                        "truncated frame: eof inside a frame".into(),
+                    ))
+                }
+                Ok(0) => return Err(ChannelError::Closed),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(ChannelError::Io(e)),
             };
-            let mut pause = SPACE_RECHECK;
-            if let Some(d) = deadline {
-                let now = std::time::Instant::now();
-                if now >= d {
-                    return Err(io::Error::new(io::ErrorKind::TimedOut, "send timed out"));
+            self.dispatch(ch, &mut st, wakes)?;
+            if n < want && !ch.hung_up.load(Ordering::Acquire) {
+                return Ok(true); // a short read: the socket is drained
+            }
+        }
+        Ok(false)
+    }
+
+    /// Parses what was read and feeds it to the core, a batch per lock acquisition.
+    fn dispatch(
+        self: &Arc<Self>,
+        ch: &Arc<Channel>,
+        st: &mut crate::driver::RxState,
+        wakes: &mut Wakes,
+    ) -> Result<(), ChannelError> {
+        let index = ch.meta.index;
+        loop {
+            let mut parsed = std::mem::take(&mut st.parsed);
+            st.reader
+                .parse(&mut parsed, PARSE_BATCH)
+                .map_err(|e| ChannelError::Protocol(e.to_string()))?;
+            if parsed.is_empty() {
+                st.parsed = parsed;
+                return Ok(());
+            }
+            let now = Instant::now();
+            let defer_ok = self.ctx.config.defer_min > 0;
+            let mut frames = 0;
+            let mut core = self.lock();
+            let mut result = Ok(());
+            for item in parsed.drain(..) {
+                let r = match item {
+                    Parsed::Control(f) => {
+                        frames += 1;
+                        core.handle_frame(index, Input::Control(f), now)
+                    }
+                    Parsed::Data { stream, offset, payload } => {
+                        frames += 1;
+                        core.handle_frame(index, Input::Data { stream, offset, payload }, now)
+                    }
+                    Parsed::Header { stream, offset, len, prefix } => {
+                        frames += 1;
+                        match core.data_header(index, stream, offset, len, prefix, defer_ok, now) {
+                            Ok(v) => {
+                                st.reader.verdict(match v {
+                                    HeaderVerdict::Defer => Verdict::Defer,
+                                    HeaderVerdict::Stage => Verdict::Stage,
+                                    HeaderVerdict::Discard => Verdict::Discard,
+                                });
+                                if v == HeaderVerdict::Defer {
+                                    self.ctx.workers[ch.worker].demand_tick();
+                                }
+                                Ok(())
+                            }
+                            Err(v) => Err(v),
+                        }
+                    }
+                    Parsed::Piece { stream, offset, data } => {
+                        core.data_piece(index, stream, offset, data);
+                        Ok(())
+                    }
+                    Parsed::StagedDeferred(data) => {
+                        core.stage_deferred(index, data);
+                        Ok(())
+                    }
+                    Parsed::Discarded { bytes, deferred: true } => {
+                        core.discard_deferred(index, bytes);
+                        Ok(())
+                    }
+                    Parsed::Discarded { bytes, deferred: false } => {
+                        core.discard(index, bytes);
+                        Ok(())
+                    }
+                };
+                if let Err(v) = r {
+                    result = Err(ChannelError::Protocol(v.to_string()));
+                    break;
                 }
-                pause = pause.min(d - now);
             }
-            self.space_waiters.fetch_add(1, Ordering::SeqCst);
-            let guard = self.space_lock.lock().unwrap_or_else(|e| e.into_inner());
-            // Re-check under the lock the notifier takes, so a wake-up in between is not lost.
-            if self.try_pick(stream_id, class).is_none() && self.is_alive() {
-                let _ = self.space.wait_timeout(guard, pause);
+            self.settle(&mut core, wakes);
+            let control_due = core.has_transmit(index) || core.ack_due(None);
+            drop(core);
+            st.parsed = parsed;
+            ch.count_rx_frames(frames);
+            result?;
+            if control_due {
+                // Answers (SYN_ACK, RST) and due acknowledgements leave now.
+                self.transmit_channel(ch);
             }
-            self.space_waiters.fetch_sub(1, Ordering::SeqCst);
+            if st.reader.want() == 0 || st.reader.is_deferred() {
+                return Ok(());
+            }
         }
     }
 
-    /// Called by a worker after its queue drained below the threshold.
-    pub fn space_freed(&self, queued: u64) {
-        if queued < self.threshold && self.space_waiters.load(Ordering::SeqCst) > 0 {
-            self.notify_space();
+    // ------------------------------------------------------------------ transmit
+
+    /// Runs the receive half of `ch`, which the caller already owns (it read a deferred payload
+    /// straight into its buffer), and lets it go.
+    pub fn rx_owned(self: &Arc<Self>, ch: &Arc<Channel>) {
+        loop {
+            if ch.is_open() {
+                let mut wakes = Wakes::default();
+                let r = self.rx_run(ch, &mut wakes);
+                wakes.fire();
+                match r {
+                    Ok(true) => {}
+                    Ok(false) => self.ctx.workers[ch.worker].service(ch.uid),
+                    Err(e) => self.channel_failed(ch, e),
+                }
+            }
+            if !ch.rx_run.release() {
+                return;
+            }
         }
     }
 
-    fn notify_space(&self) {
-        let _guard = self.space_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.space.notify_all();
+    /// Makes the engine read the deferred payload at the front of stream `id` into user space
+    /// (for `MSG_PEEK`, which cannot read from the socket without consuming). True if it did.
+    pub fn stage_front(self: &Arc<Self>, id: u64) -> bool {
+        let front = {
+            let core = self.lock();
+            core.stream(id).and_then(|s| s.rx.front_deferred())
+        };
+        let Some((index, _)) = front else { return false };
+        let Some(ch) = self.channel(index) else { return false };
+        if !ch.rx_run.try_acquire() {
+            return false;
+        }
+        {
+            let mut core = self.lock();
+            if let Some(d) = core.take_over_deferred(index) {
+                ch.rx.lock().reader.take_over_deferred(d.remaining, true);
+            }
+        }
+        self.rx_owned(&ch);
+        true
+    }
+
+    /// The worker that keeps this session's timers and lazy duties.
+    fn duty_worker(&self) -> Option<usize> {
+        self.channels.read().first().map(|c| c.worker)
+    }
+
+    /// A core deadline was set: the worker recomputes when to wake.
+    pub fn timers_changed(&self) {
+        if let Some(w) = self.duty_worker() {
+            self.ctx.workers[w].timers_changed();
+        }
+    }
+
+    /// A thread deferred sends: the worker writes them on its next tick if the thread does not
+    /// come back first.
+    pub fn defer_flush(&self) {
+        if let Some(w) = self.duty_worker() {
+            self.ctx.workers[w].demand_tick();
+        }
+    }
+
+    /// Runs the sending half of `ch` if no other thread does (else leaves it a note).
+    pub fn tx(self: &Arc<Self>, ch: &Arc<Channel>, force_ack: bool) {
+        if !ch.is_open() || !ch.tx_run.try_acquire() {
+            return;
+        }
+        loop {
+            let mut wakes = Wakes::default();
+            let r = self.tx_run(ch, force_ack, &mut wakes);
+            wakes.fire();
+            if let Err(e) = r {
+                self.channel_failed(ch, ChannelError::Io(e));
+                ch.tx_run.release();
+                return;
+            }
+            if !ch.tx_run.release() {
+                return;
+            }
+        }
+    }
+
+    /// Pulls and writes until the core has nothing for the channel, the socket is full, or the
+    /// batch budget is spent.
+    fn tx_run(
+        self: &Arc<Self>,
+        ch: &Arc<Channel>,
+        force_ack: bool,
+        wakes: &mut Wakes,
+    ) -> io::Result<()> {
+        let mut st = ch.tx.lock();
+        let budget = self.ctx.config.tx_batch_bytes;
+        let mut written = 0;
+        let mut pulled: Vec<OutFrame> = Vec::new();
+        while written < budget {
+            if st.frames.is_empty() {
+                let mut core = self.lock();
+                let n = core.poll_transmit(
+                    ch.meta.index,
+                    budget - written,
+                    MAX_FRAMES,
+                    force_ack,
+                    &mut pulled,
+                );
+                self.settle(&mut core, wakes);
+                drop(core);
+                if n == 0 {
+                    break;
+                }
+                ch.count_queued(n);
+                st.frames.extend(pulled.drain(..));
+            }
+            let w = ch.write(&mut st)?;
+            if w.blocked {
+                ch.tx_blocked.store(true, Ordering::Release);
+                break;
+            }
+            written += w.bytes;
+        }
+        Ok(())
+    }
+
+    /// Writes now on `ch` unless its socket is full.
+    pub fn transmit_channel(self: &Arc<Self>, ch: &Arc<Channel>) {
+        if !ch.tx_blocked.load(Ordering::Acquire) {
+            self.tx(ch, false);
+        }
+    }
+
+    /// Writes the class's queued frames now, on the channels that carry it and have room,
+    /// starting with the next one in turn (so one stream's chunks spread over channels).
+    pub fn transmit(self: &Arc<Self>, class: Class) {
+        let channels = self.serving_channels(class);
+        if channels.is_empty() {
+            return;
+        }
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        for k in 0..channels.len() {
+            let ch = &channels[(start + k) % channels.len()];
+            if ch.tx_blocked.load(Ordering::Acquire) {
+                continue;
+            }
+            self.tx(ch, false);
+            let core = self.lock();
+            if !channels.iter().any(|c| core.has_transmit(c.meta.index)) {
+                return;
+            }
+        }
+        // Bytes are left and every channel of the class is full: the cue to add a channel
+        // (NetScheduler's channel scaling; the dialing side only, up to `max_channels`).
+        if class == Class::Throughput
+            && channels.iter().all(|c| c.tx_blocked.load(Ordering::Acquire))
+        {
+            self.ctx.grow(self);
+        }
+    }
+
+    /// Writes everything queued for every class.
+    pub fn transmit_all(self: &Arc<Self>) {
+        for class in [Class::Latency, Class::Throughput] {
+            let pending = {
+                let core = self.lock();
+                self.serving_channels(class).iter().any(|c| core.has_transmit(c.meta.index))
+            };
+            if pending {
+                self.transmit(class);
+            }
+        }
+    }
+
+    /// Runs the core's timers (connect and linger deadlines).
+    pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
+        let mut wakes = Wakes::default();
+        let mut core = self.lock();
+        if core.poll_timeout().is_some_and(|t| t <= now) {
+            core.handle_timeout(now);
+            self.settle(&mut core, &mut wakes);
+            let pending = core.control_backlog() > 0;
+            drop(core);
+            wakes.fire();
+            if pending {
+                self.transmit_all();
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ failures
+
+    /// A channel failed: it is closed, its unacknowledged frames are queued again on the
+    /// channels that remain, and the engine is told (statistics, redial, session loss).
+    pub fn channel_failed(self: &Arc<Self>, ch: &Arc<Channel>, err: ChannelError) {
+        if !ch.close(&err) {
+            return;
+        }
+        self.channels.write().retain(|c| !Arc::ptr_eq(c, ch));
+        self.ctx.workers[ch.worker].remove(ch.uid);
+        let mut wakes = Wakes::default();
+        {
+            let mut core = self.lock();
+            core.channel_lost(ch.meta.index);
+            self.settle(&mut core, &mut wakes);
+        }
+        wakes.fire();
+        self.ctx.channel_closed(self, ch);
+        // What was queued again leaves on the channels that remain.
+        self.transmit_all();
+    }
+
+    /// Closes every channel (engine shutdown).
+    pub fn close_all(self: &Arc<Self>, why: &str) {
+        for ch in self.channels() {
+            ch.close(&ChannelError::Io(io::Error::other(why.to_string())));
+            self.ctx.workers[ch.worker].remove(ch.uid);
+        }
+        self.channels.write().clear();
     }
 }

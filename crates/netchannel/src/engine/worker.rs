@@ -1,258 +1,264 @@
-//! The channel worker: drives one channel's transport and dispatches what it receives into VNS.
+//! Worker threads: they serve channels when no application thread does. A fixed pool per engine
+//! (not a thread per channel), each parked in its own epoll set on its channels' sockets and a
+//! wake-up eventfd. A worker never spins: it handles the events it is woken for and parks again.
+//!
+//! Lazy duties run on a *tick* (every `TICK`), only while something asks for it: payloads left in
+//! a socket for a reader who does not come (staged after `defer_grace`), sends a thread deferred
+//! and never flushed, acknowledgements nobody carried, and the core's timers (connect and
+//! linger deadlines). An idle engine has no tick and uses no CPU.
 
-use std::io;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::session::Session;
-use super::EngineInner;
-use crate::driver::{Channel, ChannelError, ChannelIo, ChannelQueues, InFrame};
-use crate::vns::stream::{Phase, StreamState};
-use crate::vns::table::Lookup;
-use crate::vns::Stream;
-use crate::wire::{Frame, RstReason};
+use parking_lot::Mutex;
 
-/// A parked worker re-checks its channel this often even without a wake-up (only matters if a
-/// wake-up were ever lost; normal wake-ups are immediate).
-const PARK_TIMEOUT: Duration = Duration::from_millis(500);
+use super::session::SessionRt;
+use super::EngineCtx;
+use crate::driver::Channel;
+use crate::sys::{Epoll, EventFd, EDGE, EXCLUSIVE, HANGUP, PEER_SHUTDOWN, READABLE, WRITABLE};
 
-pub(crate) fn run(
-    engine: &Arc<EngineInner>,
-    session: &Arc<Session>,
-    queues: &Arc<ChannelQueues>,
-    mut io: Box<dyn ChannelIo>,
-) {
-    let reason = serve(engine, session, queues, io.as_mut());
-    queues.close(&reason);
-    drop(io);
-    engine.channel_closed(session, queues);
+/// Period of the lazy duties, while they are asked for.
+pub(crate) const TICK: Duration = Duration::from_millis(1);
+/// How long ticking goes on after the last request.
+const TICK_LINGER: Duration = Duration::from_millis(20);
+/// Acknowledgements not carried by other traffic go alone after this long.
+const ACK_DELAY: Duration = Duration::from_millis(5);
+const TOKEN_WAKE: u64 = 0;
+/// Set in the token of a channel's hang-up registration.
+const HANGUP_TOKEN: u64 = 1 << 63;
+
+enum Request {
+    Add(Arc<Channel>, Arc<SessionRt>),
+    Remove(u64),
+    /// Run the receive half (a thread stopped before draining it).
+    Service(u64),
+    Stop,
 }
 
-fn serve(
-    engine: &Arc<EngineInner>,
-    session: &Arc<Session>,
-    queues: &Arc<ChannelQueues>,
-    io: &mut dyn ChannelIo,
-) -> ChannelError {
-    let index = queues.meta().index;
-    let config = &engine.config;
-    let mut idle_since: Option<Instant> = None;
-    let mut sink = |frame: InFrame| dispatch(engine, session, index, frame);
-    loop {
-        if !queues.is_open() || engine.stopping() {
-            return ChannelError::Io(io::Error::other("closed locally"));
+pub(crate) struct Worker {
+    pub index: usize,
+    epoll: Epoll,
+    wake: EventFd,
+    requests: Mutex<Vec<Request>>,
+    /// Nanoseconds since `epoch` until which the worker ticks.
+    tick_until: AtomicU64,
+    /// The worker is parked with no timeout: a new duty must wake it.
+    parked: AtomicBool,
+    epoch: Instant,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Worker {
+    pub fn new(index: usize) -> std::io::Result<Arc<Worker>> {
+        let epoll = Epoll::new()?;
+        let wake = EventFd::new()?;
+        epoll.add(wake.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
+        Ok(Arc::new(Worker {
+            index,
+            epoll,
+            wake,
+            requests: Mutex::new(Vec::new()),
+            tick_until: AtomicU64::new(0),
+            parked: AtomicBool::new(false),
+            epoch: Instant::now(),
+            thread: Mutex::new(None),
+        }))
+    }
+
+    pub fn start(self: &Arc<Self>, ctx: &Arc<EngineCtx>) -> std::io::Result<()> {
+        let (me, ctx) = (self.clone(), Arc::downgrade(ctx));
+        let netns = ctx.upgrade().and_then(|c| c.config.netns.clone());
+        let handle = std::thread::Builder::new().name(format!("nc-worker-{}", self.index)).spawn(
+            move || {
+                if let Some(ns) = &netns {
+                    // Worker threads create no sockets; the namespace only matters for
+                    // consistency of /proc views. A failure is not fatal.
+                    let _ = crate::sys::enter_netns(ns);
+                }
+                me.run(ctx)
+            },
+        )?;
+        *self.thread.lock() = Some(handle);
+        Ok(())
+    }
+
+    fn request(&self, r: Request) {
+        self.requests.lock().push(r);
+        self.wake.notify();
+    }
+
+    /// Hands a channel to this worker. The worker registers it itself, after it knows the
+    /// token: registration reports bytes that are already there, so nothing is missed.
+    pub fn add(&self, ch: Arc<Channel>, session: Arc<SessionRt>) {
+        self.request(Request::Add(ch, session));
+    }
+
+    pub fn remove(&self, uid: u64) {
+        self.request(Request::Remove(uid));
+    }
+
+    pub fn service(&self, uid: u64) {
+        self.request(Request::Service(uid));
+    }
+
+    pub fn stop(&self) {
+        self.request(Request::Stop);
+    }
+
+    pub fn join(&self) {
+        let handle = self.thread.lock().take();
+        if let Some(h) = handle {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
         }
-        let received = match io.dequeue(config.rx_batch_frames, &mut sink) {
-            Ok(n) => n,
-            Err(e) => return e,
+    }
+
+    /// Moves the worker's registration of `ch` behind every other: an application thread
+    /// that waits on the channel is woken first (see `waiter`).
+    pub fn reregister(&self, ch: &Channel) {
+        if self.epoll.delete(ch.fd()).is_ok() {
+            let _ = self.epoll.add(ch.fd(), READABLE | WRITABLE | EDGE | EXCLUSIVE, ch.uid);
+        }
+    }
+
+    /// Asks for ticks for a while (lazy duties are pending).
+    pub fn demand_tick(&self) {
+        let until = (self.epoch.elapsed() + TICK_LINGER).as_nanos() as u64;
+        if self.tick_until.load(Ordering::Relaxed) >= until.saturating_sub(TICK.as_nanos() as u64) {
+            return;
+        }
+        self.tick_until.store(until, Ordering::Release);
+        if self.parked.load(Ordering::Acquire) {
+            self.wake.notify();
+        }
+    }
+
+    /// A core timer may now be due earlier than the worker planned.
+    pub fn timers_changed(&self) {
+        if self.parked.load(Ordering::Acquire) {
+            self.wake.notify();
+        }
+    }
+
+    fn ticking(&self) -> bool {
+        (self.epoch.elapsed().as_nanos() as u64) < self.tick_until.load(Ordering::Acquire)
+    }
+
+    fn run(self: Arc<Self>, ctx: Weak<EngineCtx>) {
+        let mut channels: HashMap<u64, (Arc<Channel>, Arc<SessionRt>)> = HashMap::new();
+        let mut events = Vec::new();
+        let mut next_tick = Instant::now();
+        loop {
+            let Some(ctx) = ctx.upgrade() else { return };
+            let mut timeout = None;
+            if self.ticking() {
+                timeout = Some(next_tick.saturating_duration_since(Instant::now()));
+            }
+            for (_, s) in channels.values() {
+                if let Some(t) = s.lock().poll_timeout() {
+                    let d = t.saturating_duration_since(Instant::now());
+                    timeout = Some(timeout.map_or(d, |x: Duration| x.min(d)));
+                }
+            }
+            drop(ctx);
+            self.parked.store(timeout.is_none(), Ordering::Release);
+            // Re-check after announcing: a demand that raced with the decision is seen now.
+            if timeout.is_none() && self.ticking() {
+                timeout = Some(Duration::ZERO);
+            }
+            events.clear();
+            let r = self.epoll.wait(&mut events, 64, timeout);
+            self.parked.store(false, Ordering::Release);
+            if r.is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut serve: Vec<(u64, u32)> = Vec::new();
+            for &(token, ev) in &events {
+                if token & HANGUP_TOKEN != 0 {
+                    serve.push((token & !HANGUP_TOKEN, ev | HANGUP));
+                } else if token != TOKEN_WAKE {
+                    serve.push((token, ev));
+                }
+            }
+            let requests = std::mem::take(&mut *self.requests.lock());
+            for r in requests {
+                match r {
+                    Request::Add(ch, s) => {
+                        let flags = READABLE | WRITABLE | EDGE | EXCLUSIVE;
+                        if self.epoll.add(ch.fd(), flags, ch.uid).is_ok() {
+                            // EPOLLRDHUP cannot be exclusive. A second fd of the same socket,
+                            // watched for hang-ups only, is never woken by data (its interest
+                            // does not match) but always by the peer's FIN or RST, which wake
+                            // every waiter: end of stream is never lost in a data edge.
+                            let hup = PEER_SHUTDOWN | EDGE;
+                            let _ = self.epoll.add(ch.hangup_fd(), hup, ch.uid | HANGUP_TOKEN);
+                            channels.insert(ch.uid, (ch, s));
+                        }
+                    }
+                    Request::Remove(uid) => {
+                        if let Some((ch, _)) = channels.remove(&uid) {
+                            let _ = self.epoll.delete(ch.fd());
+                            let _ = self.epoll.delete(ch.hangup_fd());
+                        }
+                    }
+                    Request::Service(uid) => serve.push((uid, READABLE)),
+                    Request::Stop => return,
+                }
+            }
+            for (uid, ev) in serve {
+                if let Some((ch, s)) = channels.get(&uid) {
+                    s.on_channel_event(ch, ev);
+                }
+            }
+            let now = Instant::now();
+            if self.ticking() && now >= next_tick {
+                next_tick = now + TICK;
+                tick(&channels, now);
+            }
+            let sessions: Vec<&Arc<SessionRt>> = {
+                let mut v: Vec<&Arc<SessionRt>> = Vec::new();
+                for (_, s) in channels.values() {
+                    if !v.iter().any(|x| Arc::ptr_eq(x, s)) {
+                        v.push(s);
+                    }
+                }
+                v
+            };
+            for s in sessions {
+                s.handle_timeouts(now);
+            }
+        }
+    }
+}
+
+/// The lazy duties of one tick.
+fn tick(channels: &HashMap<u64, (Arc<Channel>, Arc<SessionRt>)>, now: Instant) {
+    for (ch, s) in channels.values() {
+        let (deferred, transmit, ack) = {
+            let core = s.lock();
+            let deferred = core
+                .deferred(ch.meta.index)
+                .is_some_and(|d| now.duration_since(d.since) >= s.ctx.config.defer_grace);
+            let stale = now.checked_sub(ACK_DELAY);
+            (
+                deferred,
+                core.has_transmit(ch.meta.index),
+                stale.is_some_and(|t| core.ack_due(Some(t))),
+            )
         };
-        let sent = match io.transmit(config.tx_batch_bytes) {
-            Ok(n) => n,
-            Err(e) => return e,
-        };
-        if sent > 0 {
-            session.space_freed(queues.queued_bytes());
+        if deferred {
+            s.rx(ch);
         }
-        if received > 0 || sent > 0 {
-            idle_since = None;
-            continue;
+        if transmit && !ch.tx_run.is_busy() {
+            s.transmit_channel(ch);
         }
-        let now = Instant::now();
-        if now.duration_since(*idle_since.get_or_insert(now)) < config.idle_spin {
-            std::hint::spin_loop();
-            continue;
+        if ack {
+            s.tx(ch, true);
         }
-        queues.set_parked(true);
-        if !queues.has_work() {
-            if let Err(e) = io.park(Some(PARK_TIMEOUT)) {
-                queues.set_parked(false);
-                return ChannelError::Io(e);
-            }
-        }
-        queues.set_parked(false);
-        idle_since = None;
-    }
-}
-
-/// Where a received frame changes VNS state. An `Err` is a protocol violation: the channel it
-/// arrived on is closed and counted.
-fn dispatch(
-    engine: &Arc<EngineInner>,
-    session: &Arc<Session>,
-    channel: u16,
-    frame: InFrame,
-) -> Result<(), String> {
-    let bit = 1u64 << channel;
-    let frame = match frame {
-        InFrame::Data { stream, offset, payload } => {
-            let Some(s) = live_stream(engine, session, stream)? else {
-                return Ok(());
-            };
-            let mut st = s.lock();
-            st.channel_mask |= bit;
-            st.frames_received += 1;
-            if st.app_closed {
-                // Data for a socket the application closed: like TCP, answer with a reset.
-                abort_closed(engine, &s, st);
-                return Ok(());
-            }
-            let readable = st.on_data(offset, payload).map_err(|v| {
-                st.protocol_errors += 1;
-                format!("stream {stream}: {v}")
-            })?;
-            drop(st);
-            if readable > 0 {
-                s.wake();
-            }
-            return Ok(());
-        }
-        InFrame::Control(f) => f,
-    };
-    match frame {
-        Frame::Syn { src, port, class, window } => {
-            accept_syn(engine, session, channel, src, port, class, window);
-            Ok(())
-        }
-        Frame::SynAck { dst, src, window } => {
-            let Some(s) = live_stream(engine, session, dst)? else {
-                // The connector gave up (timed out): tell the acceptor.
-                let rst = Frame::Rst { dst: src, reason: RstReason::Aborted };
-                session.send_control(src, crate::wire::Class::Throughput, rst);
-                return Ok(());
-            };
-            let mut st = s.lock();
-            if st.phase != Phase::Connecting {
-                st.protocol_errors += 1;
-                return Err(format!("stream {dst}: SYN_ACK for an open stream"));
-            }
-            st.channel_mask |= bit;
-            st.open(src, window);
-            drop(st);
-            s.wake();
-            Ok(())
-        }
-        Frame::Fin { dst, final_offset } => {
-            let Some(s) = live_stream(engine, session, dst)? else {
-                return Ok(());
-            };
-            let mut st = s.lock();
-            st.channel_mask |= bit;
-            st.on_fin(final_offset).map_err(|v| {
-                st.protocol_errors += 1;
-                format!("stream {dst}: {v}")
-            })?;
-            let both_closed = st.app_closed;
-            drop(st);
-            if both_closed {
-                engine.streams.remove(dst);
-            }
-            s.wake();
-            Ok(())
-        }
-        Frame::Rst { dst, reason } => {
-            let Some(s) = live_stream(engine, session, dst)? else {
-                return Ok(());
-            };
-            let mut st = s.lock();
-            st.on_reset(crate::vns::stream::ResetCause::Peer(reason));
-            let closed = st.app_closed;
-            drop(st);
-            if closed {
-                engine.streams.remove(dst);
-            }
-            s.wake();
-            Ok(())
-        }
-        Frame::Credit { dst, consumed, window } => {
-            let Some(s) = live_stream(engine, session, dst)? else {
-                return Ok(());
-            };
-            let mut st = s.lock();
-            st.channel_mask |= bit;
-            let grew = st.on_credit(consumed, window).map_err(|v| {
-                st.protocol_errors += 1;
-                format!("stream {dst}: {v}")
-            })?;
-            drop(st);
-            if grew {
-                s.wake();
-            }
-            Ok(())
-        }
-        Frame::Data { .. } => unreachable!("DATA is handled above"),
-    }
-}
-
-/// Resolves a stream id from a peer: `Ok(None)` for a stream closed here (stale, ignored),
-/// `Err` for an id that was never issued or belongs to another peer.
-fn live_stream(
-    engine: &EngineInner,
-    session: &Arc<Session>,
-    id: u32,
-) -> Result<Option<Arc<Stream>>, String> {
-    match engine.streams.lookup(id) {
-        Lookup::Live(s) if Arc::ptr_eq(&s.session, session) => Ok(Some(s)),
-        Lookup::Live(_) => Err(format!("stream {id} belongs to another peer")),
-        Lookup::Stale => {
-            engine.counters.stale_frames.fetch_add(1, Ordering::Relaxed);
-            Ok(None)
-        }
-        Lookup::Unknown => Err(format!("unknown stream id {id}")),
-    }
-}
-
-fn abort_closed(
-    engine: &EngineInner,
-    s: &Arc<Stream>,
-    mut st: std::sync::MutexGuard<'_, StreamState>,
-) {
-    let (peer, class) = (st.peer_stream, st.class);
-    st.on_reset(crate::vns::stream::ResetCause::Peer(RstReason::Aborted));
-    drop(st);
-    s.session.send_control(s.id, class, Frame::Rst { dst: peer, reason: RstReason::Aborted });
-    engine.streams.remove(s.id);
-}
-
-#[allow(clippy::too_many_arguments)]
-fn accept_syn(
-    engine: &Arc<EngineInner>,
-    session: &Arc<Session>,
-    channel: u16,
-    src: u32,
-    port: u16,
-    class: crate::wire::Class,
-    window: u32,
-) {
-    let refuse = |reason| {
-        session.send_control(src, class, Frame::Rst { dst: src, reason });
-    };
-    let listener = engine.listeners.lock().unwrap_or_else(|e| e.into_inner()).get(&port).cloned();
-    let Some(listener) = listener else {
-        return refuse(RstReason::NoListener);
-    };
-    if listener.is_full() {
-        return refuse(RstReason::Refused);
-    }
-    let config = &engine.config;
-    let stream = engine.streams.insert(|id| {
-        let mut st =
-            StreamState::new(class, config.stream_window, config.max_out_of_order_segments);
-        st.open(src, window);
-        st.channel_mask |= 1u64 << channel;
-        Arc::new(Stream::new(id, port, session.clone(), st))
-    });
-    let Some(stream) = stream else {
-        return refuse(RstReason::Refused);
-    };
-    // Queued before it is acknowledged, so sequential connects are accepted in order.
-    if !listener.push(stream.clone()) {
-        // The listener closed or filled up in between.
-        engine.streams.remove(stream.id);
-        return refuse(RstReason::Refused);
-    }
-    let ack = Frame::SynAck { dst: src, src: stream.id, window: config.stream_window };
-    if let Some(used) = session.send_control(stream.id, class, ack) {
-        stream.lock().channel_mask |= 1u64 << used;
     }
 }

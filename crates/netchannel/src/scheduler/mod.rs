@@ -1,14 +1,20 @@
 //! NetScheduler: where the channel for each chunk of a virtual socket's data is picked.
 //!
-//! Pure decisions over channel loads; the engine applies them. Policies:
-//! - `RoundRobin`: successive chunks go to successive channels of the socket's class, skipping
-//!   any channel whose queued bytes exceed the threshold (default 2 MiB, as in the paper).
-//! - `Sticky`: a stream id hashes to one channel, so its bytes never need reordering.
+//! Channels *pull*: when a channel can write, it asks for the next chunks, and the scheduler
+//! says whose. Streams with unsent bytes wait in active queues (an O(1) active list, never a
+//! scan over all streams):
+//! - `RoundRobin`: one queue per class shared by every channel of the class; a stream gets at
+//!   most one chunk (`max_frame_payload`) per turn, then goes to the back, so many streams share
+//!   channels fairly and one stream's chunks spread over every channel that has room.
+//! - `Sticky`: a stream id hashes to one channel (its *home*), so its bytes never need
+//!   reordering.
 //!
-//! Control frames of a stream (SYN, FIN, CREDIT, RST) always go to its *home* channel, the one
-//! `Sticky` would pick, so they stay in order relative to each other.
+//! A channel whose kernel socket is full simply does not pull (backpressure); the class's unsent
+//! bytes are bounded by `channel_queue_threshold` per channel, and senders wait beyond that.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::VecDeque;
+
+use crate::wire::Class;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Policy {
@@ -37,46 +43,68 @@ impl std::fmt::Display for Policy {
     }
 }
 
-/// Index of the channel a stream's control frames (and, under `Sticky`, its data) use.
-pub fn home_channel(stream_id: u32, channels: usize) -> usize {
+/// Index (within `channels` candidates) of a stream's home channel.
+pub fn home_channel(stream_id: u64, channels: usize) -> usize {
     debug_assert!(channels > 0);
     // Fibonacci hashing spreads consecutive dense ids evenly.
-    let h = (stream_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    let h = stream_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
     (h as usize) % channels
 }
 
-pub struct Scheduler {
+/// Streams with unsent bytes, by where they may go next.
+pub struct ActiveQueues {
     policy: Policy,
-    threshold: u64,
-    cursor: AtomicUsize,
+    by_class: [VecDeque<u64>; 2],
+    by_channel: Vec<VecDeque<u64>>,
 }
 
-impl Scheduler {
-    pub fn new(policy: Policy, threshold: u64) -> Self {
-        Scheduler { policy, threshold, cursor: AtomicUsize::new(0) }
+impl ActiveQueues {
+    pub fn new(policy: Policy, channels: usize) -> Self {
+        ActiveQueues {
+            policy,
+            by_class: [VecDeque::new(), VecDeque::new()],
+            by_channel: (0..channels).map(|_| VecDeque::new()).collect(),
+        }
     }
 
     pub fn policy(&self) -> Policy {
         self.policy
     }
 
-    /// Picks a channel among `loads.len()` candidates (queued bytes of each), or `None` when
-    /// every eligible channel is over the threshold: the caller then waits (backpressure).
-    pub fn pick(&self, stream_id: u32, loads: &[u64]) -> Option<usize> {
-        let n = loads.len();
-        if n == 0 {
-            return None;
+    /// A stream of `class` got unsent bytes; `serving` are the channels that carry its class.
+    pub fn push(&mut self, id: u64, class: Class, serving: &[u16]) {
+        if self.policy == Policy::Sticky && !serving.is_empty() {
+            let ch = serving[home_channel(id, serving.len())];
+            self.by_channel[ch as usize].push_back(id);
+        } else {
+            self.by_class[class.index()].push_back(id);
         }
+    }
+
+    /// The next stream channel `ch` should carry a chunk of, among the classes it serves.
+    pub fn pop(&mut self, ch: u16, served: &[Class]) -> Option<u64> {
+        if let Some(id) = self.by_channel[ch as usize].pop_front() {
+            return Some(id);
+        }
+        served.iter().find_map(|k| self.by_class[k.index()].pop_front())
+    }
+
+    /// A stream that got a chunk on `ch` and has more: to the back of its queue.
+    pub fn requeue(&mut self, id: u64, ch: u16, class: Class) {
         match self.policy {
-            Policy::Sticky => {
-                let i = home_channel(stream_id, n);
-                (loads[i] < self.threshold).then_some(i)
-            }
-            Policy::RoundRobin => {
-                let start = self.cursor.fetch_add(1, Ordering::Relaxed);
-                (0..n).map(|k| (start + k) % n).find(|&i| loads[i] < self.threshold)
-            }
+            Policy::Sticky => self.by_channel[ch as usize].push_back(id),
+            Policy::RoundRobin => self.by_class[class.index()].push_back(id),
         }
+    }
+
+    /// Channel `ch` is gone: the streams homed on it, to be pushed again.
+    pub fn take_channel(&mut self, ch: u16) -> Vec<u64> {
+        self.by_channel[ch as usize].drain(..).collect()
+    }
+
+    pub fn has_work(&self, ch: u16, served: &[Class]) -> bool {
+        !self.by_channel[ch as usize].is_empty()
+            || served.iter().any(|k| !self.by_class[k.index()].is_empty())
     }
 }
 
@@ -85,33 +113,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_robin_rotates_and_skips_full_channels() {
-        let s = Scheduler::new(Policy::RoundRobin, 100);
-        let picks: Vec<_> = (0..4).map(|_| s.pick(1, &[0, 0, 0, 0]).unwrap()).collect();
-        assert_eq!(picks, vec![0, 1, 2, 3]);
-        for _ in 0..8 {
-            assert_ne!(s.pick(1, &[0, 100, 0, 500]), Some(1));
-        }
-        assert_eq!(s.pick(1, &[100, 100]), None);
+    fn round_robin_shares_one_queue_per_class() {
+        let mut q = ActiveQueues::new(Policy::RoundRobin, 4);
+        q.push(1, Class::Throughput, &[0, 1]);
+        q.push(2, Class::Throughput, &[0, 1]);
+        q.push(3, Class::Latency, &[2]);
+        assert_eq!(q.pop(1, &[Class::Throughput]), Some(1));
+        q.requeue(1, 1, Class::Throughput);
+        assert_eq!(q.pop(0, &[Class::Throughput]), Some(2));
+        assert_eq!(q.pop(0, &[Class::Throughput]), Some(1), "back of the queue, any channel");
+        assert_eq!(q.pop(0, &[Class::Throughput]), None, "never another class's streams");
+        assert_eq!(q.pop(2, &[Class::Latency]), Some(3));
     }
 
     #[test]
-    fn sticky_keeps_a_stream_on_one_channel() {
-        let s = Scheduler::new(Policy::Sticky, 100);
-        let first = s.pick(42, &[0; 4]).unwrap();
-        for _ in 0..10 {
-            assert_eq!(s.pick(42, &[0; 4]), Some(first));
+    fn sticky_keeps_a_stream_on_its_home_channel() {
+        let mut q = ActiveQueues::new(Policy::Sticky, 4);
+        q.push(42, Class::Throughput, &[0, 1, 3]);
+        let home = [0u16, 1, 3][home_channel(42, 3)];
+        for ch in [0u16, 1, 3].into_iter().filter(|&c| c != home) {
+            assert_eq!(q.pop(ch, &[Class::Throughput]), None);
         }
-        let mut loads = [0; 4];
-        loads[first] = 100;
-        assert_eq!(s.pick(42, &loads), None, "sticky waits rather than reorders");
+        assert_eq!(q.pop(home, &[Class::Throughput]), Some(42));
+        q.requeue(42, home, Class::Throughput);
+        assert_eq!(q.take_channel(home), vec![42]);
     }
 
     #[test]
     fn home_channels_spread_dense_ids() {
         let mut counts = [0usize; 4];
-        for id in 0..4000 {
-            counts[home_channel(id, 4)] += 1;
+        for id in 0..4000u64 {
+            counts[home_channel((1 << 24) | id, 4)] += 1;
         }
         assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
     }

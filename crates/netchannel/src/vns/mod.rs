@@ -1,79 +1,85 @@
-//! VNS: virtual sockets. They only buffer and order application data; which channel carries a
-//! byte is the scheduler's business, how it travels the driver's.
+//! VNS: virtual sockets, the application's side. They only buffer and order application data
+//! (in the session core); which channel carries a byte is the scheduler's business, how it
+//! travels the driver's.
 //!
-//! - [`stream`]: the sans-IO protocol state of one virtual socket (offsets, credit, FIN, RST).
-//! - [`reorder`]: the receive buffer that puts DATA from several channels back in order.
-//! - [`table`]: dense stream ids, indexed directly (no hash on the hot path).
-//! - [`socket`]: the application API (`VSocket`, `Listener`) and readiness.
+//! - [`socket`]: the application API (`VSocket`, `Listener`).
+//! - [`poller`]: readiness of many sockets through one waiter (tokens, edge-triggered).
+//!
+//! This module also holds what the runtime keeps with each stream in the core: who waits on it.
 
 pub mod poller;
-pub mod reorder;
 pub mod socket;
-pub mod stream;
-pub mod table;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::Arc;
 
-use crate::engine::session::Session;
-use poller::Registration;
-use stream::StreamState;
+use crate::engine::waiter::Waiter;
+use crate::proto::{EV_READ, EV_WRITE};
+use poller::PollEntry;
 
-/// What the engine shares about one virtual socket between the application and the workers.
-/// Idle cost: this struct plus an `Arc` header and a table slot (see `idle_socket_is_small`).
-pub(crate) struct Stream {
-    pub id: u32,
-    pub port: u16,
-    pub session: Arc<Session>,
-    pub state: Mutex<StreamState>,
-    /// Signalled on every state change that can unblock a reader, writer or connector.
-    pub changed: Condvar,
-    /// Threads blocked on `changed`; counted under `state`'s lock, so a waker that changed the
-    /// state under that lock and then reads 0 knows nobody needs the (syscall-costly) notify.
-    pub waiters: AtomicU32,
-    /// Set when the socket joins a poller; idle sockets cost no file descriptor.
-    pub registration: OnceLock<Registration>,
+/// What the runtime keeps with each stream in the session core: the threads blocked on it and
+/// its poller registration. An idle stream with neither costs 32 bytes here.
+#[derive(Default)]
+pub(crate) struct StreamUser {
+    /// Threads blocked on the stream, with the `EV_*` bits they wait for.
+    waiters: Vec<(Arc<Waiter>, u8)>,
+    pub poll: Option<Arc<PollEntry>>,
 }
 
-impl Stream {
-    pub fn new(id: u32, port: u16, session: Arc<Session>, state: StreamState) -> Self {
-        Stream {
-            id,
-            port,
-            session,
-            state: Mutex::new(state),
-            changed: Condvar::new(),
-            waiters: AtomicU32::new(0),
-            registration: OnceLock::new(),
+impl StreamUser {
+    pub fn add_waiter(&mut self, w: &Arc<Waiter>, interest: u8) {
+        match self.waiters.iter_mut().find(|(x, _)| Arc::ptr_eq(x, w)) {
+            Some((_, i)) => *i |= interest,
+            None => self.waiters.push((w.clone(), interest)),
         }
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, StreamState> {
-        // A panic while holding the lock cannot leave the state half-updated in a way that
-        // matters more than losing the socket; keep serving the other threads.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn remove_waiter(&mut self, w: &Arc<Waiter>) {
+        self.waiters.retain(|(x, _)| !Arc::ptr_eq(x, w));
+        if self.waiters.is_empty() {
+            self.waiters = Vec::new(); // give the memory back: idle streams stay small
+        }
     }
 
-    /// Wakes blocked callers and the poller the socket is registered with.
-    pub fn wake(self: &Arc<Self>) {
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.changed.notify_all();
+    /// Collects who must be told about `bits`.
+    pub fn wakes(&self, bits: u8, wakes: &mut Wakes) {
+        for (w, interest) in &self.waiters {
+            if interest & bits != 0 {
+                wakes.threads.push(w.clone());
+            }
         }
-        if let Some(reg) = self.registration.get() {
-            reg.notify(self);
+        if bits & (EV_READ | EV_WRITE) != 0 {
+            if let Some(p) = &self.poll {
+                wakes.polls.push(p.clone());
+            }
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Wake-ups collected under the session lock and delivered after it is released (a wake-up is
+/// a system call; none is made while holding the lock).
+#[derive(Default)]
+pub(crate) struct Wakes {
+    pub threads: Vec<Arc<Waiter>>,
+    pub polls: Vec<Arc<PollEntry>>,
+    pub listeners: Vec<Arc<socket::ListenerShared>>,
+}
 
-    #[test]
-    fn idle_socket_is_small() {
-        // Design target (brief, section 5): <= 512 B for an idle stream, so a million idle
-        // virtual sockets stay well under 1 GiB. Arc header (16) + Stream + table slot (16).
-        let total = 16 + std::mem::size_of::<Stream>() + 16;
-        assert!(total <= 512, "idle socket costs {total} bytes");
+impl Wakes {
+    pub fn fire(&mut self) {
+        for w in self.threads.drain(..) {
+            w.notify();
+        }
+        for p in self.polls.drain(..) {
+            p.notify();
+        }
+        for l in self.listeners.drain(..) {
+            l.notify();
+        }
+    }
+}
+
+impl Drop for Wakes {
+    fn drop(&mut self) {
+        self.fire();
     }
 }

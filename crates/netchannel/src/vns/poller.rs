@@ -1,49 +1,71 @@
-//! Readiness for many virtual sockets through one file descriptor (like mio's `Poll`).
+//! Readiness for many virtual sockets through one waiter (like mio's `Poll`).
 //!
 //! Register sockets with a token; `wait` returns the tokens of sockets whose state may have
 //! changed (data, credit, end of stream, reset). Edge-triggered: after a token is returned, call
-//! `recv`/`send` on that socket until `WouldBlock`; spurious tokens are possible. The fd (an
-//! eventfd) is readable while tokens are pending, so a poller nests in epoll. Costs no fd per
-//! socket, so a million sockets fit in one poller.
+//! `recv`/`send` on that socket until `WouldBlock`; spurious tokens are possible. Costs no file
+//! descriptor per socket, so a million sockets fit in one poller.
+//!
+//! The thread in `wait` serves the channels of the registered sockets' sessions itself (reads,
+//! dispatches, writes), so an event loop's own bytes usually need no other thread. Sends an
+//! event loop makes are written once per iteration, when it comes back to `wait`. For nesting in
+//! another epoll set, `fd()` is an eventfd readable while tokens are pending.
 
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::Stream;
+use parking_lot::Mutex;
+
+use crate::engine::session::SessionRt;
+use crate::engine::waiter::{self, Waiter};
 use crate::sys::EventFd;
+use crate::wire::Class;
 
 pub(crate) struct PollerShared {
-    ready: Mutex<Vec<(u64, Weak<Stream>)>>,
+    ready: Mutex<Vec<Arc<PollEntry>>>,
+    /// The thread in `wait`, if any.
+    waiter: Mutex<Option<Arc<Waiter>>>,
     fd: EventFd,
+    /// `fd()` was handed out: keep it readable while tokens are pending.
+    fd_used: AtomicBool,
+    /// Sessions (and classes) of registered sockets: whose channels `wait` serves.
+    sessions: Mutex<Vec<(Weak<SessionRt>, Class)>>,
 }
 
 /// A socket's membership in a poller.
-pub(crate) struct Registration {
+pub(crate) struct PollEntry {
     poller: Arc<PollerShared>,
     token: u64,
     /// Set while the token sits in the ready list, so a busy socket is listed once.
     queued: AtomicBool,
 }
 
-impl Registration {
+impl PollEntry {
     pub fn new(poller: &Poller, token: u64) -> Self {
-        Registration { poller: poller.shared.clone(), token, queued: AtomicBool::new(false) }
+        PollEntry { poller: poller.shared.clone(), token, queued: AtomicBool::new(false) }
     }
 
-    /// Lists the stream as ready (once until the next `wait` returns it).
-    pub fn notify(&self, stream: &Arc<Stream>) {
+    /// Lists the socket as ready (once until `wait` returns it).
+    pub fn notify(self: &Arc<Self>) {
         if self.queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        let mut ready = self.poller.ready.lock().unwrap_or_else(|e| e.into_inner());
-        let was_empty = ready.is_empty();
-        ready.push((self.token, Arc::downgrade(stream)));
-        drop(ready);
+        let p = &self.poller;
+        let was_empty = {
+            let mut ready = p.ready.lock();
+            let e = ready.is_empty();
+            ready.push(self.clone());
+            e
+        };
         if was_empty {
-            self.poller.fd.notify();
+            if let Some(w) = p.waiter.lock().as_ref() {
+                w.notify();
+            }
+            if p.fd_used.load(Ordering::Acquire) {
+                p.fd.notify();
+            }
         }
     }
 }
@@ -56,7 +78,13 @@ pub struct Poller {
 impl Poller {
     pub fn new() -> io::Result<Poller> {
         Ok(Poller {
-            shared: Arc::new(PollerShared { ready: Mutex::new(Vec::new()), fd: EventFd::new()? }),
+            shared: Arc::new(PollerShared {
+                ready: Mutex::new(Vec::new()),
+                waiter: Mutex::new(None),
+                fd: EventFd::new()?,
+                fd_used: AtomicBool::new(false),
+                sessions: Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -66,51 +94,76 @@ impl Poller {
         sock.register(self, token)
     }
 
+    pub(crate) fn watch(&self, session: &Arc<SessionRt>, class: Class) {
+        let mut s = self.shared.sessions.lock();
+        s.retain(|(w, _)| w.strong_count() > 0);
+        let known = s.iter().any(|(w, c)| *c == class && w.as_ptr() == Arc::as_ptr(session));
+        if !known {
+            s.push((Arc::downgrade(session), class));
+        }
+    }
+
     /// Waits until at least one registered socket is ready or `timeout` passes, then replaces
     /// the contents of `tokens` with the ready tokens (possibly none after a timeout).
     pub fn wait(&self, tokens: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<()> {
         tokens.clear();
         let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            // Drained before the list is taken: a notify racing with us re-signals the fd.
-            self.shared.fd.drain();
+        let w = waiter::current()?;
+        *self.shared.waiter.lock() = Some(w.clone());
+        let mut events = Vec::new();
+        let result = loop {
+            w.begin();
+            if self.shared.fd_used.load(Ordering::Acquire) {
+                // Drained before the list is taken: a notify racing with us re-signals it.
+                self.shared.fd.drain();
+            }
             {
-                let mut ready = self.shared.ready.lock().unwrap_or_else(|e| e.into_inner());
-                for (token, stream) in ready.drain(..) {
+                let mut ready = self.shared.ready.lock();
+                for e in ready.drain(..) {
                     // Cleared before the application looks, so any later change re-lists it.
-                    if let Some(s) = stream.upgrade() {
-                        if let Some(reg) = s.registration.get() {
-                            reg.queued.store(false, Ordering::Release);
-                        }
-                    }
-                    tokens.push(token);
+                    e.queued.store(false, Ordering::Release);
+                    tokens.push(e.token);
                 }
             }
             if !tokens.is_empty() {
-                return Ok(());
+                break Ok(());
             }
-            let wait = match deadline {
-                None => None,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(());
-                    }
-                    Some(d - now)
-                }
-            };
-            crate::sys::poll_readable(self.shared.fd.raw(), wait)?;
-        }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break Ok(());
+            }
+            waiter::before_wait(true);
+            let sessions: Vec<(Arc<SessionRt>, Class)> = self
+                .shared
+                .sessions
+                .lock()
+                .iter()
+                .filter_map(|(s, c)| s.upgrade().map(|s| (s, *c)))
+                .collect();
+            for (s, c) in &sessions {
+                w.watch(s, *c);
+            }
+            drop(sessions);
+            if let Err(e) = w.sleep(deadline, &mut events) {
+                break Err(e);
+            }
+            waiter::handle(&mut events);
+        };
+        *self.shared.waiter.lock() = None;
+        result
     }
 
     /// An eventfd readable while tokens are pending (for nesting in epoll).
     pub fn fd(&self) -> RawFd {
+        self.shared.fd_used.store(true, Ordering::Release);
+        if !self.shared.ready.lock().is_empty() {
+            self.shared.fd.notify();
+        }
         self.shared.fd.raw()
     }
 }
 
 impl Drop for Poller {
     fn drop(&mut self) {
-        self.shared.ready.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shared.ready.lock().clear();
     }
 }

@@ -2,25 +2,40 @@
 //!
 //! Semantics follow TCP: reliable, ordered bytes; `recv` returns 0 at end of stream after the
 //! peer's `shutdown`; `close` with unread data resets the peer; errors use the `io::ErrorKind`
-//! a TCP user expects. Both blocking and non-blocking modes work; in non-blocking mode use the
-//! readiness fd in epoll/mio and call until `WouldBlock` (edge-triggered, spurious wake-ups
-//! possible), exactly as with a non-blocking kernel socket.
+//! a TCP user expects. Both blocking and non-blocking modes work; in non-blocking mode use a
+//! [`Poller`] (or the readiness fd in epoll/mio) and call until `WouldBlock` (edge-triggered,
+//! spurious wake-ups possible), exactly as with a non-blocking kernel socket.
+//!
+//! Copies: `send` copies the caller's bytes once, into the stream's send buffer (they stay
+//! there until the peer acknowledges them, so a lost channel loses nothing); the kernel then
+//! copies them into the channel socket. `recv` copies small messages once, out of the buffer
+//! the channel was read into; large payloads are read by the kernel straight into the caller's
+//! buffer (direct placement: no user-space copy).
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::poller::{Poller, Registration};
-use super::stream::{Phase, ReadError, ResetCause, SendError, StreamState};
-use super::Stream;
-use crate::engine::session::{Session, Wait};
-use crate::engine::EngineInner;
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+
+use super::poller::{PollEntry, Poller};
+use super::{StreamUser, Wakes};
+use crate::engine::session::{Core, SessionRt};
+use crate::engine::waiter::{self, Waiter};
+use crate::engine::EngineCtx;
+use crate::proto::{OpenError, Phase, Recv, ResetCause, SendError, Stream, EV_READ, EV_WRITE};
 use crate::sys::EventFd;
-use crate::wire::{Class, Frame, RstReason};
+use crate::wire::{Class, RstReason};
+
+/// Writes at least this large are copied into the send buffer outside the session lock.
+const COPY_OUTSIDE_LOCK: usize = 64 * 1024;
+/// A class holding this many unsent bytes is written now, even by a thread that defers.
+const FLUSH_BYTES: u64 = 64 * 1024;
 
 fn reset_error(cause: ResetCause) -> io::Error {
     use io::ErrorKind::*;
@@ -29,13 +44,34 @@ fn reset_error(cause: ResetCause) -> io::Error {
             (ConnectionRefused, "no listener on that virtual port at the peer")
         }
         ResetCause::Peer(RstReason::Refused) => (ConnectionRefused, "the peer refused the stream"),
+        ResetCause::Peer(RstReason::TimedOut) => (TimedOut, "the peer timed the stream out"),
         ResetCause::Peer(_) => (ConnectionReset, "connection reset by peer"),
-        ResetCause::ChannelLost => (ConnectionReset, "a channel carrying this socket was lost"),
+        ResetCause::ChannelLost => (ConnectionReset, "every channel to the peer was lost"),
         ResetCause::ConnectTimeout => (TimedOut, "the peer did not answer in time"),
         ResetCause::EngineShutdown => (ConnectionAborted, "the local engine shut down"),
-        ResetCause::LocalAbort => (NotConnected, "the socket was closed"),
+        ResetCause::LocalAbort => (ConnectionAborted, "the socket was aborted"),
+        ResetCause::ProtocolError => (ConnectionReset, "the peer broke the protocol"),
+        ResetCause::Undeliverable => (TimedOut, "bytes could not be delivered in time"),
     };
     io::Error::new(kind, msg)
+}
+
+fn send_error(e: SendError) -> io::Error {
+    match e {
+        SendError::Reset(cause) => reset_error(cause),
+        SendError::WriteClosed => {
+            io::Error::new(io::ErrorKind::BrokenPipe, "the write half is shut down")
+        }
+        SendError::NoCredit | SendError::NoSpace => {
+            io::Error::new(io::ErrorKind::WouldBlock, "the peer's window or the channels are full")
+        }
+        SendError::NotOpen => io::Error::new(io::ErrorKind::WouldBlock, "still connecting"),
+        SendError::Closed => io::Error::new(io::ErrorKind::NotConnected, "the socket is closed"),
+    }
+}
+
+fn closed() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the socket is closed")
 }
 
 fn timeout_from(ns: &AtomicU64) -> Option<Instant> {
@@ -61,29 +97,10 @@ fn store_timeout(ns: &AtomicU64, t: Option<Duration>) -> io::Result<()> {
     }
 }
 
-/// Waits on the stream's condition variable until `deadline`; `Err(TimedOut)` after it.
-fn wait_until<'a>(
-    stream: &'a Stream,
-    guard: std::sync::MutexGuard<'a, StreamState>,
-    deadline: Option<Instant>,
-) -> io::Result<std::sync::MutexGuard<'a, StreamState>> {
-    let now = Instant::now();
-    if deadline.is_some_and(|d| now >= d) {
-        return Err(io::Error::new(io::ErrorKind::TimedOut, "operation timed out"));
-    }
-    stream.waiters.fetch_add(1, Ordering::SeqCst);
-    let guard = match deadline {
-        None => stream.changed.wait(guard).unwrap_or_else(|e| e.into_inner()),
-        Some(d) => stream.changed.wait_timeout(guard, d - now).unwrap_or_else(|e| e.into_inner()).0,
-    };
-    stream.waiters.fetch_sub(1, Ordering::SeqCst);
-    Ok(guard)
-}
-
 /// Per-socket counters (a snapshot).
 #[derive(Debug, Clone)]
 pub struct SocketStats {
-    pub id: u32,
+    pub id: u64,
     pub port: u16,
     pub class: Class,
     pub peer_engine_addr: SocketAddr,
@@ -92,7 +109,9 @@ pub struct SocketStats {
     pub frames_sent: u64,
     pub frames_received: u64,
     /// Received bytes the application has not read yet.
-    pub unread_bytes: usize,
+    pub unread_bytes: u64,
+    /// Accepted from the application and not yet on a channel.
+    pub unsent_bytes: u64,
     /// Sent bytes the peer application has not read yet.
     pub unacked_bytes: u64,
     pub protocol_errors: u32,
@@ -100,134 +119,131 @@ pub struct SocketStats {
 }
 
 impl SocketStats {
-    pub(crate) fn of(s: &Stream) -> SocketStats {
-        let st = s.lock();
-        let state = match (st.reset, st.phase, st.app_closed) {
-            (Some(_), ..) => "reset",
-            (_, _, true) => "closed",
-            (_, Phase::Connecting, _) => "connecting",
-            _ if st.write_closed() && st.peer_finished() => "finished",
-            _ if st.write_closed() => "write-closed",
-            _ if st.peer_finished() => "peer-finished",
-            _ => "open",
-        };
+    pub(crate) fn of(id: u64, s: &Stream<StreamUser>, peer: SocketAddr) -> SocketStats {
         SocketStats {
-            id: s.id,
+            id,
             port: s.port,
-            class: st.class,
-            peer_engine_addr: s.session.peer_addr,
-            bytes_sent: st.bytes_sent(),
-            bytes_received: st.bytes_received(),
-            frames_sent: st.frames_sent,
-            frames_received: st.frames_received,
-            unread_bytes: st.unread_bytes(),
-            unacked_bytes: st.unacked_bytes(),
-            protocol_errors: st.protocol_errors,
-            state,
+            class: s.class,
+            peer_engine_addr: peer,
+            bytes_sent: s.bytes_sent(),
+            bytes_received: s.bytes_received(),
+            frames_sent: s.frames_sent as u64,
+            frames_received: s.frames_received as u64,
+            unread_bytes: s.unread_bytes(),
+            unsent_bytes: s.unsent_bytes(),
+            unacked_bytes: s.unacked_bytes(),
+            protocol_errors: s.protocol_errors as u32,
+            state: s.state_name(),
         }
     }
 }
 
 /// A virtual stream socket. Usable from several threads at once (`&self` methods).
 pub struct VSocket {
-    engine: Arc<EngineInner>,
-    stream: Arc<Stream>,
+    session: Arc<SessionRt>,
+    id: u64,
     nonblocking: AtomicBool,
+    closed: AtomicBool,
     read_timeout_ns: AtomicU64,
     write_timeout_ns: AtomicU64,
-    closed: AtomicBool,
     /// The private poller behind `readiness_fd`.
     own_poller: OnceLock<Poller>,
 }
 
 impl VSocket {
-    fn wrap(engine: Arc<EngineInner>, stream: Arc<Stream>) -> VSocket {
+    pub(crate) fn wrap(session: Arc<SessionRt>, id: u64) -> VSocket {
         VSocket {
-            engine,
-            stream,
+            session,
+            id,
             nonblocking: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             read_timeout_ns: AtomicU64::new(0),
             write_timeout_ns: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
             own_poller: OnceLock::new(),
         }
     }
 
     pub(crate) fn connect(
-        engine: Arc<EngineInner>,
-        session: Arc<Session>,
+        session: Arc<SessionRt>,
         port: u16,
         class: Class,
+        wait: bool,
     ) -> io::Result<VSocket> {
-        let config = &engine.config;
-        let stream = engine
-            .streams
-            .insert(|id| {
-                let st =
-                    StreamState::new(class, config.stream_window, config.max_out_of_order_segments);
-                Arc::new(Stream::new(id, port, session.clone(), st))
+        let now = Instant::now();
+        let id = {
+            let mut core = session.lock();
+            core.open(port, class, StreamUser::default(), now).map_err(|e| match e {
+                OpenError::Limit => io::Error::other(format!(
+                    "virtual socket limit reached ({} open to {})",
+                    core.stream_count(),
+                    session.peer_addr
+                )),
+                OpenError::NoChannels => io::Error::new(
+                    io::ErrorKind::ConnectionReset,
+                    format!("every channel to {} is lost", session.peer_addr),
+                ),
+            })?
+        };
+        session.timers_changed();
+        let sock = VSocket::wrap(session, id);
+        if waiter::send_now(&sock.session) {
+            sock.session.transmit(class);
+        }
+        if wait {
+            let deadline = now + sock.session.ctx.config.connect_timeout;
+            sock.wait_for(EV_WRITE, Some(deadline), |core| {
+                let s = core.stream(id)?;
+                match (s.reset, s.phase) {
+                    (Some(cause), _) => Some(Err(reset_error(cause))),
+                    (None, Phase::Open) => Some(Ok(())),
+                    _ => None,
+                }
             })
-            .ok_or_else(|| {
-                io::Error::other(format!(
-                    "virtual socket limit reached ({} open)",
-                    config.max_streams
-                ))
-            })?;
-        // From here on, dropping `sock` releases the stream on every error path.
-        let sock = VSocket::wrap(engine.clone(), stream);
-        let s = &sock.stream;
-        let syn = Frame::Syn { src: s.id, port, class, window: config.stream_window };
-        let used = session.send_control(s.id, class, syn).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::ConnectionReset, "all channels to the peer are lost")
-        })?;
-        let deadline = Instant::now() + config.connect_timeout;
-        let mut st = s.lock();
-        st.channel_mask |= 1u64 << used;
-        loop {
-            if let Some(cause) = st.reset {
-                return Err(reset_error(cause));
-            }
-            if st.phase == Phase::Open {
-                break;
-            }
-            st = wait_until(s, st, Some(deadline)).map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "no answer from {} within {:?}",
-                        session.peer_addr, config.connect_timeout
-                    ),
-                )
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::TimedOut {
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "no answer from {} within {:?}",
+                            sock.session.peer_addr, sock.session.ctx.config.connect_timeout
+                        ),
+                    )
+                } else {
+                    e
+                }
             })?;
         }
-        drop(st);
         Ok(sock)
     }
 
-    pub fn id(&self) -> u32 {
-        self.stream.id
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The virtual port this socket was opened to (or accepted on).
     pub fn port(&self) -> u16 {
-        self.stream.port
+        self.session.lock().stream(self.id).map_or(0, |s| s.port)
     }
 
     pub fn peer_engine_addr(&self) -> SocketAddr {
-        self.stream.session.peer_addr
+        self.session.peer_addr
     }
 
     pub fn class(&self) -> Class {
-        self.stream.lock().class
+        self.session.lock().stream(self.id).map_or(Class::Throughput, |s| s.class)
     }
 
     /// Moves the socket to another class: its next chunks use that class's channels.
     pub fn set_class(&self, class: Class) {
-        self.stream.lock().class = class;
+        self.session.lock().set_class(self.id, class);
     }
 
     pub fn set_nonblocking(&self, nonblocking: bool) {
         self.nonblocking.store(nonblocking, Ordering::Relaxed);
+    }
+
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking.load(Ordering::Relaxed)
     }
 
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
@@ -238,146 +254,312 @@ impl VSocket {
         store_timeout(&self.write_timeout_ns, t)
     }
 
-    fn wait_mode(&self, deadline: Option<Instant>) -> Wait {
-        if self.nonblocking.load(Ordering::Relaxed) {
-            Wait::NonBlocking
-        } else {
-            Wait::Block(deadline)
+    /// Blocks until `check` (run under the session lock) returns a result, serving the
+    /// session's channels while it waits. `interest`: the event bits that may satisfy it.
+    fn wait_for<T>(
+        &self,
+        interest: u8,
+        deadline: Option<Instant>,
+        mut check: impl FnMut(&mut Core) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        let w = waiter::current()?;
+        let mut events = Vec::new();
+        let mut registered = false;
+        let result = loop {
+            w.begin();
+            let class = {
+                let mut core = self.session.lock();
+                if let Some(r) = check(&mut core) {
+                    break r;
+                }
+                let Some(s) = core.stream_mut(self.id) else { break Err(closed()) };
+                if !registered {
+                    s.user.add_waiter(&w, interest);
+                    registered = true;
+                }
+                s.class
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break Err(io::Error::new(io::ErrorKind::TimedOut, "operation timed out"));
+            }
+            waiter::before_wait(false);
+            w.watch(&self.session, class);
+            if let Err(e) = w.sleep(deadline, &mut events) {
+                break Err(e);
+            }
+            waiter::handle(&mut events);
+        };
+        if registered {
+            if let Some(s) = self.session.lock().stream_mut(self.id) {
+                s.user.remove_waiter(&w);
+            }
         }
+        result
     }
 
-    /// Sends bytes. Blocking: returns once every byte is queued on channels (like a blocking
-    /// TCP send). Non-blocking: queues what credit and channel space allow, `WouldBlock` if
+    /// Sends bytes. Blocking: returns once every byte is in the send buffer (like a blocking
+    /// TCP send). Non-blocking: takes what credit and channel space allow, `WouldBlock` if
     /// nothing.
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
-        let deadline = timeout_from(&self.write_timeout_ns);
-        let mut sent = 0;
-        let partial_ok = |sent: usize, e: io::Error| {
-            let soft = matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
-            if sent > 0 && soft {
-                Ok(sent)
-            } else {
-                Err(e)
-            }
-        };
         if buf.is_empty() {
             // Like TCP: nothing to send, but a dead or shut-down socket still says so.
-            return match self.stream.lock().send_capacity() {
-                Err(e @ (SendError::Reset(_) | SendError::WriteClosed)) => Err(send_error(e)),
-                _ => Ok(0),
-            };
-        }
-        while sent < buf.len() {
-            let class = match self.wait_for_credit(deadline) {
-                Ok(c) => c,
-                Err(e) => return partial_ok(sent, e),
-            };
-            let session = &self.stream.session;
-            let grow = || self.engine.grow(session);
-            let ch = match session.pick_channel(
-                self.stream.id,
-                class,
-                self.wait_mode(deadline),
-                &grow,
-            ) {
-                Ok(ch) => ch,
-                Err(e) => return partial_ok(sent, e),
-            };
-            let index = crate::driver::Channel::meta(&*ch).index;
-            let max = (buf.len() - sent).min(self.engine.config.max_frame_payload);
-            let (peer, offset, n) = {
-                let mut st = self.stream.lock();
-                match st.reserve_send(max) {
-                    Ok((offset, n)) => {
-                        st.channel_mask |= 1u64 << index;
-                        st.frames_sent += 1;
-                        (st.peer_stream, offset, n)
-                    }
-                    // Another thread took the credit in between.
-                    Err(SendError::NoCredit) => continue,
-                    Err(e) => return partial_ok(sent, send_error(e)),
-                }
-            };
-            let payload = &buf[sent..sent + n];
-            let mut frame = self.engine.buffers.get(crate::wire::frame::DATA_HEADER_LEN + n);
-            Frame::Data { stream: peer, offset, payload }.encode(&mut frame);
-            if !crate::driver::Channel::enqueue(&*ch, frame) {
-                // The channel died after it was picked: these bytes are lost.
-                self.stream.lock().on_reset(ResetCause::ChannelLost);
-                self.stream.wake();
-                return Err(reset_error(ResetCause::ChannelLost));
+            let core = self.session.lock();
+            let Some(s) = core.stream(self.id) else { return Err(closed()) };
+            if let Some(cause) = s.reset {
+                return Err(reset_error(cause));
             }
-            sent += n;
+            if s.write_closed() {
+                return Err(send_error(SendError::WriteClosed));
+            }
+            return Ok(0);
         }
-        Ok(sent)
+        let deadline = timeout_from(&self.write_timeout_ns);
+        let mut sent = 0;
+        loop {
+            match self.try_send(&buf[sent..]) {
+                Ok(n) => {
+                    sent += n;
+                    if sent == buf.len() {
+                        return Ok(sent);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
+            }
+            if self.is_nonblocking() {
+                return if sent > 0 {
+                    Ok(sent)
+                } else {
+                    Err(io::Error::new(io::ErrorKind::WouldBlock, "send would block"))
+                };
+            }
+            let id = self.id;
+            let r = self.wait_for(EV_WRITE, deadline, |core| core.writable(id).then_some(Ok(())));
+            if let Err(e) = r {
+                return if sent > 0 && e.kind() == io::ErrorKind::TimedOut {
+                    Ok(sent)
+                } else {
+                    Err(e)
+                };
+            }
+        }
     }
 
-    /// Waits until the socket may send (credit available, or an error to report).
-    fn wait_for_credit(&self, deadline: Option<Instant>) -> io::Result<Class> {
-        let mut st = self.stream.lock();
-        loop {
-            match st.send_capacity() {
-                Ok(_) => return Ok(st.class),
-                Err(SendError::NoCredit) => {}
-                Err(e) => return Err(send_error(e)),
+    /// One attempt: queues what credit and space allow and writes it now or soon.
+    fn try_send(&self, data: &[u8]) -> io::Result<usize> {
+        let s = &self.session;
+        let (n, class, congested, unsent) = {
+            let mut core = s.lock();
+            let r = if data.len() < COPY_OUTSIDE_LOCK {
+                core.send(self.id, data)
+            } else {
+                match core.reserve(self.id, data.len()) {
+                    Ok((offset, n)) => {
+                        drop(core);
+                        let mut chunk = BytesMut::with_capacity(n);
+                        chunk.extend_from_slice(&data[..n]);
+                        core = s.lock();
+                        core.commit(self.id, offset, chunk);
+                        Ok(n)
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            let class = core.stream(self.id).map_or(Class::Throughput, |st| st.class);
+            let congested = core.take_congestion(class);
+            let unsent = core.unsent(class);
+            let mut wakes = Wakes::default();
+            s.settle(&mut core, &mut wakes);
+            drop(core);
+            wakes.fire();
+            match r {
+                Ok(n) => (n, class, congested, unsent),
+                Err(e) => {
+                    if congested {
+                        s.ctx.grow(s);
+                    }
+                    return Err(send_error(e));
+                }
             }
-            if self.nonblocking.load(Ordering::Relaxed) {
-                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no send credit"));
-            }
-            st = wait_until(&self.stream, st, deadline)?;
+        };
+        if congested {
+            s.ctx.grow(s);
         }
+        if waiter::send_now(s) || unsent >= FLUSH_BYTES {
+            s.transmit(class);
+        } else {
+            s.defer_flush();
+        }
+        Ok(n)
     }
 
     /// Receives bytes; `Ok(0)` means the peer shut down its write half and every byte arrived.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = timeout_from(&self.read_timeout_ns);
-        let mut st = self.stream.lock();
         loop {
-            match st.read_recycling(buf, &mut |b| self.engine.buffers.put(b)) {
-                Ok(n) => {
-                    let credit = st.credit_due();
-                    let (peer, class) = (st.peer_stream, st.class);
-                    drop(st);
-                    if let Some((consumed, window)) = credit {
-                        let f = Frame::Credit { dst: peer, consumed, window };
-                        if let Some(used) =
-                            self.stream.session.send_control(self.stream.id, class, f)
-                        {
-                            self.stream.lock().channel_mask |= 1u64 << used;
-                        }
-                    }
-                    return Ok(n);
-                }
-                Err(ReadError::Reset(cause)) => return Err(reset_error(cause)),
-                Err(ReadError::Empty) => {
-                    if self.nonblocking.load(Ordering::Relaxed) {
-                        return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
-                    }
-                    st = wait_until(&self.stream, st, deadline)?;
-                }
+            if let Some(n) = self.try_recv(buf)? {
+                return Ok(n);
             }
+            if self.is_nonblocking() {
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
+            }
+            let id = self.id;
+            self.wait_for(EV_READ, deadline, |core| core.readable(id).then_some(Ok(())))?;
         }
+    }
+
+    /// One attempt: `None` when nothing is there yet.
+    fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if buf.is_empty() {
+            return Ok(Some(0));
+        }
+        let mut slices: Vec<Bytes> = Vec::new();
+        let (r, owes, class) = {
+            let mut core = self.session.lock();
+            let r = core.recv(self.id, buf.len() as u64, &mut slices);
+            let owes = core.owes_control(self.id);
+            let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
+            (r, owes, class)
+        };
+        let n = match r {
+            Recv::Data(n) => {
+                let mut at = 0;
+                for s in &slices {
+                    buf[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                }
+                debug_assert_eq!(at as u64, n);
+                Some(n as usize)
+            }
+            Recv::Deferred { channel, max } => {
+                self.read_deferred(channel, &mut buf[..max as usize])
+            }
+            Recv::Eof => Some(0),
+            Recv::Empty => None,
+            Recv::Reset(cause) => return Err(reset_error(cause)),
+            Recv::Closed => return Err(closed()),
+        };
+        if owes {
+            // A CREDIT is due: the sender may be waiting for it.
+            self.session.transmit(class);
+        }
+        Ok(n)
+    }
+
+    /// Reads the payload waiting in a channel's socket straight into `buf` (direct
+    /// placement), then goes on serving that channel. `None`: nothing read (try again).
+    fn read_deferred(&self, index: u16, buf: &mut [u8]) -> Option<usize> {
+        let s = &self.session;
+        let ch = s.channel(index)?;
+        if !ch.rx_run.try_acquire() {
+            // Somebody else serves the channel; it tells us when our bytes can be read.
+            s.lock().deferred_empty(self.id);
+            return None;
+        }
+        // Checked again now that the channel's receive half is ours: another thread may have
+        // staged the payload before we got here.
+        let max = s.lock().deferred_readable(self.id, index);
+        let Some(max) = max else {
+            s.rx_owned(&ch);
+            return None;
+        };
+        let len = (max as usize).min(buf.len());
+        let buf = &mut buf[..len];
+        let got = match ch.read_direct(buf) {
+            Ok(0) => {
+                s.channel_failed(&ch, crate::driver::ChannelError::Closed);
+                None
+            }
+            Ok(n) => {
+                let mut wakes = Wakes::default();
+                let mut core = s.lock();
+                let ours = core.deferred_read(self.id, index, n as u64);
+                s.settle(&mut core, &mut wakes);
+                drop(core);
+                wakes.fire();
+                ours.then_some(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                s.lock().deferred_empty(self.id);
+                None
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
+            Err(e) => {
+                s.channel_failed(&ch, crate::driver::ChannelError::Io(e));
+                None
+            }
+        };
+        // Still the owner of the channel's receive half: go on with its next frames.
+        s.rx_owned(&ch);
+        got
+    }
+
+    /// Copies received bytes without consuming them (`MSG_PEEK`). Waits like `recv`.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let deadline = timeout_from(&self.read_timeout_ns);
+        loop {
+            match self.session.lock().peek(self.id, buf) {
+                Recv::Data(n) => return Ok(n as usize),
+                Recv::Eof => return Ok(0),
+                Recv::Reset(c) => return Err(reset_error(c)),
+                Recv::Closed => return Err(closed()),
+                Recv::Empty | Recv::Deferred { .. } => {}
+            }
+            if buf.is_empty() {
+                return Ok(0);
+            }
+            // A payload still in the socket is staged by the engine before it can be peeked.
+            let staged = self.session.stage_front(self.id);
+            if staged {
+                continue;
+            }
+            if self.is_nonblocking() {
+                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
+            }
+            let id = self.id;
+            self.wait_for(EV_READ, deadline, |core| core.readable(id).then_some(Ok(())))?;
+        }
+    }
+
+    /// Received bytes not yet read (`FIONREAD`).
+    pub fn unread_bytes(&self) -> u64 {
+        self.session.lock().stream(self.id).map_or(0, |s| s.unread_bytes())
     }
 
     /// Shuts down the write half: the peer reads end of stream after the last byte sent.
     pub fn shutdown(&self) -> io::Result<()> {
-        let mut st = self.stream.lock();
-        if let Some(cause) = st.reset {
-            return Err(reset_error(cause));
-        }
-        let (peer, class) = (st.peer_stream, st.class);
-        if let Some(final_offset) = st.shutdown_write() {
-            drop(st);
-            let fin = Frame::Fin { dst: peer, final_offset };
-            if let Some(used) = self.stream.session.send_control(self.stream.id, class, fin) {
-                self.stream.lock().channel_mask |= 1u64 << used;
+        let class = {
+            let mut core = self.session.lock();
+            match core.shutdown_write(self.id) {
+                Ok(()) => {}
+                Err(SendError::NotOpen) => {
+                    return Err(io::Error::new(io::ErrorKind::NotConnected, "not connected"))
+                }
+                Err(e) => return Err(send_error(e)),
             }
-        }
+            let mut wakes = Wakes::default();
+            self.session.settle(&mut core, &mut wakes);
+            core.stream(self.id).map_or(Class::Throughput, |s| s.class)
+        };
+        self.session.transmit(class);
         Ok(())
     }
 
+    /// The pending error of a socket opened with `connect_nonblocking`: `Ok(true)` once
+    /// connected, `Ok(false)` while connecting, the refusal or reset otherwise.
+    pub fn take_error(&self) -> io::Result<bool> {
+        let core = self.session.lock();
+        let Some(s) = core.stream(self.id) else { return Err(closed()) };
+        match (s.reset, s.phase) {
+            (Some(c), _) => Err(reset_error(c)),
+            (None, Phase::Open) => Ok(true),
+            _ => Ok(false),
+        }
+    }
+
     /// Closes the socket (also done on drop). Unread received data resets the peer, as in TCP;
-    /// otherwise the write half is finished and the peer reads end of stream.
+    /// otherwise the write half is finished and the bytes still queued are delivered (within
+    /// `Config::linger`).
     pub fn close(self) {
         self.close_inner();
     }
@@ -386,32 +568,19 @@ impl VSocket {
         if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
-        let s = &self.stream;
-        let mut st = s.lock();
-        st.app_closed = true;
-        let (peer, class) = (st.peer_stream, st.class);
-        let release = if st.reset.is_some() || st.phase != Phase::Open {
-            true
-        } else if st.unread_bytes() > 0 {
-            st.on_reset(ResetCause::LocalAbort);
-            s.session.send_control(
-                s.id,
-                class,
-                Frame::Rst { dst: peer, reason: RstReason::Aborted },
-            );
-            true
-        } else {
-            if let Some(final_offset) = st.shutdown_write() {
-                s.session.send_control(s.id, class, Frame::Fin { dst: peer, final_offset });
+        let s = &self.session;
+        let mut wakes = Wakes::default();
+        {
+            let mut core = s.lock();
+            if let Some(st) = core.stream_mut(self.id) {
+                st.user.poll = None;
             }
-            // Otherwise linger until the peer finishes too (its FIN, RST or DATA frees it).
-            st.peer_finished()
-        };
-        drop(st);
-        if release {
-            self.engine.streams.remove(s.id);
+            core.close(self.id, Instant::now());
+            s.settle(&mut core, &mut wakes);
         }
-        s.wake();
+        wakes.fire();
+        s.timers_changed();
+        s.transmit_all();
     }
 
     /// An fd that becomes readable whenever this socket may have changed state (data, credit,
@@ -438,41 +607,57 @@ impl VSocket {
     }
 
     pub(crate) fn register(&self, poller: &Poller, token: u64) -> io::Result<()> {
-        if self.stream.registration.set(Registration::new(poller, token)).is_err() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "the socket is already registered with a poller",
-            ));
-        }
-        if self.is_readable() || self.is_writable() {
-            self.stream.wake();
+        let entry = Arc::new(PollEntry::new(poller, token));
+        let ready = {
+            let mut core = self.session.lock();
+            let (readable, writable) = (core.readable(self.id), core.writable(self.id));
+            let Some(s) = core.stream_mut(self.id) else { return Err(closed()) };
+            if s.user.poll.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "the socket is already registered with a poller",
+                ));
+            }
+            s.user.poll = Some(entry.clone());
+            poller.watch(&self.session, s.class);
+            readable || writable
+        };
+        if ready {
+            entry.notify();
         }
         Ok(())
     }
 
     /// Whether `recv` would return without blocking (data, end of stream or an error).
     pub fn is_readable(&self) -> bool {
-        self.stream.lock().readable()
+        self.session.lock().readable(self.id)
     }
 
-    /// Whether `send` would make progress or fail without waiting for credit.
+    /// Whether `send` would make progress or fail without waiting.
     pub fn is_writable(&self) -> bool {
-        self.stream.lock().writable()
+        self.session.lock().writable(self.id)
     }
 
     pub fn stats(&self) -> SocketStats {
-        SocketStats::of(&self.stream)
-    }
-}
-
-fn send_error(e: SendError) -> io::Error {
-    match e {
-        SendError::Reset(cause) => reset_error(cause),
-        SendError::WriteClosed => {
-            io::Error::new(io::ErrorKind::BrokenPipe, "the write half is shut down")
+        let core = self.session.lock();
+        match core.stream(self.id) {
+            Some(s) => SocketStats::of(self.id, s, self.session.peer_addr),
+            None => SocketStats {
+                id: self.id,
+                port: 0,
+                class: Class::Throughput,
+                peer_engine_addr: self.session.peer_addr,
+                bytes_sent: 0,
+                bytes_received: 0,
+                frames_sent: 0,
+                frames_received: 0,
+                unread_bytes: 0,
+                unsent_bytes: 0,
+                unacked_bytes: 0,
+                protocol_errors: 0,
+                state: "closed",
+            },
         }
-        SendError::NoCredit => io::Error::new(io::ErrorKind::WouldBlock, "no send credit"),
-        SendError::NotOpen => io::Error::new(io::ErrorKind::NotConnected, "not connected"),
     }
 }
 
@@ -512,64 +697,72 @@ impl io::Write for VSocket {
     }
 }
 
-/// State shared between a [`Listener`] and the workers that deliver SYNs to it.
+impl std::fmt::Debug for VSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VSocket")
+            .field("id", &self.id)
+            .field("peer", &self.session.peer_addr)
+            .finish()
+    }
+}
+
+/// State shared between a [`Listener`] and the threads that deliver streams to it.
 pub(crate) struct ListenerShared {
-    backlog: Mutex<VecDeque<Arc<Stream>>>,
-    ready: Condvar,
+    backlog: Mutex<VecDeque<(Arc<SessionRt>, u64)>>,
     capacity: usize,
     closed: AtomicBool,
+    waiters: Mutex<Vec<Arc<Waiter>>>,
     readiness: OnceLock<EventFd>,
 }
 
 impl ListenerShared {
-    pub fn is_full(&self) -> bool {
-        self.backlog.lock().unwrap_or_else(|e| e.into_inner()).len() >= self.capacity
-    }
-
     /// Queues an opened stream for `accept`; false if closed or full.
-    pub fn push(&self, s: Arc<Stream>) -> bool {
-        let mut q = self.backlog.lock().unwrap_or_else(|e| e.into_inner());
+    pub fn offer(&self, session: Arc<SessionRt>, id: u64) -> bool {
+        let mut q = self.backlog.lock();
         if self.closed.load(Ordering::SeqCst) || q.len() >= self.capacity {
             return false;
         }
-        q.push_back(s);
-        drop(q);
-        self.ready.notify_one();
+        q.push_back((session, id));
+        true
+    }
+
+    pub fn notify(&self) {
+        for w in self.waiters.lock().iter() {
+            w.notify();
+        }
         if let Some(fd) = self.readiness.get() {
             fd.notify();
         }
-        true
     }
 
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        let _g = self.backlog.lock().unwrap_or_else(|e| e.into_inner());
-        self.ready.notify_all();
+        self.notify();
     }
 }
 
 /// Accepts virtual sockets opened to one virtual port of this engine.
 pub struct Listener {
-    engine: Arc<EngineInner>,
+    ctx: Arc<EngineCtx>,
     port: u16,
     shared: Arc<ListenerShared>,
     nonblocking: AtomicBool,
 }
 
 impl Listener {
-    pub(crate) fn bind(engine: Arc<EngineInner>, port: u16) -> io::Result<Listener> {
-        if engine.stopping() {
+    pub(crate) fn bind(ctx: Arc<EngineCtx>, port: u16) -> io::Result<Listener> {
+        if ctx.stopping.load(Ordering::Acquire) {
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
         }
         let shared = Arc::new(ListenerShared {
             backlog: Mutex::new(VecDeque::new()),
-            ready: Condvar::new(),
-            capacity: engine.config.accept_backlog,
+            capacity: ctx.config.accept_backlog,
             closed: AtomicBool::new(false),
+            waiters: Mutex::new(Vec::new()),
             readiness: OnceLock::new(),
         });
         {
-            let mut map = engine.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = ctx.listeners.lock();
             if map.contains_key(&port) {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
@@ -578,7 +771,7 @@ impl Listener {
             }
             map.insert(port, shared.clone());
         }
-        Ok(Listener { engine, port, shared, nonblocking: AtomicBool::new(false) })
+        Ok(Listener { ctx, port, shared, nonblocking: AtomicBool::new(false) })
     }
 
     pub fn port(&self) -> u16 {
@@ -596,28 +789,38 @@ impl Listener {
 
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> io::Result<VSocket> {
         let deadline = timeout.map(|d| Instant::now() + d);
-        let mut q = self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(s) = q.pop_front() {
-                return Ok(VSocket::wrap(self.engine.clone(), s));
+        let w = waiter::current()?;
+        let mut events = Vec::new();
+        let mut registered = false;
+        let result = loop {
+            w.begin();
+            if let Some((session, id)) = self.shared.backlog.lock().pop_front() {
+                break Ok(VSocket::wrap(session, id));
             }
             if self.shared.closed.load(Ordering::SeqCst) {
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "listener closed"));
+                break Err(io::Error::new(io::ErrorKind::ConnectionAborted, "listener closed"));
             }
             if self.nonblocking.load(Ordering::Relaxed) {
-                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no pending connection"));
+                break Err(io::Error::new(io::ErrorKind::WouldBlock, "no pending connection"));
             }
-            q = match deadline {
-                None => self.shared.ready.wait(q).unwrap_or_else(|e| e.into_inner()),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, "accept timed out"));
-                    }
-                    self.shared.ready.wait_timeout(q, d - now).unwrap_or_else(|e| e.into_inner()).0
-                }
-            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break Err(io::Error::new(io::ErrorKind::TimedOut, "accept timed out"));
+            }
+            if !registered {
+                self.shared.waiters.lock().push(w.clone());
+                registered = true;
+                continue; // re-check: an offer may have come before we were listed
+            }
+            waiter::before_wait(false);
+            if let Err(e) = w.sleep(deadline, &mut events) {
+                break Err(e);
+            }
+            waiter::handle(&mut events);
+        };
+        if registered {
+            self.shared.waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
         }
+        result
     }
 
     /// An eventfd that becomes readable when a connection is pending (edge-triggered).
@@ -626,7 +829,7 @@ impl Listener {
             let _ = self.shared.readiness.set(EventFd::new()?);
         }
         let fd = self.shared.readiness.get().expect("set above");
-        if !self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+        if !self.shared.backlog.lock().is_empty() {
             fd.notify();
         }
         Ok(fd.raw())
@@ -637,44 +840,35 @@ impl Listener {
             fd.drain();
         }
     }
+
+    /// Streams accepted by the engine and not yet by the application.
+    pub fn pending(&self) -> usize {
+        self.shared.backlog.lock().len()
+    }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
         {
-            let mut map = self.engine.listeners.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.ctx.listeners.lock();
             if map.get(&self.port).is_some_and(|l| Arc::ptr_eq(l, &self.shared)) {
                 map.remove(&self.port);
             }
         }
         self.shared.close();
-        let pending: Vec<_> =
-            self.shared.backlog.lock().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
-        for s in pending {
+        let pending: Vec<_> = self.shared.backlog.lock().drain(..).collect();
+        for (session, id) in pending {
             // Accepted by the engine but never by the application: reset, as TCP does.
-            let mut st = s.lock();
-            if st.reset.is_none() {
-                let (peer, class) = (st.peer_stream, st.class);
-                st.on_reset(ResetCause::LocalAbort);
-                drop(st);
-                s.session.send_control(
-                    s.id,
-                    class,
-                    Frame::Rst { dst: peer, reason: RstReason::Aborted },
-                );
+            let mut wakes = Wakes::default();
+            {
+                let mut core = session.lock();
+                core.abort(id, ResetCause::LocalAbort);
+                core.close(id, Instant::now());
+                session.settle(&mut core, &mut wakes);
             }
-            self.engine.streams.remove(s.id);
+            wakes.fire();
+            session.transmit_all();
         }
-    }
-}
-
-impl std::fmt::Debug for VSocket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VSocket")
-            .field("id", &self.stream.id)
-            .field("port", &self.stream.port)
-            .field("peer", &self.stream.session.peer_addr)
-            .finish()
     }
 }
 

@@ -1,32 +1,34 @@
-//! Frames inside a channel's byte stream, after the handshake.
+//! Frames inside a channel's byte stream, after the handshake (protocol version 2).
 //!
-//! Every frame starts with an 8-byte common header, followed by a type-specific part (big-endian):
+//! Every frame starts with a 12-byte common header, followed by a type-specific part (big-endian):
 //!
 //! ```text
-//! common   type u8 | flags u8 (0) | reserved u16 (0) | stream u32
-//! DATA   1 offset u64 | length u32 | payload[length]        20 + length
-//! SYN    2 port u16 | class u8 | reserved u8 (0) | window u32   16
-//! SYNACK 3 source stream u32 | window u32                    16
-//! RST    4 reason u8 | reserved [u8; 3] (0)                  12
-//! FIN    5 final offset u64                                  16
-//! CREDIT 6 consumed u64 | window u32                         20
+//! common   type u8 | flags u8 (0) | reserved u16 (0) | stream u64
+//! DATA   1 offset u64 | length u32 | payload[length]             24 + length
+//! SYN    2 port u16 | class u8 | reserved u8 (0) | window u32       20
+//! SYNACK 3 source stream u64 | window u32                         24
+//! RST    4 reason u8 | reserved [u8; 3] (0)                        16
+//! FIN    5 final offset u64                                        20
+//! CREDIT 6 consumed u64 | window u32                               24
+//! ACK    7 channel u16 | reserved u16 (0) | position u64          24   (stream 0)
 //! ```
 //!
 //! `stream` is the *receiver's* stream id for every type but SYN, where it is the sender's own id
-//! (the receiver has none yet). The decoder never panics and never reads past the slice: every
-//! length is checked before a field is read, and every field is validated.
+//! (the receiver has none yet), and ACK, which concerns a channel, not a stream. The decoder
+//! never panics and never reads past the slice: every length is checked before a field is read,
+//! and every field is validated.
 
 use super::{Class, WireError};
 
-pub const COMMON_LEN: usize = 8;
-pub const DATA_HEADER_LEN: usize = 20;
+pub const COMMON_LEN: usize = 12;
+pub const DATA_HEADER_LEN: usize = 24;
 /// Largest DATA payload a peer may send.
-pub const MAX_PAYLOAD: usize = 256 * 1024;
+pub const MAX_PAYLOAD: usize = 1 << 20;
 /// Largest window a SYN, SYN_ACK or CREDIT may grant (1 GiB), so offsets cannot be pushed toward
 /// overflow by a single frame.
 pub const MAX_WINDOW: u32 = 1 << 30;
-/// Longest encoded control frame (anything but DATA).
-pub const MAX_CONTROL_LEN: usize = 20;
+/// Longest encoded frame header (a whole control frame, or DATA without its payload).
+pub const MAX_HEADER_LEN: usize = 24;
 
 const T_DATA: u8 = 1;
 const T_SYN: u8 = 2;
@@ -34,6 +36,7 @@ const T_SYN_ACK: u8 = 3;
 const T_RST: u8 = 4;
 const T_FIN: u8 = 5;
 const T_CREDIT: u8 = 6;
+const T_ACK: u8 = 7;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RstReason {
@@ -41,40 +44,73 @@ pub enum RstReason {
     NoListener,
     /// A listener exists but refused the stream (backlog full, stream limit).
     Refused,
-    /// The stream was aborted (closed with unread data, channel lost, peer gone).
+    /// The stream was aborted (closed with unread data, undeliverable bytes, peer gone).
     Aborted,
+    /// The stream timed out (an open never answered, a close never finished).
+    TimedOut,
     /// A reason code this version does not know; treated as `Aborted`.
     Unknown(u8),
 }
 
 impl RstReason {
-    fn code(self) -> u8 {
+    pub fn code(self) -> u8 {
         match self {
             RstReason::NoListener => 1,
             RstReason::Refused => 2,
             RstReason::Aborted => 3,
+            RstReason::TimedOut => 4,
             RstReason::Unknown(n) => n,
         }
     }
-    fn from_code(n: u8) -> Self {
+    pub fn from_code(n: u8) -> Self {
         match n {
             1 => RstReason::NoListener,
             2 => RstReason::Refused,
             3 => RstReason::Aborted,
+            4 => RstReason::TimedOut,
             n => RstReason::Unknown(n),
         }
     }
 }
 
-/// A decoded frame borrowing its payload from the input buffer.
+/// A decoded frame; DATA borrows its payload from the input buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame<'a> {
-    Data { stream: u32, offset: u64, payload: &'a [u8] },
-    Syn { src: u32, port: u16, class: Class, window: u32 },
-    SynAck { dst: u32, src: u32, window: u32 },
-    Rst { dst: u32, reason: RstReason },
-    Fin { dst: u32, final_offset: u64 },
-    Credit { dst: u32, consumed: u64, window: u32 },
+    Data {
+        stream: u64,
+        offset: u64,
+        payload: &'a [u8],
+    },
+    Syn {
+        src: u64,
+        port: u16,
+        class: Class,
+        window: u32,
+    },
+    SynAck {
+        dst: u64,
+        src: u64,
+        window: u32,
+    },
+    Rst {
+        dst: u64,
+        reason: RstReason,
+    },
+    Fin {
+        dst: u64,
+        final_offset: u64,
+    },
+    Credit {
+        dst: u64,
+        consumed: u64,
+        window: u32,
+    },
+    /// The sender of this frame has processed `position` bytes of the frames its peer sent on
+    /// channel `channel` (counted from the end of the handshake).
+    Ack {
+        channel: u16,
+        position: u64,
+    },
 }
 
 /// What [`decode`] found at the front of a buffer.
@@ -82,9 +118,10 @@ pub enum Frame<'a> {
 pub enum Decoded<'a> {
     /// A whole frame that occupies the first `len` bytes.
     Frame(Frame<'a>, usize),
-    /// A valid DATA header whose payload is not all there yet. Lets a reader place the rest of
-    /// the payload straight into its own buffer instead of staging it.
-    PartialData { stream: u32, offset: u64, len: usize },
+    /// A valid DATA header whose payload is not all there yet: `header` bytes of header are
+    /// followed by the first bytes of a `len`-byte payload. Lets a reader place the rest of the
+    /// payload wherever it wants instead of staging it.
+    PartialData { stream: u64, offset: u64, len: usize },
     /// Not enough bytes to decide; at least `needed` bytes in total are required.
     Incomplete { needed: usize },
 }
@@ -94,15 +131,14 @@ impl Frame<'_> {
     pub fn wire_len(&self) -> usize {
         match self {
             Frame::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
-            Frame::Syn { .. } | Frame::SynAck { .. } | Frame::Fin { .. } => 16,
-            Frame::Rst { .. } => 12,
-            Frame::Credit { .. } => 20,
+            Frame::Syn { .. } | Frame::Fin { .. } => 20,
+            Frame::Rst { .. } => 16,
+            Frame::SynAck { .. } | Frame::Credit { .. } | Frame::Ack { .. } => 24,
         }
     }
 
     /// Writes the header (for DATA: without the payload) into `out` and returns its length.
-    /// `out` must hold at least [`MAX_CONTROL_LEN`] bytes.
-    pub fn encode_header(&self, out: &mut [u8]) -> usize {
+    pub fn encode_header(&self, out: &mut [u8; MAX_HEADER_LEN]) -> usize {
         let (ty, stream) = match *self {
             Frame::Data { stream, .. } => (T_DATA, stream),
             Frame::Syn { src, .. } => (T_SYN, src),
@@ -110,10 +146,11 @@ impl Frame<'_> {
             Frame::Rst { dst, .. } => (T_RST, dst),
             Frame::Fin { dst, .. } => (T_FIN, dst),
             Frame::Credit { dst, .. } => (T_CREDIT, dst),
+            Frame::Ack { .. } => (T_ACK, 0),
         };
-        out[..COMMON_LEN].fill(0);
+        out.fill(0);
         out[0] = ty;
-        out[4..8].copy_from_slice(&stream.to_be_bytes());
+        out[4..12].copy_from_slice(&stream.to_be_bytes());
         let rest = &mut out[COMMON_LEN..];
         match *self {
             Frame::Data { offset, payload, .. } => {
@@ -124,41 +161,54 @@ impl Frame<'_> {
             Frame::Syn { port, class, window, .. } => {
                 rest[0..2].copy_from_slice(&port.to_be_bytes());
                 rest[2] = class.code();
-                rest[3] = 0;
                 rest[4..8].copy_from_slice(&window.to_be_bytes());
-                16
+                20
             }
             Frame::SynAck { src, window, .. } => {
-                rest[0..4].copy_from_slice(&src.to_be_bytes());
-                rest[4..8].copy_from_slice(&window.to_be_bytes());
-                16
+                rest[0..8].copy_from_slice(&src.to_be_bytes());
+                rest[8..12].copy_from_slice(&window.to_be_bytes());
+                24
             }
             Frame::Rst { reason, .. } => {
                 rest[0] = reason.code();
-                rest[1..4].fill(0);
-                12
+                16
             }
             Frame::Fin { final_offset, .. } => {
                 rest[0..8].copy_from_slice(&final_offset.to_be_bytes());
-                16
+                20
             }
             Frame::Credit { consumed, window, .. } => {
                 rest[0..8].copy_from_slice(&consumed.to_be_bytes());
                 rest[8..12].copy_from_slice(&window.to_be_bytes());
-                20
+                24
+            }
+            Frame::Ack { channel, position } => {
+                rest[0..2].copy_from_slice(&channel.to_be_bytes());
+                rest[4..12].copy_from_slice(&position.to_be_bytes());
+                24
             }
         }
     }
 
     /// Appends the whole frame, payload included, to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let mut header = [0u8; MAX_CONTROL_LEN];
+        let mut header = [0u8; MAX_HEADER_LEN];
         let n = self.encode_header(&mut header);
         out.extend_from_slice(&header[..n]);
         if let Frame::Data { payload, .. } = self {
             out.extend_from_slice(payload);
         }
     }
+}
+
+/// Encodes a DATA header for a payload of `len` bytes.
+pub fn data_header(stream: u64, offset: u64, len: usize) -> [u8; DATA_HEADER_LEN] {
+    let mut h = [0u8; DATA_HEADER_LEN];
+    h[0] = T_DATA;
+    h[4..12].copy_from_slice(&stream.to_be_bytes());
+    h[12..20].copy_from_slice(&offset.to_be_bytes());
+    h[20..24].copy_from_slice(&(len as u32).to_be_bytes());
+    h
 }
 
 fn be_u16(b: &[u8], at: usize) -> u16 {
@@ -180,28 +230,36 @@ fn check_window(window: u32) -> Result<u32, WireError> {
     Ok(window)
 }
 
+fn zero(b: &[u8], field: &'static str) -> Result<(), WireError> {
+    match b.iter().position(|&x| x != 0) {
+        None => Ok(()),
+        Some(i) => Err(WireError::BadField { field, value: b[i] as u64 }),
+    }
+}
+
 /// Decodes the frame at the front of `buf`.
 pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
-    if buf.len() < COMMON_LEN {
+    if buf.is_empty() {
         return Ok(Decoded::Incomplete { needed: COMMON_LEN });
     }
     let ty = buf[0];
     let fixed = match ty {
-        T_DATA | T_CREDIT => 20,
-        T_SYN | T_SYN_ACK | T_FIN => 16,
-        T_RST => 12,
+        T_DATA | T_SYN_ACK | T_CREDIT | T_ACK => 24,
+        T_SYN | T_FIN => 20,
+        T_RST => 16,
         t => return Err(WireError::UnknownType(t)),
     };
+    if buf.len() < COMMON_LEN {
+        return Ok(Decoded::Incomplete { needed: COMMON_LEN });
+    }
     if buf[1] != 0 {
         return Err(WireError::BadField { field: "flags", value: buf[1] as u64 });
     }
-    if buf[2] != 0 || buf[3] != 0 {
-        return Err(WireError::BadField { field: "reserved", value: be_u16(buf, 2) as u64 });
-    }
+    zero(&buf[2..4], "reserved")?;
     if buf.len() < fixed {
         return Ok(Decoded::Incomplete { needed: fixed });
     }
-    let stream = be_u32(buf, 4);
+    let stream = be_u64(buf, 4);
     let r = COMMON_LEN;
     let frame = match ty {
         T_DATA => {
@@ -225,9 +283,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
         T_SYN => {
             let class = Class::from_code(buf[r + 2])
                 .ok_or(WireError::BadField { field: "class", value: buf[r + 2] as u64 })?;
-            if buf[r + 3] != 0 {
-                return Err(WireError::BadField { field: "reserved", value: buf[r + 3] as u64 });
-            }
+            zero(&buf[r + 3..r + 4], "reserved")?;
             Frame::Syn {
                 src: stream,
                 port: be_u16(buf, r),
@@ -237,13 +293,11 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
         }
         T_SYN_ACK => Frame::SynAck {
             dst: stream,
-            src: be_u32(buf, r),
-            window: check_window(be_u32(buf, r + 4))?,
+            src: be_u64(buf, r),
+            window: check_window(be_u32(buf, r + 8))?,
         },
         T_RST => {
-            if buf[r + 1..r + 4] != [0; 3] {
-                return Err(WireError::BadField { field: "reserved", value: 0 });
-            }
+            zero(&buf[r + 1..r + 4], "reserved")?;
             Frame::Rst { dst: stream, reason: RstReason::from_code(buf[r]) }
         }
         T_FIN => Frame::Fin { dst: stream, final_offset: be_u64(buf, r) },
@@ -255,6 +309,13 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
             }
             Frame::Credit { dst: stream, consumed, window }
         }
+        T_ACK => {
+            if stream != 0 {
+                return Err(WireError::BadField { field: "ack stream", value: stream });
+            }
+            zero(&buf[r + 2..r + 4], "reserved")?;
+            Frame::Ack { channel: be_u16(buf, r), position: be_u64(buf, r + 4) }
+        }
         _ => unreachable!("type checked above"),
     };
     Ok(Decoded::Frame(frame, fixed))
@@ -265,10 +326,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn arb_frame() -> impl Strategy<Value = (u8, u32, u64, u32, u16, bool, Vec<u8>)> {
+    type Spec = (u8, u64, u64, u32, u16, bool, Vec<u8>);
+
+    fn arb_frame() -> impl Strategy<Value = Spec> {
         (
-            0u8..6,
-            any::<u32>(),
+            0u8..7,
+            any::<u64>(),
             0u64..u64::MAX / 2,
             0u32..=MAX_WINDOW,
             any::<u16>(),
@@ -277,16 +340,17 @@ mod tests {
         )
     }
 
-    fn build(spec: &(u8, u32, u64, u32, u16, bool, Vec<u8>)) -> Frame<'_> {
+    fn build(spec: &Spec) -> Frame<'_> {
         let (ty, s, off, win, port, lat, payload) = spec;
         let class = if *lat { Class::Latency } else { Class::Throughput };
         match ty {
             0 => Frame::Data { stream: *s, offset: *off, payload },
             1 => Frame::Syn { src: *s, port: *port, class, window: *win },
-            2 => Frame::SynAck { dst: *s, src: off.wrapping_mul(3) as u32, window: *win },
-            3 => Frame::Rst { dst: *s, reason: RstReason::from_code((*port % 4) as u8) },
+            2 => Frame::SynAck { dst: *s, src: off.wrapping_mul(3), window: *win },
+            3 => Frame::Rst { dst: *s, reason: RstReason::from_code((*port % 5) as u8) },
             4 => Frame::Fin { dst: *s, final_offset: *off },
-            _ => Frame::Credit { dst: *s, consumed: *off, window: *win },
+            5 => Frame::Credit { dst: *s, consumed: *off, window: *win },
+            _ => Frame::Ack { channel: *port, position: *off },
         }
     }
 
@@ -347,18 +411,22 @@ mod tests {
         bad[1] = 1;
         assert!(matches!(decode(&bad), Err(WireError::BadField { field: "flags", .. })));
         let mut bad = b.clone();
-        bad[16..20].copy_from_slice(&((MAX_PAYLOAD as u32) + 1).to_be_bytes());
+        bad[20..24].copy_from_slice(&((MAX_PAYLOAD as u32) + 1).to_be_bytes());
         assert!(matches!(decode(&bad), Err(WireError::BadField { .. })));
         let mut bad = b.clone();
-        bad[16..20].copy_from_slice(&0u32.to_be_bytes());
+        bad[20..24].copy_from_slice(&0u32.to_be_bytes());
         assert!(matches!(decode(&bad), Err(WireError::BadField { .. })));
         let mut bad = b;
-        bad[8..16].copy_from_slice(&(u64::MAX - 1).to_be_bytes());
+        bad[12..20].copy_from_slice(&(u64::MAX - 1).to_be_bytes());
         assert!(matches!(decode(&bad), Err(WireError::BadField { field: "offset", .. })));
         let mut c = Vec::new();
         Frame::Credit { dst: 1, consumed: 0, window: 5 }.encode(&mut c);
-        c[16..20].copy_from_slice(&(MAX_WINDOW + 1).to_be_bytes());
+        c[20..24].copy_from_slice(&(MAX_WINDOW + 1).to_be_bytes());
         assert!(matches!(decode(&c), Err(WireError::BadField { field: "window", .. })));
+        let mut a = Vec::new();
+        Frame::Ack { channel: 3, position: 9 }.encode(&mut a);
+        a[11] = 1;
+        assert!(matches!(decode(&a), Err(WireError::BadField { field: "ack stream", .. })));
     }
 
     #[test]
@@ -370,5 +438,6 @@ mod tests {
             decode(&b[..DATA_HEADER_LEN + 10]).unwrap(),
             Decoded::PartialData { stream: 9, offset: 77, len: 1000 }
         );
+        assert_eq!(&b[..DATA_HEADER_LEN], &data_header(9, 77, 1000));
     }
 }

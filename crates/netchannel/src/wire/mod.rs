@@ -1,7 +1,7 @@
 //! Wire format: where a channel handshake and a frame get parsed and emitted.
 //!
 //! Pure codec, no I/O: decoders take byte slices and return values or a [`WireError`]; encoders
-//! write into caller buffers. The normative description is docs/PROTOCOL.md.
+//! write into caller buffers. The normative description is docs/PROTOCOL.md (version 2).
 
 pub mod frame;
 pub mod handshake;
@@ -10,7 +10,8 @@ pub use frame::{decode, Decoded, Frame, RstReason};
 pub use handshake::{Handshake, HandshakeKind, RejectReason};
 
 /// Traffic class of a virtual socket or channel. Latency-class sockets only ever use
-/// latency-class channels, so bulk transfers cannot queue in front of them.
+/// latency-class channels (while the session has one), so bulk transfers cannot queue in front
+/// of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Class {
     #[default]

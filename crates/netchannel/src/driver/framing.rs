@@ -1,0 +1,297 @@
+//! Splitting a channel's received byte stream into frames, without I/O: the reader says how many
+//! bytes it wants next and where they go, the transport reads them into its buffer, and
+//! [`FrameReader::parse`] turns them into session inputs.
+//!
+//! Whole frames are parsed where they were read: a DATA payload becomes a reference-counted
+//! slice of the read buffer, never a copy. A large DATA payload whose header arrived before it
+//! is not read into the buffer at all: the session either *defers* it (its stream's reader
+//! reads it straight from the socket into the application's buffer, and this reader stands
+//! still until then), has it read into a buffer of its own (*stage*), or has it dropped. After a
+//! large payload the reader asks for just one header's worth of bytes, so the next large payload
+//! is not half-read into the staging buffer.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::wire::frame::{self, DATA_HEADER_LEN, MAX_HEADER_LEN};
+use crate::wire::{Decoded, Frame, WireError};
+
+/// Bytes asked of one read when frames are small.
+pub const READ_SIZE: usize = 256 * 1024;
+/// A buffer with at least this much room is read into without reserving more.
+const MIN_ROOM: usize = 64 * 1024;
+
+/// What one parse step produced.
+#[derive(Debug)]
+pub enum Parsed {
+    /// A whole control frame.
+    Control(Frame<'static>),
+    /// A whole DATA frame.
+    Data { stream: u64, offset: u64, payload: Bytes },
+    /// The header of a large DATA frame and the part of its payload already read. The reader
+    /// stops here until [`FrameReader::verdict`] says what to do with the rest.
+    Header { stream: u64, offset: u64, len: u64, prefix: Bytes },
+    /// More of a staged payload (after `Verdict::Stage`).
+    Piece { stream: u64, offset: u64, data: Bytes },
+    /// More of a deferred payload read by the engine itself (its reader did not come in time).
+    StagedDeferred(Bytes),
+    /// Bytes of a payload nobody wants, read and dropped.
+    Discarded { bytes: u64, deferred: bool },
+}
+
+/// What the session decided for a large payload (see `proto::HeaderVerdict`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Defer,
+    Stage,
+    Discard,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Stage {
+        stream: u64,
+    },
+    Discard,
+    /// A deferred payload read by the engine: staged for its stream, or dropped.
+    Deferred {
+        keep: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Payload {
+    mode: Mode,
+    offset: u64,
+    remaining: u64,
+}
+
+pub struct FrameReader {
+    buf: BytesMut,
+    /// A payload being read in pieces.
+    payload: Option<Payload>,
+    /// Header parsed, verdict pending: `(stream, offset of the rest, bytes left)`.
+    pending: Option<(u64, u64, u64)>,
+    /// A payload is left in the socket for its reader; nothing is read until `resume`.
+    deferred: bool,
+    /// The last frame was a large DATA: read one header next.
+    bulk: bool,
+    /// Payloads at least this large are handed to the session as `Header`.
+    large: usize,
+}
+
+impl FrameReader {
+    pub fn new(large: usize) -> Self {
+        FrameReader {
+            buf: BytesMut::new(),
+            payload: None,
+            pending: None,
+            deferred: false,
+            bulk: false,
+            large: large.max(1),
+        }
+    }
+
+    /// Bytes the next read should ask for; 0 when the reader must not read (a payload is
+    /// deferred, or a verdict is pending).
+    pub fn want(&self) -> usize {
+        if self.deferred || self.pending.is_some() {
+            return 0;
+        }
+        if let Some(p) = &self.payload {
+            return (p.remaining as usize).min(frame::MAX_PAYLOAD);
+        }
+        if self.bulk && self.buf.len() < MAX_HEADER_LEN {
+            return DATA_HEADER_LEN - self.buf.len().min(DATA_HEADER_LEN - 1);
+        }
+        READ_SIZE
+    }
+
+    /// The buffer to read into, with room for at least `want` bytes.
+    pub fn buffer(&mut self, want: usize) -> &mut BytesMut {
+        let room = self.buf.capacity() - self.buf.len();
+        if room < want.min(MIN_ROOM) {
+            self.buf.reserve(want);
+        }
+        &mut self.buf
+    }
+
+    /// Bytes read and not yet parsed (a truncated frame if the peer closes now).
+    pub fn unparsed(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_deferred(&self) -> bool {
+        self.deferred
+    }
+
+    /// Mid-frame: a payload being read, or a header waiting for its verdict.
+    pub fn mid_frame(&self) -> bool {
+        !self.buf.is_empty() || self.payload.is_some() || self.pending.is_some() || self.deferred
+    }
+
+    /// Parses what was read into `out`, at most `max` items. Stops after a `Header` (until
+    /// `verdict`). An error is a protocol violation.
+    pub fn parse(&mut self, out: &mut Vec<Parsed>, max: usize) -> Result<(), WireError> {
+        let start = out.len();
+        while out.len() - start < max && self.pending.is_none() && !self.deferred {
+            if let Some(p) = self.payload.as_mut() {
+                if self.buf.is_empty() {
+                    return Ok(());
+                }
+                let n = (p.remaining as usize).min(self.buf.len());
+                let data = self.buf.split_to(n).freeze();
+                let offset = p.offset;
+                p.offset += n as u64;
+                p.remaining -= n as u64;
+                let mode = p.mode;
+                if p.remaining == 0 {
+                    self.payload = None;
+                }
+                out.push(match mode {
+                    Mode::Stage { stream } => Parsed::Piece { stream, offset, data },
+                    Mode::Discard => Parsed::Discarded { bytes: n as u64, deferred: false },
+                    Mode::Deferred { keep: true } => Parsed::StagedDeferred(data),
+                    Mode::Deferred { keep: false } => {
+                        Parsed::Discarded { bytes: n as u64, deferred: true }
+                    }
+                });
+                continue;
+            }
+            match frame::decode(&self.buf)? {
+                Decoded::Frame(Frame::Data { stream, offset, payload }, n) => {
+                    self.bulk = payload.len() >= self.large;
+                    let mut whole = self.buf.split_to(n).freeze();
+                    whole.advance(DATA_HEADER_LEN);
+                    out.push(Parsed::Data { stream, offset, payload: whole });
+                }
+                Decoded::Frame(f, n) => {
+                    let owned = owned_control(f);
+                    self.buf.advance(n);
+                    self.bulk = false;
+                    out.push(Parsed::Control(owned));
+                }
+                Decoded::PartialData { stream, offset, len } if len >= self.large => {
+                    self.bulk = true;
+                    self.buf.advance(DATA_HEADER_LEN);
+                    let have = self.buf.len().min(len);
+                    let prefix = self.buf.split_to(have).freeze();
+                    let rest = (len - have) as u64;
+                    self.pending = Some((stream, offset + have as u64, rest));
+                    out.push(Parsed::Header { stream, offset, len: len as u64, prefix });
+                }
+                Decoded::PartialData { .. } | Decoded::Incomplete { .. } => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The session's verdict on the last `Header`.
+    pub fn verdict(&mut self, v: Verdict) {
+        let Some((stream, offset, remaining)) = self.pending.take() else { return };
+        if remaining == 0 {
+            return;
+        }
+        match v {
+            Verdict::Defer => self.deferred = true,
+            Verdict::Stage => {
+                self.payload = Some(Payload { mode: Mode::Stage { stream }, offset, remaining })
+            }
+            Verdict::Discard => {
+                self.payload = Some(Payload { mode: Mode::Discard, offset, remaining })
+            }
+        }
+    }
+
+    /// The deferred payload was read by its stream's reader: go on with the next frame.
+    pub fn resume(&mut self) {
+        self.deferred = false;
+    }
+
+    /// The engine reads the rest of the deferred payload itself (`remaining` bytes), staging
+    /// it for its stream (`keep`) or dropping it.
+    pub fn take_over_deferred(&mut self, remaining: u64, keep: bool) {
+        if !self.deferred {
+            return;
+        }
+        self.deferred = false;
+        if remaining > 0 {
+            self.payload = Some(Payload { mode: Mode::Deferred { keep }, offset: 0, remaining });
+        }
+    }
+}
+
+/// Converts a borrowed control frame into an owned one.
+pub fn owned_control(frame: Frame<'_>) -> Frame<'static> {
+    match frame {
+        Frame::Data { stream, offset, .. } => Frame::Data { stream, offset, payload: &[] },
+        Frame::Syn { src, port, class, window } => Frame::Syn { src, port, class, window },
+        Frame::SynAck { dst, src, window } => Frame::SynAck { dst, src, window },
+        Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
+        Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
+        Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
+        Frame::Ack { channel, position } => Frame::Ack { channel, position },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Class;
+
+    fn feed(r: &mut FrameReader, bytes: &[u8]) {
+        r.buffer(bytes.len()).extend_from_slice(bytes);
+    }
+
+    #[test]
+    fn small_frames_parse_in_place_and_large_payloads_wait_for_a_verdict() {
+        let mut wire = Vec::new();
+        Frame::Syn { src: 1, port: 2, class: Class::Latency, window: 3 }.encode(&mut wire);
+        Frame::Data { stream: 5, offset: 0, payload: b"small" }.encode(&mut wire);
+        let big = vec![7u8; 1000];
+        Frame::Data { stream: 5, offset: 5, payload: &big }.encode(&mut wire);
+        Frame::Fin { dst: 5, final_offset: 1005 }.encode(&mut wire);
+        let header_end = 20 + 29 + DATA_HEADER_LEN;
+
+        let mut r = FrameReader::new(100);
+        feed(&mut r, &wire[..header_end + 10]);
+        let mut out = Vec::new();
+        r.parse(&mut out, 64).unwrap();
+        assert!(matches!(out[0], Parsed::Control(Frame::Syn { src: 1, .. })));
+        assert!(matches!(&out[1], Parsed::Data { payload, .. } if &payload[..] == b"small"));
+        assert!(
+            matches!(&out[2], Parsed::Header { stream: 5, offset: 5, len: 1000, prefix } if prefix.len() == 10)
+        );
+        assert_eq!(r.want(), 0, "no read before the verdict");
+        r.verdict(Verdict::Stage);
+        assert_eq!(r.want(), 990);
+        feed(&mut r, &wire[header_end + 10..]);
+        out.clear();
+        r.parse(&mut out, 64).unwrap();
+        assert!(
+            matches!(&out[0], Parsed::Piece { stream: 5, offset: 15, data } if data.len() == 990)
+        );
+        assert!(matches!(out[1], Parsed::Control(Frame::Fin { .. })));
+    }
+
+    #[test]
+    fn deferred_payloads_stop_the_reader_until_resumed() {
+        let mut r = FrameReader::new(100);
+        feed(&mut r, &frame::data_header(9, 0, 500));
+        let mut out = Vec::new();
+        r.parse(&mut out, 64).unwrap();
+        assert!(matches!(&out[0], Parsed::Header { prefix, .. } if prefix.is_empty()));
+        r.verdict(Verdict::Defer);
+        assert_eq!(r.want(), 0);
+        r.resume();
+        assert_eq!(r.want(), DATA_HEADER_LEN, "after a large payload, one header at a time");
+        r.take_over_deferred(5, true); // not deferred any more: ignored
+        assert_eq!(r.want(), DATA_HEADER_LEN);
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        let mut r = FrameReader::new(100);
+        feed(&mut r, &[0xEE; 30]);
+        assert_eq!(r.parse(&mut Vec::new(), 8), Err(WireError::UnknownType(0xEE)));
+    }
+}

@@ -1,0 +1,228 @@
+//! How application threads wait, and do the engine's work while they wait (run to completion).
+//!
+//! Each thread that ever blocks in netchannel gets a [`Waiter`]: an epoll set holding an eventfd
+//! (targeted wake-ups from other threads) and the channel sockets of the sessions it waits on.
+//! Channel sockets are registered `EPOLLEXCLUSIVE` both here and in the worker's epoll set, and
+//! the worker's registration is moved behind the application's: the kernel then wakes exactly
+//! one sleeper per event, an application thread waiting on that channel if there is one, and
+//! the worker only when nobody waits. The thread that wakes does the work (reads and dispatches
+//! frames, writes queued ones) and usually finds its own bytes: one wake-up per message, as with
+//! kernel TCP, instead of a wake-up of a worker and a second hand-off to the application.
+//!
+//! Lost wake-ups are impossible by construction: a thread announces it waits ([`Waiter::begin`]),
+//! checks its condition and registers with the stream under the session lock, and only then
+//! sleeps; a waker changes state under that lock and wakes every registered waiter after
+//! releasing it, and a wake-up that comes between the check and the sleep makes the sleep
+//! return at once.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::session::SessionRt;
+use crate::driver::Channel;
+use crate::sys::{Epoll, EventFd, EDGE, EXCLUSIVE, READABLE, WRITABLE};
+use crate::wire::Class;
+
+const IDLE: u8 = 0;
+const SLEEPING: u8 = 1;
+const NOTIFIED: u8 = 2;
+const TOKEN_WAKE: u64 = 0;
+
+/// A channel event a waiting thread received and must handle.
+pub(crate) struct ChannelEvent {
+    pub channel: Arc<Channel>,
+    pub session: Arc<SessionRt>,
+    pub events: u32,
+}
+
+#[derive(Default)]
+struct Watched {
+    /// Token (index + 1) to channel.
+    slots: Vec<Option<(Weak<Channel>, Weak<SessionRt>)>>,
+    by_uid: HashMap<u64, u64>,
+    free: Vec<u64>,
+}
+
+pub(crate) struct Waiter {
+    epoll: Epoll,
+    event: EventFd,
+    state: AtomicU8,
+    watched: Mutex<Watched>,
+}
+
+impl Waiter {
+    fn new() -> io::Result<Arc<Waiter>> {
+        let epoll = Epoll::new()?;
+        let event = EventFd::new()?;
+        // Edge-triggered: every notify is a new edge, so the counter never needs reading.
+        epoll.add(event.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
+        Ok(Arc::new(Waiter { epoll, event, state: AtomicU8::new(IDLE), watched: Mutex::default() }))
+    }
+
+    /// Wakes the thread if it sleeps; otherwise makes its next sleep return at once.
+    pub fn notify(&self) {
+        if self.state.swap(NOTIFIED, Ordering::SeqCst) == SLEEPING {
+            self.event.notify();
+        }
+    }
+
+    /// Starts a wait iteration: wake-ups from here on are not lost.
+    pub fn begin(&self) {
+        self.state.store(IDLE, Ordering::SeqCst);
+    }
+
+    /// Sleeps until notified (since `begin`), a watched channel has an event, or `deadline`.
+    /// Channel events are appended to `out` for the caller to handle.
+    pub fn sleep(&self, deadline: Option<Instant>, out: &mut Vec<ChannelEvent>) -> io::Result<()> {
+        if self.state.compare_exchange(IDLE, SLEEPING, Ordering::SeqCst, Ordering::SeqCst).is_err()
+        {
+            self.state.store(IDLE, Ordering::SeqCst);
+            return Ok(());
+        }
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let mut raw = Vec::new();
+        let r = self.epoll.wait(&mut raw, 64, timeout);
+        self.state.store(IDLE, Ordering::SeqCst);
+        r?;
+        let watched = self.watched.lock();
+        for (token, events) in raw {
+            if token == TOKEN_WAKE {
+                continue;
+            }
+            let Some(Some((ch, s))) = watched.slots.get(token as usize - 1) else { continue };
+            if let (Some(channel), Some(session)) = (ch.upgrade(), s.upgrade()) {
+                out.push(ChannelEvent { channel, session, events });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure this thread's epoll set holds the open channels of `session` that carry
+    /// `class`, ahead of the workers' registrations.
+    pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
+        let channels = session.serving_channels(class);
+        let mut w = self.watched.lock();
+        for ch in channels {
+            if w.by_uid.contains_key(&ch.uid) {
+                continue;
+            }
+            let token = match w.free.pop() {
+                Some(t) => t,
+                None => {
+                    w.slots.push(None);
+                    w.slots.len() as u64
+                }
+            };
+            let flags = READABLE | WRITABLE | EDGE | EXCLUSIVE;
+            if self.epoll.add(ch.fd(), flags, token).is_err() {
+                w.free.push(token);
+                continue;
+            }
+            w.slots[token as usize - 1] = Some((Arc::downgrade(&ch), Arc::downgrade(session)));
+            w.by_uid.insert(ch.uid, token);
+            // Behind us in the socket's wait queue from now on.
+            session.ctx.workers[ch.worker].reregister(&ch);
+        }
+        // Forget channels that are gone (their fds were closed, which removed them from the
+        // epoll set).
+        if w.slots.len() > 64 {
+            let dead: Vec<(u64, u64)> = w
+                .by_uid
+                .iter()
+                .filter(|(_, &t)| {
+                    w.slots[t as usize - 1].as_ref().is_none_or(|(c, _)| c.strong_count() == 0)
+                })
+                .map(|(&u, &t)| (u, t))
+                .collect();
+            for (uid, token) in dead {
+                w.by_uid.remove(&uid);
+                w.slots[token as usize - 1] = None;
+                w.free.push(token);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Arc<Waiter>>> = const { RefCell::new(None) };
+    static THREAD: RefCell<ThreadTx> = RefCell::new(ThreadTx::default());
+}
+
+/// This thread's waiter, created on first use.
+pub(crate) fn current() -> io::Result<Arc<Waiter>> {
+    CURRENT.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(w) = c.as_ref() {
+            return Ok(w.clone());
+        }
+        let w = Waiter::new()?;
+        *c = Some(w.clone());
+        Ok(w)
+    })
+}
+
+/// How this thread sends: whether its sends are written at once or left for a moment so that
+/// more of them leave in one system call.
+#[derive(Default)]
+struct ThreadTx {
+    /// The thread's last wait was a poller's: it is an event loop, and it will flush when it
+    /// comes back to wait.
+    event_loop: bool,
+    /// When the thread last sent, and whether it waited since.
+    last_send: Option<Instant>,
+    waited: bool,
+    /// Sessions holding sends this thread deferred.
+    dirty: Vec<Arc<SessionRt>>,
+}
+
+/// Sends closer together than this, with no wait in between, are a burst: they coalesce.
+const BURST_GAP: Duration = Duration::from_micros(20);
+
+/// Decides whether a send just queued on `session` is written now (`true`) or deferred until
+/// this thread waits (an event loop flushes once per iteration; a burst of small sends leaves
+/// together). Deferred sends are also written by the worker after one tick, so a thread that
+/// never comes back cannot strand them.
+pub(crate) fn send_now(session: &Arc<SessionRt>) -> bool {
+    THREAD.with(|t| {
+        let mut t = t.borrow_mut();
+        let now = Instant::now();
+        let burst = !t.waited && t.last_send.is_some_and(|l| now.duration_since(l) < BURST_GAP);
+        t.last_send = Some(now);
+        t.waited = false;
+        if !(t.event_loop || burst) {
+            return true;
+        }
+        if !t.dirty.iter().any(|s| Arc::ptr_eq(s, session)) {
+            t.dirty.push(session.clone());
+        }
+        false
+    })
+}
+
+/// Writes the sends this thread deferred; called before it sleeps. `event_loop`: the wait is a
+/// poller's.
+pub(crate) fn before_wait(event_loop: bool) {
+    let dirty = THREAD.with(|t| {
+        let mut t = t.borrow_mut();
+        t.event_loop = event_loop;
+        t.waited = true;
+        std::mem::take(&mut t.dirty)
+    });
+    for s in dirty {
+        s.transmit_all();
+    }
+}
+
+/// Handles channel events a waiting thread received.
+pub(crate) fn handle(events: &mut Vec<ChannelEvent>) {
+    for e in events.drain(..) {
+        e.session.on_channel_event(&e.channel, e.events);
+    }
+}

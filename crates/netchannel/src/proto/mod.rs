@@ -1,0 +1,27 @@
+//! The protocol core: where a received frame or an application call changes stream state, and
+//! where the frames each channel sends next are chosen. Sans-IO, as quinn-proto and smoltcp: one
+//! deterministic state machine per session ([`Session`]) whose inputs are frames (by channel),
+//! application calls and time, and whose outputs are frames to write (by channel) and events
+//! (a stream became readable or writable, a stream is incoming). The engine only moves bytes,
+//! wake-ups and time into it; `tests` drive two sessions against each other in memory with a
+//! virtual clock.
+//!
+//! - [`table`]: dense stream ids with 40-bit generations.
+//! - [`sendbuf`] / [`recvbuf`]: a stream's unsent bytes and its reorder buffer.
+//! - [`stream`]: per-stream offsets, credit, FIN and RST rules.
+//! - [`session`]: the session state machine, channel retention and acknowledgements.
+
+pub mod recvbuf;
+pub mod sendbuf;
+pub mod session;
+pub mod stream;
+pub mod table;
+
+#[cfg(test)]
+mod tests;
+
+pub use session::{
+    CoreConfig, CoreStats, HeaderVerdict, Input, OpenError, OutFrame, Recv, Session, EV_READ,
+    EV_WRITE,
+};
+pub use stream::{Phase, ResetCause, SendError, Stream, Violation};

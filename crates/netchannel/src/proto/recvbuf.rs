@@ -1,0 +1,502 @@
+//! The receive buffer of one stream: puts DATA that arrived over several channels back in order.
+//! Pure data structure, no I/O.
+//!
+//! A segment is either bytes already in user space (`Data`, usually a slice of the buffer the
+//! channel was read into: no copy) or a payload still in a channel's kernel socket (`Deferred`):
+//! its header was parsed, and the application's `recv` reads it straight into its own buffer.
+//!
+//! Bytes may arrive twice after a channel loss (the sender sends again what the lost channel
+//! may have dropped); duplicates are trimmed, as TCP does. Memory is bounded by the caller (the
+//! credit window caps `offset + len`) and by `max_segments`, which caps the bookkeeping a peer
+//! can force with tiny out-of-order frames.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::Bytes;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seg {
+    Data(Bytes),
+    Deferred { channel: u16, len: u64 },
+}
+
+impl Seg {
+    pub fn len(&self) -> u64 {
+        match self {
+            Seg::Data(b) => b.len() as u64,
+            Seg::Deferred { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Too many out-of-order segments held at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManySegments;
+
+#[derive(Default)]
+struct OutOfOrder {
+    segs: BTreeMap<u64, Seg>,
+    data_bytes: u64,
+}
+
+#[derive(Default)]
+pub struct RecvBuf {
+    /// Offset of the first byte not yet handed to the application.
+    consumed: u64,
+    /// End of the contiguous prefix: `ready` holds `consumed..contig`.
+    contig: u64,
+    ready: VecDeque<Seg>,
+    ready_data: u64,
+    ooo: Option<Box<OutOfOrder>>,
+}
+
+impl RecvBuf {
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    /// End of the contiguous bytes received (read or not).
+    pub fn contiguous_end(&self) -> u64 {
+        self.contig
+    }
+
+    /// Highest offset received, in order or not.
+    pub fn high(&self) -> u64 {
+        match self.ooo.as_ref().and_then(|o| o.segs.last_key_value()) {
+            Some((start, seg)) => start + seg.len(),
+            None => self.contig,
+        }
+    }
+
+    /// Bytes in user space ready to copy out.
+    pub fn ready_data(&self) -> u64 {
+        self.ready_data
+    }
+
+    /// Bytes received and not read: ready, out of order, and deferred in channel sockets.
+    pub fn unread(&self) -> u64 {
+        let ooo: u64 = self.ooo.as_ref().map_or(0, |o| o.segs.values().map(Seg::len).sum());
+        self.contig - self.consumed + ooo
+    }
+
+    /// Bytes held in user space (what this buffer costs in memory).
+    pub fn held_bytes(&self) -> u64 {
+        self.ready_data + self.ooo.as_ref().map_or(0, |o| o.data_bytes)
+    }
+
+    /// The payload at the front is in a channel's socket: `(channel, bytes)`.
+    pub fn front_deferred(&self) -> Option<(u16, u64)> {
+        match self.ready.front() {
+            Some(Seg::Deferred { channel, len }) => Some((*channel, *len)),
+            _ => None,
+        }
+    }
+
+    fn ooo_segments(&self) -> usize {
+        self.ooo.as_ref().map_or(0, |o| o.segs.len())
+    }
+
+    /// True when no byte of `offset..offset + len` has been received.
+    pub fn is_new(&self, offset: u64, len: u64) -> bool {
+        if offset < self.contig {
+            return false;
+        }
+        let end = offset + len;
+        let Some(o) = &self.ooo else { return true };
+        if let Some((&s, seg)) = o.segs.range(..=offset).next_back() {
+            if s + seg.len() > offset {
+                return false;
+            }
+        }
+        o.segs.range(offset..end).next().is_none()
+    }
+
+    /// Inserts received bytes at `offset`, dropping any part already received. Returns the
+    /// bytes that became readable in order.
+    pub fn insert_data(
+        &mut self,
+        mut offset: u64,
+        mut data: Bytes,
+        max_segments: usize,
+    ) -> Result<u64, TooManySegments> {
+        let end = offset + data.len() as u64;
+        if end <= self.contig || data.is_empty() {
+            return Ok(0);
+        }
+        if offset < self.contig {
+            let skip = (self.contig - offset) as usize;
+            let _ = data.split_to(skip);
+            offset = self.contig;
+        }
+        // The parts of offset..end that no out-of-order segment covers.
+        let mut pieces: Vec<(u64, Bytes)> = Vec::new();
+        match &self.ooo {
+            None => pieces.push((offset, data)),
+            Some(o) => {
+                let mut at = offset;
+                let first = o.segs.range(..offset).next_back().map(|(&s, seg)| (s, seg.len()));
+                let overlapping = first
+                    .into_iter()
+                    .chain(o.segs.range(offset..end).map(|(&s, seg)| (s, seg.len())));
+                for (s, l) in overlapping {
+                    if s + l <= at {
+                        continue;
+                    }
+                    if s > at {
+                        let piece = data.slice((at - offset) as usize..(s - offset) as usize);
+                        pieces.push((at, piece));
+                    }
+                    at = at.max(s + l);
+                    if at >= end {
+                        break;
+                    }
+                }
+                if at < end {
+                    pieces.push((at, data.slice((at - offset) as usize..)));
+                }
+            }
+        }
+        let new_ooo = pieces.iter().filter(|(s, _)| *s != self.contig).count();
+        if new_ooo > 0 && self.ooo_segments() + new_ooo > max_segments {
+            return Err(TooManySegments);
+        }
+        let before = self.ready_data;
+        for (s, piece) in pieces {
+            self.place(s, Seg::Data(piece));
+        }
+        Ok(self.ready_data - before)
+    }
+
+    /// Records a payload left in a channel's socket. The caller checked `is_new`.
+    pub fn insert_deferred(
+        &mut self,
+        offset: u64,
+        channel: u16,
+        len: u64,
+        max_segments: usize,
+    ) -> Result<(), TooManySegments> {
+        debug_assert!(self.is_new(offset, len));
+        if offset != self.contig && self.ooo_segments() >= max_segments {
+            return Err(TooManySegments);
+        }
+        self.place(offset, Seg::Deferred { channel, len });
+        Ok(())
+    }
+
+    fn place(&mut self, offset: u64, seg: Seg) {
+        if offset != self.contig {
+            let o = self.ooo.get_or_insert_with(Box::default);
+            if let Seg::Data(b) = &seg {
+                o.data_bytes += b.len() as u64;
+            }
+            o.segs.insert(offset, seg);
+            return;
+        }
+        self.push_ready(seg);
+        while let Some(o) = self.ooo.as_mut() {
+            let Some(entry) = o.segs.first_entry() else { break };
+            if *entry.key() != self.contig {
+                break;
+            }
+            let seg = entry.remove();
+            if let Seg::Data(b) = &seg {
+                o.data_bytes -= b.len() as u64;
+            }
+            self.push_ready(seg);
+        }
+        if self.ooo.as_ref().is_some_and(|o| o.segs.is_empty()) {
+            self.ooo = None;
+        }
+    }
+
+    fn push_ready(&mut self, seg: Seg) {
+        self.contig += seg.len();
+        if let Seg::Data(b) = &seg {
+            self.ready_data += b.len() as u64;
+        }
+        self.ready.push_back(seg);
+    }
+
+    /// Moves up to `max` ready bytes out (slices, no copy), stopping at a deferred payload.
+    pub fn take(&mut self, max: u64, out: &mut Vec<Bytes>) -> u64 {
+        let mut taken = 0;
+        while taken < max {
+            let Some(Seg::Data(front)) = self.ready.front_mut() else { break };
+            let want = (max - taken) as usize;
+            let piece = if front.len() <= want {
+                let Some(Seg::Data(b)) = self.ready.pop_front() else { unreachable!() };
+                b
+            } else {
+                front.split_to(want)
+            };
+            taken += piece.len() as u64;
+            out.push(piece);
+        }
+        self.ready_data -= taken;
+        self.consumed += taken;
+        taken
+    }
+
+    /// Copies up to `buf.len()` ready bytes without consuming them (MSG_PEEK).
+    pub fn peek(&self, buf: &mut [u8]) -> usize {
+        let mut n = 0;
+        for seg in &self.ready {
+            let Seg::Data(b) = seg else { break };
+            let k = b.len().min(buf.len() - n);
+            buf[n..n + k].copy_from_slice(&b[..k]);
+            n += k;
+            if n == buf.len() {
+                break;
+            }
+        }
+        n
+    }
+
+    /// `n` bytes of the deferred payload at the front were read by the application.
+    pub fn consume_deferred(&mut self, n: u64) {
+        let Some(Seg::Deferred { len, .. }) = self.ready.front_mut() else {
+            debug_assert!(false, "no deferred payload at the front");
+            return;
+        };
+        debug_assert!(n <= *len);
+        *len -= n;
+        if *len == 0 {
+            self.ready.pop_front();
+        }
+        self.consumed += n;
+    }
+
+    /// Finds the deferred segment starting at `offset`: in `ready` (its index) or out of order.
+    fn find_deferred(&self, offset: u64) -> Option<Result<usize, ()>> {
+        let mut at = self.consumed;
+        for (i, seg) in self.ready.iter().enumerate() {
+            if at == offset {
+                return matches!(seg, Seg::Deferred { .. }).then_some(Ok(i));
+            }
+            at += seg.len();
+            if at > offset {
+                return None;
+            }
+        }
+        let o = self.ooo.as_ref()?;
+        matches!(o.segs.get(&offset), Some(Seg::Deferred { .. })).then_some(Err(()))
+    }
+
+    /// The first `data.len()` bytes of the deferred payload at `offset` were read into user
+    /// space (the application did not come for them in time).
+    pub fn stage_deferred(&mut self, offset: u64, data: Bytes) {
+        let n = data.len() as u64;
+        match self.find_deferred(offset) {
+            Some(Ok(i)) => {
+                let Seg::Deferred { channel, len } = self.ready[i] else { unreachable!() };
+                self.ready_data += n;
+                self.ready[i] = Seg::Data(data);
+                if len > n {
+                    self.ready.insert(i + 1, Seg::Deferred { channel, len: len - n });
+                }
+            }
+            Some(Err(())) => {
+                let o = self.ooo.as_mut().expect("found out of order");
+                let Some(Seg::Deferred { channel, len }) = o.segs.remove(&offset) else {
+                    unreachable!()
+                };
+                o.data_bytes += n;
+                o.segs.insert(offset, Seg::Data(data));
+                if len > n {
+                    o.segs.insert(offset + n, Seg::Deferred { channel, len: len - n });
+                }
+            }
+            None => debug_assert!(false, "no deferred payload at {offset}"),
+        }
+    }
+
+    /// Forgets the deferred payload at `offset` (its channel is gone; the sender sends it
+    /// again). Bytes after it are no longer contiguous.
+    pub fn remove_deferred(&mut self, offset: u64) {
+        match self.find_deferred(offset) {
+            Some(Ok(i)) => {
+                let mut tail = self.ready.drain(i..).collect::<Vec<Seg>>().into_iter();
+                let lost = tail.next().expect("the deferred segment");
+                let mut at = offset + lost.len();
+                self.contig = offset;
+                let o = self.ooo.get_or_insert_with(Box::default);
+                for seg in tail {
+                    let l = seg.len();
+                    if let Seg::Data(b) = &seg {
+                        self.ready_data -= b.len() as u64;
+                        o.data_bytes += b.len() as u64;
+                    }
+                    o.segs.insert(at, seg);
+                    at += l;
+                }
+                if o.segs.is_empty() {
+                    self.ooo = None;
+                }
+            }
+            Some(Err(())) => {
+                if let Some(o) = self.ooo.as_mut() {
+                    o.segs.remove(&offset);
+                    if o.segs.is_empty() {
+                        self.ooo = None;
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The deferred payloads held, as `(offset, channel)`.
+    pub fn deferred(&self) -> Vec<(u64, u16)> {
+        let mut v = Vec::new();
+        let mut at = self.consumed;
+        for seg in &self.ready {
+            if let Seg::Deferred { channel, .. } = seg {
+                v.push((at, *channel));
+            }
+            at += seg.len();
+        }
+        if let Some(o) = &self.ooo {
+            for (&s, seg) in &o.segs {
+                if let Seg::Deferred { channel, .. } = seg {
+                    v.push((s, *channel));
+                }
+            }
+        }
+        v
+    }
+
+    /// Drops everything held (reset, close with unread data); returns the bytes dropped.
+    pub fn clear(&mut self) -> u64 {
+        let dropped = self.unread();
+        self.ready.clear();
+        self.ooo = None;
+        self.ready_data = 0;
+        dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn read_all(rb: &mut RecvBuf) -> Vec<u8> {
+        let mut out = Vec::new();
+        rb.take(u64::MAX, &mut out);
+        out.concat()
+    }
+
+    #[test]
+    fn in_order_and_gap_filling() {
+        let mut rb = RecvBuf::default();
+        assert_eq!(rb.insert_data(3, Bytes::from_static(&[3, 4]), 16), Ok(0));
+        assert_eq!(rb.insert_data(0, Bytes::from_static(&[0, 1, 2]), 16), Ok(5));
+        assert_eq!(read_all(&mut rb), vec![0, 1, 2, 3, 4]);
+        assert_eq!(rb.contiguous_end(), 5);
+        assert_eq!(rb.consumed(), 5);
+    }
+
+    #[test]
+    fn duplicates_are_trimmed() {
+        let mut rb = RecvBuf::default();
+        rb.insert_data(0, Bytes::from_static(b"abcd"), 16).unwrap();
+        rb.insert_data(10, Bytes::from_static(b"klmn"), 16).unwrap();
+        // Overlaps both ends and the out-of-order segment: only the holes are kept.
+        assert_eq!(rb.insert_data(2, Bytes::from_static(b"cdefghijklmnop"), 16), Ok(12));
+        assert_eq!(read_all(&mut rb), b"abcdefghijklmnop");
+        assert_eq!(rb.insert_data(0, Bytes::from_static(b"abc"), 16), Ok(0));
+        assert_eq!(rb.unread(), 0);
+    }
+
+    #[test]
+    fn segment_limit() {
+        let mut rb = RecvBuf::default();
+        rb.insert_data(10, Bytes::from_static(&[1]), 2).unwrap();
+        rb.insert_data(20, Bytes::from_static(&[1]), 2).unwrap();
+        assert_eq!(rb.insert_data(30, Bytes::from_static(&[1]), 2), Err(TooManySegments));
+        assert_eq!(rb.insert_data(0, Bytes::from_static(&[1]), 2), Ok(1), "in order is fine");
+    }
+
+    #[test]
+    fn deferred_payloads_read_staged_and_lost() {
+        let mut rb = RecvBuf::default();
+        rb.insert_data(0, Bytes::from_static(b"head"), 8).unwrap();
+        rb.insert_deferred(4, 2, 100, 8).unwrap();
+        assert!(rb.is_new(104, 5) && !rb.is_new(50, 1));
+        rb.insert_data(104, Bytes::from_static(b"tail!"), 8).unwrap();
+        assert_eq!(rb.contiguous_end(), 109);
+        assert_eq!(read_all(&mut rb), b"head");
+        assert_eq!(rb.front_deferred(), Some((2, 100)));
+        rb.consume_deferred(40);
+        assert_eq!(rb.front_deferred(), Some((2, 60)));
+        rb.stage_deferred(44, Bytes::from(vec![9u8; 10]));
+        assert_eq!(rb.ready_data(), 15);
+        assert_eq!(read_all(&mut rb), vec![9u8; 10]);
+        assert_eq!(rb.deferred(), vec![(54, 2)]);
+        // The channel dies: the rest of the payload is gone, the tail is out of order again.
+        rb.remove_deferred(54);
+        assert_eq!(rb.contiguous_end(), 54);
+        assert_eq!(rb.front_deferred(), None);
+        assert_eq!(rb.ready_data(), 0);
+        rb.insert_data(40, Bytes::from(vec![7u8; 64]), 8).unwrap(); // resent, partly duplicate
+        assert_eq!(rb.contiguous_end(), 109);
+        let rest = read_all(&mut rb);
+        assert_eq!(rest.len(), 55);
+        assert_eq!(&rest[50..], b"tail!");
+    }
+
+    /// Splits `total` bytes into segments and shuffles them.
+    fn split_and_shuffle(total: usize, cuts: &[usize], order: &[usize]) -> Vec<(u64, Vec<u8>)> {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % total).filter(|&c| c > 0).collect();
+        points.push(0);
+        points.push(total);
+        points.sort_unstable();
+        points.dedup();
+        let mut segs: Vec<(u64, Vec<u8>)> = points
+            .windows(2)
+            .map(|w| (w[0] as u64, (w[0]..w[1]).map(|i| (i * 31 % 251) as u8).collect()))
+            .collect();
+        for (i, &o) in order.iter().enumerate() {
+            let j = o % segs.len();
+            let i = i % segs.len();
+            segs.swap(i, j);
+        }
+        segs
+    }
+
+    proptest! {
+        #[test]
+        fn delivers_exactly_the_bytes_sent_in_order(
+            total in 1usize..4096,
+            cuts in proptest::collection::vec(any::<usize>(), 0..64),
+            order in proptest::collection::vec(any::<usize>(), 0..64),
+            dups in proptest::collection::vec((any::<usize>(), 1usize..300), 0..8),
+            read_size in 1u64..512,
+        ) {
+            let mut segs = split_and_shuffle(total, &cuts, &order);
+            let expected: Vec<u8> = (0..total).map(|i| (i * 31 % 251) as u8).collect();
+            // Resent ranges, as after a channel loss.
+            for (at, len) in dups {
+                let s = at % total;
+                let e = (s + len).min(total);
+                segs.push((s as u64, expected[s..e].to_vec()));
+            }
+            let mut rb = RecvBuf::default();
+            let mut out = Vec::new();
+            for (off, data) in segs {
+                rb.insert_data(off, Bytes::from(data), 1024).unwrap();
+                let mut got = Vec::new();
+                rb.take(read_size, &mut got);
+                out.extend(got.concat());
+            }
+            out.extend(read_all(&mut rb));
+            prop_assert_eq!(out, expected);
+            prop_assert_eq!(rb.unread(), 0);
+            prop_assert_eq!(rb.contiguous_end(), total as u64);
+        }
+    }
+}

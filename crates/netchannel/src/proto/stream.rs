@@ -1,0 +1,295 @@
+//! Per-stream protocol state: offsets, credit, half-close, reset, and the two buffers. Pure:
+//! the session core ([`super::Session`]) calls these with peer frames and application calls.
+
+use std::time::Instant;
+
+use super::recvbuf::RecvBuf;
+use super::sendbuf::SendBuf;
+use crate::wire::{Class, RstReason};
+
+/// Why a stream ended abnormally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetCause {
+    /// The peer sent RST.
+    Peer(RstReason),
+    /// Every channel to the peer was lost; bytes may be missing.
+    ChannelLost,
+    /// The peer did not answer the open in time.
+    ConnectTimeout,
+    /// The local engine shut down.
+    EngineShutdown,
+    /// Closed locally with unread data (the peer was sent RST).
+    LocalAbort,
+    /// The peer broke the protocol on this stream.
+    ProtocolError,
+    /// Closed with bytes still unsent or unacknowledged, and the linger time ran out.
+    Undeliverable,
+}
+
+/// A peer frame that breaks the protocol for this stream. Closes the channel it came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Violation {
+    /// DATA or FIN beyond the credit this side granted.
+    BeyondCredit,
+    /// DATA beyond the final offset announced by FIN, or a FIN that contradicts data or an
+    /// earlier FIN.
+    BeyondFin,
+    /// Too many out-of-order segments.
+    TooManySegments,
+    /// CREDIT acknowledging bytes never sent.
+    CreditBeyondSent,
+    /// A frame that makes no sense in the stream's state (SYN_ACK for an open stream, ...).
+    UnexpectedFrame(&'static str),
+    /// A stream id this side never issued.
+    UnknownStream,
+    /// An ACK for bytes never sent, or for a channel that does not exist.
+    BadAck,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Violation::BeyondCredit => f.write_str("data beyond granted credit"),
+            Violation::BeyondFin => f.write_str("data or FIN inconsistent with final offset"),
+            Violation::TooManySegments => f.write_str("too many out-of-order segments"),
+            Violation::CreditBeyondSent => f.write_str("credit acknowledges bytes never sent"),
+            Violation::UnexpectedFrame(what) => write!(f, "unexpected {what}"),
+            Violation::UnknownStream => f.write_str("unknown stream id"),
+            Violation::BadAck => f.write_str("acknowledgement of bytes never sent"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// SYN sent, waiting for SYN_ACK.
+    Connecting,
+    /// SYN received; the listener has not decided yet.
+    Incoming,
+    Open,
+}
+
+/// Why `send` cannot take bytes now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    Reset(ResetCause),
+    /// `shutdown(Write)` or `close` happened.
+    WriteClosed,
+    /// The peer granted no more credit yet.
+    NoCredit,
+    /// Every channel of the stream's class holds its share of unsent bytes (backpressure).
+    NoSpace,
+    /// Still connecting: the peer's stream id is not known yet.
+    NotOpen,
+    /// The stream does not exist (closed).
+    Closed,
+}
+
+/// Control frames the stream owes the peer (bits of `Stream::owe`).
+pub(crate) const OWE_SYN: u8 = 1;
+pub(crate) const OWE_SYN_ACK: u8 = 2;
+pub(crate) const OWE_CREDIT: u8 = 4;
+pub(crate) const OWE_FIN: u8 = 8;
+
+/// Flags of `Stream::flags`.
+pub(crate) const F_ACTIVE: u8 = 1; // in an active (unsent data) queue
+pub(crate) const F_CONTROL: u8 = 2; // in a control queue
+pub(crate) const F_EVENT: u8 = 4; // in the event queue
+pub(crate) const F_SPACE_WAIT: u8 = 8; // waiting for class space
+pub(crate) const F_DEFERRED_EMPTY: u8 = 16; // the front deferred payload had no bytes yet
+pub(crate) const F_FIN_SENT: u8 = 32; // the FIN left (pulled at least once)
+
+pub struct Stream<U> {
+    /// What the runtime keeps with the stream (wakers, poller registration).
+    pub user: U,
+    pub port: u16,
+    pub class: Class,
+    pub phase: Phase,
+    /// The peer's id for this stream (from its SYN or SYN_ACK).
+    pub peer: u64,
+    pub reset: Option<ResetCause>,
+    /// The application closed its handle; the state lingers until the stream is done.
+    pub app_closed: bool,
+    pub(crate) owe: u8,
+    pub(crate) flags: u8,
+    /// Pending event bits (`EV_*`), while `F_EVENT` is set.
+    pub(crate) events: u8,
+    /// Frames of this stream pulled onto channels and not yet acknowledged.
+    pub(crate) unacked_frames: u32,
+    /// Connect or linger deadline.
+    pub(crate) deadline: Option<Instant>,
+    pub frames_sent: u32,
+    pub frames_received: u32,
+    pub protocol_errors: u16,
+
+    // send half
+    pub(crate) send_next: u64,
+    pub(crate) send_limit: u64,
+    pub(crate) peer_consumed: u64,
+    pub(crate) write_closed: bool,
+    pub(crate) tx: SendBuf,
+
+    // receive half
+    pub(crate) rx: RecvBuf,
+    pub(crate) granted: u64,
+    pub(crate) window: u32,
+    pub(crate) fin: Option<u64>,
+}
+
+impl<U> Stream<U> {
+    pub(crate) fn new(user: U, port: u16, class: Class, phase: Phase, window: u32) -> Self {
+        Stream {
+            user,
+            port,
+            class,
+            phase,
+            peer: 0,
+            reset: None,
+            app_closed: false,
+            owe: 0,
+            flags: 0,
+            events: 0,
+            unacked_frames: 0,
+            deadline: None,
+            frames_sent: 0,
+            frames_received: 0,
+            protocol_errors: 0,
+            send_next: 0,
+            send_limit: 0,
+            peer_consumed: 0,
+            write_closed: false,
+            tx: SendBuf::default(),
+            rx: RecvBuf::default(),
+            granted: window as u64,
+            window,
+            fin: None,
+        }
+    }
+
+    /// A DATA range from the peer is within what this side granted and before any FIN.
+    pub(crate) fn check_data(&self, offset: u64, len: u64) -> Result<(), Violation> {
+        let end = offset + len; // the codec rejects overflow
+        if end > self.granted {
+            return Err(Violation::BeyondCredit);
+        }
+        if matches!(self.fin, Some(fin) if end > fin) {
+            return Err(Violation::BeyondFin);
+        }
+        Ok(())
+    }
+
+    /// FIN carries the final offset: EOF is reported only once every byte before it arrived,
+    /// whatever channel it travelled on and whenever the FIN itself arrived.
+    pub(crate) fn on_fin(&mut self, final_offset: u64) -> Result<(), Violation> {
+        if final_offset > self.granted {
+            return Err(Violation::BeyondCredit);
+        }
+        if final_offset < self.rx.high() || matches!(self.fin, Some(f) if f != final_offset) {
+            return Err(Violation::BeyondFin);
+        }
+        self.fin = Some(final_offset);
+        Ok(())
+    }
+
+    /// Returns whether the send limit grew.
+    pub(crate) fn on_credit(&mut self, consumed: u64, window: u32) -> Result<bool, Violation> {
+        if consumed > self.send_next {
+            return Err(Violation::CreditBeyondSent);
+        }
+        self.peer_consumed = self.peer_consumed.max(consumed);
+        let limit = consumed + window as u64;
+        let grew = limit > self.send_limit;
+        self.send_limit = self.send_limit.max(limit);
+        Ok(grew)
+    }
+
+    /// Send credit available now, or why there is none (class space is the session's concern).
+    pub(crate) fn send_capacity(&self) -> Result<u64, SendError> {
+        if let Some(cause) = self.reset {
+            return Err(SendError::Reset(cause));
+        }
+        if self.write_closed || self.app_closed {
+            return Err(SendError::WriteClosed);
+        }
+        if self.phase != Phase::Open {
+            return Err(SendError::NotOpen);
+        }
+        match self.send_limit - self.send_next {
+            0 => Err(SendError::NoCredit),
+            n => Ok(n),
+        }
+    }
+
+    pub(crate) fn at_eof(&self) -> bool {
+        self.fin == Some(self.rx.consumed())
+    }
+
+    /// The receive limit the peer would see after a CREDIT now has grown by a quarter window
+    /// or more since the last one. Batching credits
+    /// keeps control traffic to a few frames per window of data.
+    pub(crate) fn credit_due(&self) -> bool {
+        if self.fin.is_some() || self.reset.is_some() || self.phase != Phase::Open {
+            return false;
+        }
+        let limit = self.rx.consumed() + self.window as u64;
+        limit - self.granted >= (self.window as u64 / 4).max(1)
+    }
+
+    pub fn readable(&self) -> bool {
+        self.reset.is_some()
+            || self.rx.ready_data() > 0
+            || (self.rx.front_deferred().is_some() && self.flags & F_DEFERRED_EMPTY == 0)
+            || self.at_eof()
+    }
+
+    /// Credit (ignores class space) or a terminal state to report.
+    pub fn writable_credit(&self) -> bool {
+        self.reset.is_some()
+            || self.write_closed
+            || (self.phase == Phase::Open && self.send_limit > self.send_next)
+    }
+
+    pub fn bytes_sent(&self) -> u64 {
+        self.send_next
+    }
+
+    pub fn bytes_received(&self) -> u64 {
+        self.rx.contiguous_end()
+    }
+
+    /// Received bytes the application has not read.
+    pub fn unread_bytes(&self) -> u64 {
+        self.rx.unread()
+    }
+
+    /// Bytes accepted from the application that are not yet on a channel.
+    pub fn unsent_bytes(&self) -> u64 {
+        self.tx.bytes()
+    }
+
+    /// Sent bytes the peer application has not consumed yet.
+    pub fn unacked_bytes(&self) -> u64 {
+        self.send_next - self.peer_consumed
+    }
+
+    pub fn peer_finished(&self) -> bool {
+        self.fin.is_some()
+    }
+
+    pub fn write_closed(&self) -> bool {
+        self.write_closed
+    }
+
+    pub fn state_name(&self) -> &'static str {
+        match (self.reset, self.phase, self.app_closed) {
+            (Some(_), ..) => "reset",
+            (_, _, true) => "closed",
+            (_, Phase::Connecting, _) => "connecting",
+            (_, Phase::Incoming, _) => "incoming",
+            _ if self.write_closed && self.fin.is_some() => "finished",
+            _ if self.write_closed => "write-closed",
+            _ if self.fin.is_some() => "peer-finished",
+            _ => "open",
+        }
+    }
+}
