@@ -1,5 +1,6 @@
-//! An idle engine uses no CPU: its workers park in epoll. Its own test binary, so no other test
-//! runs in the process while CPU time is measured.
+//! Engines that wait use no CPU: an idle engine's workers park in epoll, and so does a sender
+//! blocked on a peer that stopped reading. Its own test binary, so no other test runs in the
+//! process while CPU time is measured.
 
 mod common;
 use common::*;
@@ -13,8 +14,12 @@ fn process_ticks() -> u64 {
     f[10] + f[11]
 }
 
+/// The two tests measure CPU time of the whole process: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn idle_engines_use_no_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::loopback();
     let (a, b) = tb.engines(|_| {});
     let l = b.listen(9).unwrap();
@@ -29,4 +34,37 @@ fn idle_engines_use_no_cpu() {
     let used = process_ticks() - before;
     // 10 workers polling would burn 100+ ticks (two cores' worth) in a second; parked ones ~0.
     assert!(used <= 3, "idle engines used {used} clock ticks in one second");
+}
+
+#[test]
+fn a_sender_blocked_by_a_reader_that_stopped_uses_no_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tb = Testbed::loopback();
+    let (a, b) = tb.engines(|c| c.stream_window = 1 << 20);
+    let l = b.listen(9).unwrap();
+    let s = a.connect(b.local_addr(), 9).unwrap();
+    let _never_read = l.accept().unwrap();
+    let sender = std::thread::spawn(move || {
+        // Blocks once the peer's window is full; fails when the test ends and drops the peer.
+        let chunk = vec![1u8; 256 * 1024];
+        let mut sent = 0u64;
+        while let Ok(n) = s.send(&chunk) {
+            sent += n as u64;
+        }
+        sent
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while a.stats().sockets.first().is_none_or(|s| s.bytes_sent < 1 << 20) {
+        assert!(std::time::Instant::now() < deadline, "the window never filled");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100)); // let everything settle
+    let before = process_ticks();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let used = process_ticks() - before;
+    assert!(used <= 3, "a blocked sender and its engines used {used} clock ticks in one second");
+    drop(_never_read);
+    drop(l);
+    drop(b);
+    assert!(sender.join().unwrap() >= 1 << 20);
 }

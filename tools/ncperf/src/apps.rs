@@ -271,18 +271,31 @@ struct ClientFlow {
 }
 
 const IO_BUF: usize = 256 * 1024;
+/// Bytes one flow may move per turn of its event loop. A flow that still could go on is
+/// served again next turn without waiting: a stack that never says `WouldBlock` (small writes
+/// coalesce) must not keep the loop from seeing the end of the window or its other flows.
+const TURN_BUDGET: u64 = 1 << 20;
 
 impl ClientFlow {
-    fn service(&mut self, cx: &mut AppCtx<'_>) {
+    /// Serves the flow until it would block or its turn is used up; true if it could go on.
+    fn service(&mut self, cx: &mut AppCtx<'_>) -> bool {
         if self.closed {
-            return;
+            return false;
         }
+        let mut moved = 0u64;
         let size = self.spec.size as u64;
         if self.spec.echo {
             loop {
+                if moved >= TURN_BUDGET {
+                    return true;
+                }
                 match self.conn.read(&mut cx.rbuf) {
-                    Ok(0) => return self.closed = true,
+                    Ok(0) => {
+                        self.closed = true;
+                        return false;
+                    }
                     Ok(n) => {
+                        moved += n as u64;
                         cx.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                         self.got += n as u64;
                         while self.got >= size {
@@ -303,7 +316,10 @@ impl ClientFlow {
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return self.closed = true,
+                    Err(_) => {
+                        self.closed = true;
+                        return false;
+                    }
                 }
             }
             while self.out > 0 {
@@ -317,27 +333,39 @@ impl ClientFlow {
                         if !self.write_interest {
                             self.write_interest = true;
                             if cx.waiter.want_writable(&self.conn, self.token).is_err() {
-                                return self.closed = true;
+                                self.closed = true;
+                                return false;
                             }
                             continue; // writable again before the interest took effect?
                         }
                         break;
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return self.closed = true,
+                    Err(_) => {
+                        self.closed = true;
+                        return false;
+                    }
                 }
             }
+            false
         } else {
             loop {
+                if moved >= TURN_BUDGET {
+                    return true;
+                }
                 let from = self.out as usize;
                 match self.conn.write(&cx.wbuf[from..size as usize]) {
                     Ok(n) => {
+                        moved += n as u64;
                         cx.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
                         self.out = (self.out + n as u64) % size;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return self.closed = true,
+                    Err(_) => {
+                        self.closed = true;
+                        return false;
+                    }
                 }
             }
         }
@@ -377,6 +405,7 @@ fn client_app(
     let interval = rate.map(|r| Duration::from_secs_f64(1.0 / r));
     let now = Instant::now();
     let n = flows.len().max(1) as u32;
+    let mut hot: Vec<usize> = Vec::new();
     for (i, f) in flows.iter_mut().enumerate() {
         if f.spec.echo {
             match interval {
@@ -388,17 +417,23 @@ fn client_app(
                 }
             }
         }
-        f.service(&mut cx);
+        if f.service(&mut cx) {
+            hot.push(i);
+        }
     }
     let mut tokens = Vec::new();
+    let mut again = Vec::new();
     loop {
         let now = Instant::now();
         if now >= window.end {
             break;
         }
         let mut timeout = (window.end - now).min(Duration::from_millis(100));
+        if !hot.is_empty() {
+            timeout = Duration::ZERO; // flows that could go on are served without waiting
+        }
         if let Some(iv) = interval {
-            for f in flows.iter_mut().filter(|f| f.spec.echo && !f.closed) {
+            for (i, f) in flows.iter_mut().enumerate().filter(|(_, f)| f.spec.echo && !f.closed) {
                 let mut due = false;
                 while f.next_send <= now {
                     f.sent_at.push_back(f.next_send);
@@ -406,8 +441,8 @@ fn client_app(
                     f.next_send += iv;
                     due = true;
                 }
-                if due {
-                    f.service(&mut cx);
+                if due && f.service(&mut cx) {
+                    hot.push(i);
                 }
                 timeout = timeout.min(f.next_send.saturating_duration_since(now));
             }
@@ -415,9 +450,14 @@ fn client_app(
         if waiter.wait(&mut tokens, timeout).is_err() {
             break;
         }
-        for &t in &tokens {
-            if let Some(f) = flows.get_mut(t as usize) {
-                f.service(&mut cx);
+        again.clear();
+        again.append(&mut hot);
+        again.extend(tokens.iter().map(|&t| t as usize));
+        for &i in &again {
+            if let Some(f) = flows.get_mut(i) {
+                if f.service(&mut cx) && !hot.contains(&i) {
+                    hot.push(i);
+                }
             }
         }
     }
@@ -545,12 +585,15 @@ struct ReceiverApp {
 fn receiver_loop(app: Arc<ReceiverApp>, stop: Arc<AtomicBool>) {
     let mut flows: Vec<Option<ServerFlow>> = Vec::new();
     let mut tokens = Vec::new();
+    let mut hot: Vec<u64> = Vec::new();
     let mut buf = vec![0u8; IO_BUF];
     let wbuf = vec![0x5Au8; IO_BUF];
     while !stop.load(Ordering::Relaxed) {
-        if app.waiter.wait(&mut tokens, Duration::from_millis(100)).is_err() {
+        let timeout = if hot.is_empty() { Duration::from_millis(100) } else { Duration::ZERO };
+        if app.waiter.wait(&mut tokens, timeout).is_err() {
             return;
         }
+        tokens.append(&mut hot);
         for (t, f) in app.inbox.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             let t = t as usize;
             if flows.len() <= t {
@@ -563,26 +606,40 @@ fn receiver_loop(app: Arc<ReceiverApp>, stop: Arc<AtomicBool>) {
                 continue;
             };
             let Some(f) = slot.as_mut() else { continue };
-            if !serve_flow(f, &app.waiter, &mut buf, &wbuf, &app.counters) {
-                *slot = None; // closed: dropping it closes the connection
+            match serve_flow(f, &app.waiter, &mut buf, &wbuf, &app.counters) {
+                Served::Closed => *slot = None, // dropping it closes the connection
+                Served::More if !hot.contains(&t) => hot.push(t),
+                _ => {}
             }
         }
     }
 }
 
-/// Serves one flow until it would block; false once it is closed.
+enum Served {
+    Blocked,
+    /// The turn's budget ran out with work left: serve it again without waiting.
+    More,
+    Closed,
+}
+
+/// Serves one flow until it would block or its turn is used up.
 fn serve_flow(
     f: &mut ServerFlow,
     waiter: &Waiter,
     buf: &mut [u8],
     wbuf: &[u8],
     counters: &Counters,
-) -> bool {
+) -> Served {
     let size = f.header.size as u64;
+    let mut moved = 0u64;
     loop {
+        if moved >= TURN_BUDGET {
+            return Served::More;
+        }
         match f.conn.read(buf) {
-            Ok(0) => return false,
+            Ok(0) => return Served::Closed,
             Ok(n) => {
+                moved += n as u64;
                 if f.header.echo {
                     f.got += n as u64;
                     f.out += (f.got / size) * size;
@@ -593,7 +650,7 @@ fn serve_flow(
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return false,
+            Err(_) => return Served::Closed,
         }
     }
     while f.out > 0 {
@@ -604,17 +661,17 @@ fn serve_flow(
                 if !f.write_interest {
                     f.write_interest = true;
                     if waiter.want_writable(&f.conn, f.token).is_err() {
-                        return false;
+                        return Served::Closed;
                     }
                     continue;
                 }
                 break;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return false,
+            Err(_) => return Served::Closed,
         }
     }
-    true
+    Served::Blocked
 }
 
 /// The server process. Prints `ready ADDR`; with `coordinated`, then reads `go START_NS DUR_NS`

@@ -189,3 +189,16 @@ fn missing_perf_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("perf not found") && err.contains("linux-perf"), "{err}");
 }
+
+/// With 64-byte writes a coalescing stack never says `WouldBlock`: the writer loop must still
+/// see the end of the window (it once spun for good).
+#[test]
+fn tiny_writes_stop_on_time() {
+    for stack in ["netchannel", "linux"] {
+        let start = std::time::Instant::now();
+        let v = run_json(&["--stack", stack, "--workload", "stream", "--size", "64"]);
+        let took = start.elapsed();
+        check_common(&v, stack, "stream");
+        assert!(took < std::time::Duration::from_secs(30), "{stack}: a 1 s run took {took:?}");
+    }
+}
