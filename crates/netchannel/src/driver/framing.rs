@@ -10,8 +10,11 @@
 //! large payload the reader asks for just one header's worth of bytes, so the next large payload
 //! is not half-read into the staging buffer.
 
+use std::sync::Arc;
+
 use bytes::{Buf, Bytes, BytesMut};
 
+use crate::proto::pool::{BufPool, PoolBuf};
 use crate::wire::frame::{self, DATA_HEADER_LEN, MAX_HEADER_LEN};
 use crate::wire::{Decoded, Frame, WireError};
 
@@ -65,10 +68,22 @@ struct Payload {
     remaining: u64,
 }
 
+/// Where the next read goes.
+pub enum Target<'a> {
+    /// The staging buffer, where frames are parsed in place.
+    Staging(&'a mut BytesMut),
+    /// A pooled buffer of its own, for a payload being staged.
+    Payload(&'a mut Vec<u8>),
+}
+
 pub struct FrameReader {
     buf: BytesMut,
     /// A payload being read in pieces.
     payload: Option<Payload>,
+    /// Where a staged payload's bytes are read (pooled memory, not the staging buffer, so the
+    /// staging buffer is not re-allocated per payload).
+    pool: Option<Arc<BufPool>>,
+    piece: Option<PoolBuf>,
     /// Header parsed, verdict pending: `(stream, offset of the rest, bytes left)`.
     pending: Option<(u64, u64, u64)>,
     /// A payload is left in the socket for its reader; nothing is read until `resume`.
@@ -84,11 +99,19 @@ impl FrameReader {
         FrameReader {
             buf: BytesMut::new(),
             payload: None,
+            pool: None,
+            piece: None,
             pending: None,
             deferred: false,
             bulk: false,
             large: large.max(1),
         }
+    }
+
+    /// Stages payloads into buffers from `pool`.
+    pub fn with_pool(mut self, pool: Arc<BufPool>) -> Self {
+        self.pool = Some(pool);
+        self
     }
 
     /// Bytes the next read should ask for; 0 when the reader must not read (a payload is
@@ -98,7 +121,13 @@ impl FrameReader {
             return 0;
         }
         if let Some(p) = &self.payload {
-            return (p.remaining as usize).min(frame::MAX_PAYLOAD);
+            return match p.mode {
+                // Read into a buffer of its own: exactly the payload.
+                Mode::Deferred { keep: true } => (p.remaining as usize).min(frame::MAX_PAYLOAD),
+                // Read into the staging buffer with full-size reads: what follows the payload
+                // is parsed in place, as any frame.
+                _ => (p.remaining as usize).clamp(READ_SIZE, frame::MAX_PAYLOAD),
+            };
         }
         if self.bulk && self.buf.len() < MAX_HEADER_LEN {
             return DATA_HEADER_LEN - self.buf.len().min(DATA_HEADER_LEN - 1);
@@ -113,6 +142,23 @@ impl FrameReader {
             self.buf.reserve(want);
         }
         &mut self.buf
+    }
+
+    /// Where the next read of `want` bytes goes: a pooled buffer while a payload the engine
+    /// took over from its reader is staged (after the staging buffer's leftovers are parsed),
+    /// else the staging buffer.
+    pub fn target(&mut self, want: usize) -> Target<'_> {
+        let staging_payload =
+            matches!(self.payload, Some(Payload { mode: Mode::Deferred { keep: true }, .. }));
+        if staging_payload && self.buf.is_empty() {
+            if let Some(pool) = &self.pool {
+                if self.piece.as_ref().is_none_or(|p| p.len() == p.capacity()) {
+                    self.piece = Some(pool.get());
+                }
+                return Target::Payload(self.piece.as_mut().expect("set above"));
+            }
+        }
+        Target::Staging(self.buffer(want))
     }
 
     /// Bytes read and not yet parsed (a truncated frame if the peer closes now).
@@ -135,11 +181,19 @@ impl FrameReader {
         let start = out.len();
         while out.len() - start < max && self.pending.is_none() && !self.deferred {
             if let Some(p) = self.payload.as_mut() {
-                if self.buf.is_empty() {
-                    return Ok(());
-                }
-                let n = (p.remaining as usize).min(self.buf.len());
-                let data = self.buf.split_to(n).freeze();
+                let data = if !self.buf.is_empty() {
+                    let n = (p.remaining as usize).min(self.buf.len());
+                    self.buf.split_to(n).freeze()
+                } else {
+                    match self.piece.take() {
+                        Some(piece) if !piece.is_empty() => piece.freeze(),
+                        other => {
+                            self.piece = other;
+                            return Ok(());
+                        }
+                    }
+                };
+                let n = data.len();
                 let offset = p.offset;
                 p.offset += n as u64;
                 p.remaining -= n as u64;
@@ -158,8 +212,8 @@ impl FrameReader {
                 continue;
             }
             match frame::decode(&self.buf)? {
-                Decoded::Frame(Frame::Data { stream, offset, payload }, n) => {
-                    self.bulk = payload.len() >= self.large;
+                Decoded::Frame(Frame::Data { stream, offset, .. }, n) => {
+                    self.bulk = false;
                     let mut whole = self.buf.split_to(n).freeze();
                     whole.advance(DATA_HEADER_LEN);
                     out.push(Parsed::Data { stream, offset, payload: whole });
@@ -171,7 +225,6 @@ impl FrameReader {
                     out.push(Parsed::Control(owned));
                 }
                 Decoded::PartialData { stream, offset, len } if len >= self.large => {
-                    self.bulk = true;
                     self.buf.advance(DATA_HEADER_LEN);
                     let have = self.buf.len().min(len);
                     let prefix = self.buf.split_to(have).freeze();
@@ -185,9 +238,12 @@ impl FrameReader {
         Ok(())
     }
 
-    /// The session's verdict on the last `Header`.
+    /// The session's verdict on the last `Header`. After a deferral the reader reads one
+    /// header at a time (the next large payload is likely deferred too, and must not be
+    /// half-read into the staging buffer); otherwise it reads as much as it can.
     pub fn verdict(&mut self, v: Verdict) {
         let Some((stream, offset, remaining)) = self.pending.take() else { return };
+        self.bulk = v == Verdict::Defer;
         if remaining == 0 {
             return;
         }
@@ -263,7 +319,7 @@ mod tests {
         );
         assert_eq!(r.want(), 0, "no read before the verdict");
         r.verdict(Verdict::Stage);
-        assert_eq!(r.want(), 990);
+        assert_eq!(r.want(), READ_SIZE, "a staged payload is read with what follows it");
         feed(&mut r, &wire[header_end + 10..]);
         out.clear();
         r.parse(&mut out, 64).unwrap();

@@ -19,10 +19,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
+use std::sync::Arc;
+
+use crate::proto::pool::BufPool;
 use crate::proto::OutFrame;
 use crate::sys;
 use crate::wire::Class;
-use framing::{FrameReader, Parsed};
+use framing::{FrameReader, Parsed, Target};
 
 /// What a channel needs from its transport.
 pub trait Transport: Send + Sync + 'static {
@@ -188,6 +191,7 @@ impl Channel {
         transport: Box<dyn Transport>,
         large: usize,
         worker: usize,
+        pool: Arc<BufPool>,
     ) -> io::Result<Self> {
         let hangup = rustix::io::fcntl_dupfd_cloexec(transport.fd(), 0)?;
         Ok(Channel {
@@ -196,7 +200,10 @@ impl Channel {
             transport,
             hangup,
             rx_run: RunLock::default(),
-            rx: Mutex::new(RxState { reader: FrameReader::new(large), parsed: Vec::new() }),
+            rx: Mutex::new(RxState {
+                reader: FrameReader::new(large).with_pool(pool),
+                parsed: Vec::new(),
+            }),
             tx_run: RunLock::default(),
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),
@@ -220,15 +227,24 @@ impl Channel {
         self.open.load(Ordering::Acquire)
     }
 
-    /// Reads what the reader wants next into its buffer: `Ok(0)` is end of stream, and
-    /// `WouldBlock` means nothing is there.
-    pub fn read(&self, st: &mut RxState) -> io::Result<usize> {
+    /// Reads what the reader wants next into its buffer: `(read, asked)`. `read == 0` is end
+    /// of stream, `WouldBlock` means nothing is there, and `read < asked` that the socket was
+    /// drained (the buffer's room may be less than the reader wants: only `asked` counts).
+    pub fn read(&self, st: &mut RxState) -> io::Result<(usize, usize)> {
         let want = st.reader.want();
         debug_assert!(want > 0);
-        let buf = st.reader.buffer(want);
-        let n = sys::read_append(self.transport.fd(), buf, want)?;
+        let (n, asked) = match st.reader.target(want) {
+            Target::Staging(buf) => {
+                let asked = want.min(buf.capacity() - buf.len());
+                (sys::read_append(self.transport.fd(), buf, asked)?, asked)
+            }
+            Target::Payload(buf) => {
+                let asked = want.min(buf.capacity() - buf.len());
+                (sys::read_append_vec(self.transport.fd(), buf, asked)?, asked)
+            }
+        };
         self.counters.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(n)
+        Ok((n, asked))
     }
 
     /// Reads bytes of a deferred payload straight into an application buffer.

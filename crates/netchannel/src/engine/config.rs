@@ -98,7 +98,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(1),
             accept_backlog: 4096,
-            tx_batch_bytes: 1 << 20,
+            tx_batch_bytes: 512 * 1024,
             notsent_lowat: 1 << 20,
             latency_notsent_lowat: 16 * 1024,
             workers: cores().saturating_sub(1).max(1),

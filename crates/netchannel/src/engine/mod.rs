@@ -82,6 +82,8 @@ struct Sessions {
 /// What every part of the engine shares.
 pub(crate) struct EngineCtx {
     pub config: Config,
+    /// Large buffers for bulk bytes (send chunks, staged payloads).
+    pub pool: Arc<crate::proto::pool::BufPool>,
     pub id: u64,
     pub local_addr: SocketAddr,
     pub listeners: Mutex<HashMap<u16, Arc<ListenerShared>>>,
@@ -134,6 +136,10 @@ impl Engine {
         let worker_count = config.workers + usize::from(config.latency_channels > 0);
         let workers = (0..worker_count).map(Worker::new).collect::<io::Result<Vec<_>>>()?;
         let ctx = Arc::new(EngineCtx {
+            pool: crate::proto::pool::BufPool::new(
+                config.max_frame_payload.max(64 * 1024),
+                std::env::var("NC_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+            ),
             id: crate::sys::random_u64(),
             local_addr,
             listeners: Mutex::new(HashMap::new()),
@@ -219,6 +225,39 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.ctx.stats()
+    }
+
+    #[doc(hidden)]
+    pub fn debug_dump(&self) -> String {
+        let mut out = String::new();
+        for s in self.ctx.all_sessions() {
+            for ch in s.channels() {
+                let core = s.lock();
+                let rx = ch.rx.lock();
+                out += &format!(
+                    "ch{} deferred={:?} reader(def={} want={} mid={}) rx_busy={} tx_blocked={}\n",
+                    ch.meta.index,
+                    core.deferred(ch.meta.index),
+                    rx.reader.is_deferred(),
+                    rx.reader.want(),
+                    rx.reader.mid_frame(),
+                    ch.rx_run.is_busy(),
+                    ch.tx_blocked.load(Ordering::Relaxed)
+                );
+            }
+            let core = s.lock();
+            for (id, st) in core.streams() {
+                out += &format!(
+                    "stream {id}: front_deferred={:?} ready={} unread={} readable={} flags={:#x}\n",
+                    st.rx.front_deferred(),
+                    st.rx.ready_data(),
+                    st.rx.unread(),
+                    st.readable(),
+                    st.flags
+                );
+            }
+        }
+        out
     }
 
     /// Stops every thread and fails every open virtual socket. Idempotent.
@@ -339,7 +378,8 @@ impl EngineCtx {
         let meta = ChannelMeta { index, class, peer_engine: peer };
         let worker = self.pick_worker(index, class);
         let transport = Box::new(TcpTransport::new(sock));
-        Ok(Arc::new(Channel::new(meta, transport, self.config.defer_min.max(1), worker)?))
+        let large = self.config.defer_min.max(1);
+        Ok(Arc::new(Channel::new(meta, transport, large, worker, self.pool.clone())?))
     }
 
     /// Adds a throughput channel to a session this engine dialed (NetScheduler's channel
@@ -428,7 +468,8 @@ impl EngineCtx {
             ChannelMeta { index: hello.channel, class: hello.class, peer_engine: hello.engine_id };
         let worker = self.pick_worker(hello.channel, hello.class);
         let transport = Box::new(TcpTransport::new(sock));
-        match Channel::new(meta, transport, self.config.defer_min.max(1), worker) {
+        let large = self.config.defer_min.max(1);
+        match Channel::new(meta, transport, large, worker, self.pool.clone()) {
             Ok(ch) => {
                 session.add_channel(Arc::new(ch));
             }

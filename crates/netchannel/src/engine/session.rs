@@ -214,24 +214,23 @@ impl SessionRt {
                     }
                 }
             }
-            let want = st.reader.want();
-            if want == 0 {
+            if st.reader.want() == 0 {
                 return Ok(true);
             }
-            let n = match ch.read(&mut st) {
-                Ok(0) if st.reader.mid_frame() => {
+            let (n, asked) = match ch.read(&mut st) {
+                Ok((0, _)) if st.reader.mid_frame() => {
                     return Err(ChannelError::Protocol(
                         "truncated frame: eof inside a frame".into(),
                     ))
                 }
-                Ok(0) => return Err(ChannelError::Closed),
-                Ok(n) => n,
+                Ok((0, _)) => return Err(ChannelError::Closed),
+                Ok(r) => r,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(ChannelError::Io(e)),
             };
             self.dispatch(ch, &mut st, wakes)?;
-            if n < want && !ch.hung_up.load(Ordering::Acquire) {
+            if n < asked && !ch.hung_up.load(Ordering::Acquire) {
                 return Ok(true); // a short read: the socket is drained
             }
         }
@@ -272,7 +271,13 @@ impl SessionRt {
                     }
                     Parsed::Header { stream, offset, len, prefix } => {
                         frames += 1;
-                        match core.data_header(index, stream, offset, len, prefix, defer_ok, now) {
+                        // Left in the socket only when its reader will read it soon: it is at
+                        // hand, or already reads this stream's payloads straight from channels.
+                        let defer = defer_ok
+                            && core
+                                .stream(stream)
+                                .is_some_and(|s| s.user.reader_at_hand() || s.rx.has_deferred());
+                        match core.data_header(index, stream, offset, len, prefix, defer, now) {
                             Ok(v) => {
                                 st.reader.verdict(match v {
                                     HeaderVerdict::Defer => Verdict::Defer,
@@ -389,40 +394,58 @@ impl SessionRt {
         }
     }
 
-    /// Runs the sending half of `ch` if no other thread does (else leaves it a note).
+    /// Runs the sending half of `ch` if no other thread does (else leaves it a note); if its
+    /// budget ran out with bytes left, the channel's worker goes on.
     pub fn tx(self: &Arc<Self>, ch: &Arc<Channel>, force_ack: bool) {
-        if !ch.is_open() || !ch.tx_run.try_acquire() {
-            return;
+        if self.tx_once(ch, force_ack) {
+            self.ctx.workers[ch.worker].service_tx(ch.uid);
         }
+    }
+
+    /// One run of the sending half; true if the budget ran out with bytes left.
+    fn tx_once(self: &Arc<Self>, ch: &Arc<Channel>, force_ack: bool) -> bool {
+        if !ch.is_open() || !ch.tx_run.try_acquire() {
+            return false;
+        }
+        let mut more;
         loop {
             let mut wakes = Wakes::default();
             let r = self.tx_run(ch, force_ack, &mut wakes);
             wakes.fire();
-            if let Err(e) = r {
-                self.channel_failed(ch, ChannelError::Io(e));
-                ch.tx_run.release();
-                return;
+            match r {
+                Ok(m) => more = m,
+                Err(e) => {
+                    self.channel_failed(ch, ChannelError::Io(e));
+                    ch.tx_run.release();
+                    return false;
+                }
             }
             if !ch.tx_run.release() {
-                return;
+                break;
             }
         }
+        more
     }
 
     /// Pulls and writes until the core has nothing for the channel, the socket is full, or the
-    /// batch budget is spent.
+    /// batch budget is spent. Frames already pulled are always written before the run ends
+    /// unless the socket is full (then EPOLLOUT resumes them): pulled frames never wait for a
+    /// trigger that might not come. Returns whether the core still has bytes for the channel.
     fn tx_run(
         self: &Arc<Self>,
         ch: &Arc<Channel>,
         force_ack: bool,
         wakes: &mut Wakes,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         let mut st = ch.tx.lock();
         let budget = self.ctx.config.tx_batch_bytes;
         let mut written = 0;
         let mut pulled: Vec<OutFrame> = Vec::new();
-        while written < budget {
+        loop {
             if st.frames.is_empty() {
+                if written >= budget {
+                    return Ok(self.lock().has_transmit(ch.meta.index));
+                }
                 let mut core = self.lock();
                 let n = core.poll_transmit(
                     ch.meta.index,
@@ -434,7 +457,7 @@ impl SessionRt {
                 self.settle(&mut core, wakes);
                 drop(core);
                 if n == 0 {
-                    break;
+                    return Ok(false);
                 }
                 ch.count_queued(n);
                 st.frames.extend(pulled.drain(..));
@@ -442,11 +465,10 @@ impl SessionRt {
             let w = ch.write(&mut st)?;
             if w.blocked {
                 ch.tx_blocked.store(true, Ordering::Release);
-                break;
+                return Ok(false);
             }
             written += w.bytes;
         }
-        Ok(())
     }
 
     /// Writes now on `ch` unless its socket is full.
@@ -464,16 +486,24 @@ impl SessionRt {
             return;
         }
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let mut left = None;
         for k in 0..channels.len() {
             let ch = &channels[(start + k) % channels.len()];
             if ch.tx_blocked.load(Ordering::Acquire) {
                 continue;
             }
-            self.tx(ch, false);
+            if self.tx_once(ch, false) {
+                left = Some(ch);
+            }
             let core = self.lock();
             if !channels.iter().any(|c| core.has_transmit(c.meta.index)) {
                 return;
             }
+        }
+        if let Some(ch) = left {
+            // Every channel got its batch and bytes are left: a worker goes on.
+            self.ctx.workers[ch.worker].service_tx(ch.uid);
+            return;
         }
         // Bytes are left and every channel of the class is full: the cue to add a channel
         // (NetScheduler's channel scaling; the dialing side only, up to `max_channels`).

@@ -104,6 +104,24 @@ impl Waiter {
         Ok(())
     }
 
+    /// Sleeps until notified or `deadline` without serving channels: for waits no channel
+    /// event can satisfy (accept), so that the channels this thread once watched go to the
+    /// threads that wait on them (an epoll set nobody sleeps in is skipped by exclusive
+    /// wake-ups).
+    pub fn sleep_quiet(&self, deadline: Option<Instant>) -> io::Result<()> {
+        if self.state.compare_exchange(IDLE, SLEEPING, Ordering::SeqCst, Ordering::SeqCst).is_err()
+        {
+            self.state.store(IDLE, Ordering::SeqCst);
+            return Ok(());
+        }
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let r = crate::sys::poll_readable(self.event.as_fd(), timeout);
+        self.state.store(IDLE, Ordering::SeqCst);
+        // Drained here (the epoll registration is edge-triggered and never needs it).
+        self.event.drain();
+        r.map(|_| ())
+    }
+
     /// Makes sure this thread's epoll set holds the open channels of `session` that carry
     /// `class`, ahead of the workers' registrations.
     pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
@@ -153,6 +171,17 @@ impl Waiter {
 thread_local! {
     static CURRENT: RefCell<Option<Arc<Waiter>>> = const { RefCell::new(None) };
     static THREAD: RefCell<ThreadTx> = RefCell::new(ThreadTx::default());
+    /// The poller this thread is serving channels for, while it does (its address).
+    static POLLING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The poller the calling thread is handling channel events for (0: none).
+pub(crate) fn polling() -> usize {
+    POLLING.with(|p| p.get())
+}
+
+pub(crate) fn set_polling(poller: usize) {
+    POLLING.with(|p| p.set(poller));
 }
 
 /// This thread's waiter, created on first use.
@@ -178,29 +207,38 @@ struct ThreadTx {
     /// When the thread last sent, and whether it waited since.
     last_send: Option<Instant>,
     waited: bool,
-    /// Sessions holding sends this thread deferred.
+    /// Sessions holding sends this thread deferred, and how many bytes.
     dirty: Vec<Arc<SessionRt>>,
+    deferred: usize,
 }
 
 /// Sends closer together than this, with no wait in between, are a burst: they coalesce.
 const BURST_GAP: Duration = Duration::from_micros(20);
+/// A thread that deferred this many bytes writes them now: large batches, bounded delay.
+const FLUSH_BYTES: usize = 64 * 1024;
 
-/// Decides whether a send just queued on `session` is written now (`true`) or deferred until
+/// Decides whether `bytes` just queued on `session` are written now (`true`) or deferred until
 /// this thread waits (an event loop flushes once per iteration; a burst of small sends leaves
 /// together). Deferred sends are also written by the worker after one tick, so a thread that
 /// never comes back cannot strand them.
-pub(crate) fn send_now(session: &Arc<SessionRt>) -> bool {
+pub(crate) fn send_now(session: &Arc<SessionRt>, bytes: usize) -> bool {
     THREAD.with(|t| {
         let mut t = t.borrow_mut();
         let now = Instant::now();
         let burst = !t.waited && t.last_send.is_some_and(|l| now.duration_since(l) < BURST_GAP);
         t.last_send = Some(now);
         t.waited = false;
-        if !(t.event_loop || burst) {
+        if !(t.event_loop || burst) || bytes >= FLUSH_BYTES {
             return true;
         }
+        t.deferred += bytes;
         if !t.dirty.iter().any(|s| Arc::ptr_eq(s, session)) {
             t.dirty.push(session.clone());
+        }
+        if t.deferred >= FLUSH_BYTES {
+            // Written now, with everything else this thread deferred on `session`.
+            t.deferred = 0;
+            return true;
         }
         false
     })
@@ -213,6 +251,7 @@ pub(crate) fn before_wait(event_loop: bool) {
         let mut t = t.borrow_mut();
         t.event_loop = event_loop;
         t.waited = true;
+        t.deferred = 0;
         std::mem::take(&mut t.dirty)
     });
     for s in dirty {

@@ -36,6 +36,8 @@ enum Request {
     Remove(u64),
     /// Run the receive half (a thread stopped before draining it).
     Service(u64),
+    /// Run the sending half (a thread's batch budget ran out with bytes left).
+    ServiceTx(u64),
     Stop,
 }
 
@@ -103,6 +105,10 @@ impl Worker {
 
     pub fn service(&self, uid: u64) {
         self.request(Request::Service(uid));
+    }
+
+    pub fn service_tx(&self, uid: u64) {
+        self.request(Request::ServiceTx(uid));
     }
 
     pub fn stop(&self) {
@@ -207,6 +213,7 @@ impl Worker {
                         }
                     }
                     Request::Service(uid) => serve.push((uid, READABLE)),
+                    Request::ServiceTx(uid) => serve.push((uid, WRITABLE)),
                     Request::Stop => return,
                 }
             }

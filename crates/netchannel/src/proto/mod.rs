@@ -8,9 +8,11 @@
 //!
 //! - [`table`]: dense stream ids with 40-bit generations.
 //! - [`sendbuf`] / [`recvbuf`]: a stream's unsent bytes and its reorder buffer.
+//! - [`pool`]: reusable large buffers for bulk bytes.
 //! - [`stream`]: per-stream offsets, credit, FIN and RST rules.
 //! - [`session`]: the session state machine, channel retention and acknowledgements.
 
+pub mod pool;
 pub mod recvbuf;
 pub mod sendbuf;
 pub mod session;

@@ -52,6 +52,8 @@ pub struct RecvBuf {
     ready: VecDeque<Seg>,
     ready_data: u64,
     ooo: Option<Box<OutOfOrder>>,
+    /// Deferred segments held (their reader is reading this stream straight from channels).
+    deferred_segs: u32,
 }
 
 impl RecvBuf {
@@ -86,6 +88,11 @@ impl RecvBuf {
     /// Bytes held in user space (what this buffer costs in memory).
     pub fn held_bytes(&self) -> u64 {
         self.ready_data + self.ooo.as_ref().map_or(0, |o| o.data_bytes)
+    }
+
+    /// Whether any payload of this stream waits in a channel's socket.
+    pub fn has_deferred(&self) -> bool {
+        self.deferred_segs > 0
     }
 
     /// The payload at the front is in a channel's socket: `(channel, bytes)`.
@@ -184,6 +191,7 @@ impl RecvBuf {
             return Err(TooManySegments);
         }
         self.place(offset, Seg::Deferred { channel, len });
+        self.deferred_segs += 1;
         Ok(())
     }
 
@@ -266,6 +274,7 @@ impl RecvBuf {
         *len -= n;
         if *len == 0 {
             self.ready.pop_front();
+            self.deferred_segs -= 1;
         }
         self.consumed += n;
     }
@@ -297,6 +306,8 @@ impl RecvBuf {
                 self.ready[i] = Seg::Data(data);
                 if len > n {
                     self.ready.insert(i + 1, Seg::Deferred { channel, len: len - n });
+                } else {
+                    self.deferred_segs -= 1;
                 }
             }
             Some(Err(())) => {
@@ -308,6 +319,8 @@ impl RecvBuf {
                 o.segs.insert(offset, Seg::Data(data));
                 if len > n {
                     o.segs.insert(offset + n, Seg::Deferred { channel, len: len - n });
+                } else {
+                    self.deferred_segs -= 1;
                 }
             }
             None => debug_assert!(false, "no deferred payload at {offset}"),
@@ -321,6 +334,7 @@ impl RecvBuf {
             Some(Ok(i)) => {
                 let mut tail = self.ready.drain(i..).collect::<Vec<Seg>>().into_iter();
                 let lost = tail.next().expect("the deferred segment");
+                self.deferred_segs -= 1;
                 let mut at = offset + lost.len();
                 self.contig = offset;
                 let o = self.ooo.get_or_insert_with(Box::default);
@@ -339,7 +353,9 @@ impl RecvBuf {
             }
             Some(Err(())) => {
                 if let Some(o) = self.ooo.as_mut() {
-                    o.segs.remove(&offset);
+                    if o.segs.remove(&offset).is_some() {
+                        self.deferred_segs -= 1;
+                    }
                     if o.segs.is_empty() {
                         self.ooo = None;
                     }
@@ -375,6 +391,7 @@ impl RecvBuf {
         self.ready.clear();
         self.ooo = None;
         self.ready_data = 0;
+        self.deferred_segs = 0;
         dropped
     }
 }
@@ -437,8 +454,10 @@ mod tests {
         assert_eq!(rb.ready_data(), 15);
         assert_eq!(read_all(&mut rb), vec![9u8; 10]);
         assert_eq!(rb.deferred(), vec![(54, 2)]);
+        assert!(rb.has_deferred());
         // The channel dies: the rest of the payload is gone, the tail is out of order again.
         rb.remove_deferred(54);
+        assert!(!rb.has_deferred());
         assert_eq!(rb.contiguous_end(), 54);
         assert_eq!(rb.front_deferred(), None);
         assert_eq!(rb.ready_data(), 0);

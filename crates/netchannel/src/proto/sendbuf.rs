@@ -15,10 +15,33 @@ pub const COALESCE_CHUNK: usize = 64 * 1024;
 /// writes coalesces into 64 KiB frames.
 const FIRST_CHUNK: usize = 1024;
 
+/// A run of unsent bytes: still open to small appends, or frozen (a pooled buffer a large
+/// write was copied into).
+enum Chunk {
+    Open(BytesMut),
+    Frozen(Bytes),
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        match self {
+            Chunk::Open(b) => b.len(),
+            Chunk::Frozen(b) => b.len(),
+        }
+    }
+
+    fn split_to(&mut self, n: usize) -> Bytes {
+        match self {
+            Chunk::Open(b) => b.split_to(n).freeze(),
+            Chunk::Frozen(b) => b.split_to(n),
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct SendBuf {
     /// Not yet sent, in offset order of arrival.
-    chunks: VecDeque<(u64, BytesMut)>,
+    chunks: VecDeque<(u64, Chunk)>,
     /// Sent on a channel that was lost before the peer acknowledged it: sent again first.
     retransmit: VecDeque<(u64, Bytes)>,
     bytes: u64,
@@ -41,7 +64,7 @@ impl SendBuf {
             return;
         }
         self.bytes += data.len() as u64;
-        if let Some((start, back)) = self.chunks.back_mut() {
+        if let Some((start, Chunk::Open(back))) = self.chunks.back_mut() {
             let contiguous = *start + back.len() as u64 == offset;
             if contiguous && back.capacity() - back.len() >= data.len() {
                 back.extend_from_slice(data);
@@ -52,16 +75,17 @@ impl SendBuf {
         self.next_chunk = (grow * 2).min(COALESCE_CHUNK) as u32;
         let mut chunk = BytesMut::with_capacity(data.len().max(grow));
         chunk.extend_from_slice(data);
-        self.chunks.push_back((offset, chunk));
+        self.chunks.push_back((offset, Chunk::Open(chunk)));
     }
 
-    /// Adds a chunk the caller filled (large writes are copied outside the session lock).
-    pub fn push_owned(&mut self, offset: u64, chunk: BytesMut) {
+    /// Adds bytes the caller copied (large writes are copied outside the session lock, into
+    /// pooled buffers).
+    pub fn push_frozen(&mut self, offset: u64, chunk: Bytes) {
         if chunk.is_empty() {
             return;
         }
         self.bytes += chunk.len() as u64;
-        self.chunks.push_back((offset, chunk));
+        self.chunks.push_back((offset, Chunk::Frozen(chunk)));
     }
 
     /// Queues bytes to send again (after the channel that carried them was lost).
@@ -90,10 +114,10 @@ impl SendBuf {
         let (offset, chunk) = self.chunks.front_mut()?;
         let off = *offset;
         let n = chunk.len().min(max);
-        let out = chunk.split_to(n).freeze();
+        let out = chunk.split_to(n);
         *offset += n as u64;
         // An emptied chunk is dropped, spare room and all: an idle stream holds no memory.
-        if chunk.is_empty() {
+        if chunk.len() == 0 {
             self.chunks.pop_front();
         }
         self.bytes -= n as u64;
@@ -151,7 +175,7 @@ mod tests {
     #[test]
     fn retransmissions_go_first() {
         let mut b = SendBuf::default();
-        b.push_owned(100, BytesMut::from(&b"new"[..]));
+        b.push_frozen(100, Bytes::from_static(b"new"));
         b.retransmit(10, Bytes::from_static(b"again"));
         assert_eq!(b.take(3).unwrap(), (10, Bytes::from_static(b"aga")));
         assert_eq!(b.take(30).unwrap(), (13, Bytes::from_static(b"in")));

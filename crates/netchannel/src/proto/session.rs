@@ -18,7 +18,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::stream::*;
 use super::table::{Lookup, Table};
@@ -488,13 +488,13 @@ impl<U: Default> Session<U> {
         Ok((offset, n))
     }
 
-    pub fn commit(&mut self, id: u64, offset: u64, chunk: BytesMut) {
+    pub fn commit(&mut self, id: u64, offset: u64, chunk: Bytes) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.reset.is_some() {
             return;
         }
         let n = chunk.len() as u64;
-        s.tx.push_owned(offset, chunk);
+        s.tx.push_frozen(offset, chunk);
         let class = s.class;
         self.classes[class.index()].unsent += n;
         self.activate(id);
@@ -1065,6 +1065,11 @@ impl<U: Default> Session<U> {
             st.rx_pos - st.rx_acked >= self.cfg.ack_threshold
                 || owed_since.is_some_and(|t| st.ack_since.is_some_and(|s| s <= t))
         })
+    }
+
+    /// Bytes sent on channel `ch` and not yet acknowledged.
+    pub fn channel_retained(&self, ch: u16) -> u64 {
+        self.channels.get(ch as usize).and_then(Option::as_ref).map_or(0, |st| st.retained_bytes)
     }
 
     /// Bytes sent on channels and not yet acknowledged.

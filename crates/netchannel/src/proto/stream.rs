@@ -111,7 +111,7 @@ pub struct Stream<U> {
     /// The application closed its handle; the state lingers until the stream is done.
     pub app_closed: bool,
     pub(crate) owe: u8,
-    pub(crate) flags: u8,
+    pub flags: u8,
     /// Pending event bits (`EV_*`), while `F_EVENT` is set.
     pub(crate) events: u8,
     /// Frames of this stream pulled onto channels and not yet acknowledged.
@@ -130,7 +130,7 @@ pub struct Stream<U> {
     pub(crate) tx: SendBuf,
 
     // receive half
-    pub(crate) rx: RecvBuf,
+    pub rx: RecvBuf,
     pub(crate) granted: u64,
     pub(crate) window: u32,
     pub(crate) fin: Option<u64>,

@@ -150,6 +150,17 @@ pub fn read_append(fd: BorrowedFd<'_>, buf: &mut BytesMut, max: usize) -> io::Re
     Ok(n)
 }
 
+/// Reads up to `max` bytes from `fd` into the spare capacity of a `Vec` (a pooled buffer).
+pub fn read_append_vec(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    let want = spare.len().min(max);
+    let (init, _) = rustix::io::read(fd, &mut spare[..want])?;
+    let n = init.len();
+    // SAFETY: the kernel initialised exactly the first `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 /// Reads into an initialised buffer (an application's buffer: direct placement).
 pub fn read_into(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(rustix::io::read(fd, buf)?)

@@ -40,6 +40,17 @@ impl StreamUser {
         }
     }
 
+    /// Whether a large payload for this stream should stay in the socket for its reader to read
+    /// straight into its buffer: only when the reader is at hand (the current thread is it, in
+    /// `recv` or in `wait` on the stream's poller) or is blocked in `recv` on this stream. A
+    /// deferred payload holds up its channel until read: left for an event loop elsewhere, even
+    /// one that sleeps and would come within a wake-up, it stalls every other stream of the
+    /// channel meanwhile (measured: all-to-all over 64 streams lost a fifth of its goodput).
+    pub fn reader_at_hand(&self) -> bool {
+        self.waiters.iter().any(|(_, interest)| interest & EV_READ != 0)
+            || self.poll.as_ref().is_some_and(|p| p.polled_by_current_thread())
+    }
+
     /// Collects who must be told about `bits`.
     pub fn wakes(&self, bits: u8, wakes: &mut Wakes) {
         for (w, interest) in &self.waiters {

@@ -47,6 +47,11 @@ impl PollEntry {
         PollEntry { poller: poller.shared.clone(), token, queued: AtomicBool::new(false) }
     }
 
+    /// Whether the calling thread is the one waiting on this entry's poller right now.
+    pub fn polled_by_current_thread(&self) -> bool {
+        waiter::polling() == Arc::as_ptr(&self.poller) as usize
+    }
+
     /// Lists the socket as ready (once until `wait` returns it).
     pub fn notify(self: &Arc<Self>) {
         if self.queued.swap(true, Ordering::AcqRel) {
@@ -146,7 +151,9 @@ impl Poller {
             if let Err(e) = w.sleep(deadline, &mut events) {
                 break Err(e);
             }
+            waiter::set_polling(Arc::as_ptr(&self.shared) as usize);
             waiter::handle(&mut events);
+            waiter::set_polling(0);
         };
         *self.shared.waiter.lock() = None;
         result

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::poller::{PollEntry, Poller};
@@ -34,8 +34,6 @@ use crate::wire::{Class, RstReason};
 
 /// Writes at least this large are copied into the send buffer outside the session lock.
 const COPY_OUTSIDE_LOCK: usize = 64 * 1024;
-/// A class holding this many unsent bytes is written now, even by a thread that defers.
-const FLUSH_BYTES: u64 = 64 * 1024;
 
 fn reset_error(cause: ResetCause) -> io::Error {
     use io::ErrorKind::*;
@@ -186,7 +184,7 @@ impl VSocket {
         };
         session.timers_changed();
         let sock = VSocket::wrap(session, id);
-        if waiter::send_now(&sock.session) {
+        if waiter::send_now(&sock.session, 0) {
             sock.session.transmit(class);
         }
         if wait {
@@ -348,7 +346,7 @@ impl VSocket {
     /// One attempt: queues what credit and space allow and writes it now or soon.
     fn try_send(&self, data: &[u8]) -> io::Result<usize> {
         let s = &self.session;
-        let (n, class, congested, unsent) = {
+        let (n, class, congested) = {
             let mut core = s.lock();
             let r = if data.len() < COPY_OUTSIDE_LOCK {
                 core.send(self.id, data)
@@ -356,10 +354,21 @@ impl VSocket {
                 match core.reserve(self.id, data.len()) {
                     Ok((offset, n)) => {
                         drop(core);
-                        let mut chunk = BytesMut::with_capacity(n);
-                        chunk.extend_from_slice(&data[..n]);
+                        // Copied outside the lock into pooled buffers (warm, no page faults).
+                        let pool = &s.ctx.pool;
+                        let mut chunks = Vec::with_capacity(n.div_ceil(pool.buffer_size()));
+                        for piece in data[..n].chunks(pool.buffer_size()) {
+                            let mut b = pool.get();
+                            b.extend_from_slice(piece);
+                            chunks.push(b.freeze());
+                        }
                         core = s.lock();
-                        core.commit(self.id, offset, chunk);
+                        let mut at = offset;
+                        for c in chunks {
+                            let len = c.len() as u64;
+                            core.commit(self.id, at, c);
+                            at += len;
+                        }
                         Ok(n)
                     }
                     Err(e) => Err(e),
@@ -367,13 +376,12 @@ impl VSocket {
             };
             let class = core.stream(self.id).map_or(Class::Throughput, |st| st.class);
             let congested = core.take_congestion(class);
-            let unsent = core.unsent(class);
             let mut wakes = Wakes::default();
             s.settle(&mut core, &mut wakes);
             drop(core);
             wakes.fire();
             match r {
-                Ok(n) => (n, class, congested, unsent),
+                Ok(n) => (n, class, congested),
                 Err(e) => {
                     if congested {
                         s.ctx.grow(s);
@@ -385,7 +393,7 @@ impl VSocket {
         if congested {
             s.ctx.grow(s);
         }
-        if waiter::send_now(s) || unsent >= FLUSH_BYTES {
+        if waiter::send_now(s, n) {
             s.transmit(class);
         } else {
             s.defer_flush();
@@ -790,7 +798,6 @@ impl Listener {
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> io::Result<VSocket> {
         let deadline = timeout.map(|d| Instant::now() + d);
         let w = waiter::current()?;
-        let mut events = Vec::new();
         let mut registered = false;
         let result = loop {
             w.begin();
@@ -812,10 +819,9 @@ impl Listener {
                 continue; // re-check: an offer may have come before we were listed
             }
             waiter::before_wait(false);
-            if let Err(e) = w.sleep(deadline, &mut events) {
+            if let Err(e) = w.sleep_quiet(deadline) {
                 break Err(e);
             }
-            waiter::handle(&mut events);
         };
         if registered {
             self.shared.waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
