@@ -88,8 +88,11 @@ pub struct FrameReader {
     pending: Option<(u64, u64, u64)>,
     /// A payload is left in the socket for its reader; nothing is read until `resume`.
     deferred: bool,
-    /// The last frame was a large DATA: read one header next.
-    bulk: bool,
+    /// How often large payloads were deferred lately (a saturating score, 0..=8). While they
+    /// mostly are, the reader reads one header at a time, so the next large payload is not
+    /// half-read into the staging buffer; while they are mostly staged, it reads as much as it
+    /// can and parses in place.
+    defer_score: u8,
     /// Payloads at least this large are handed to the session as `Header`.
     large: usize,
 }
@@ -103,7 +106,7 @@ impl FrameReader {
             piece: None,
             pending: None,
             deferred: false,
-            bulk: false,
+            defer_score: 3,
             large: large.max(1),
         }
     }
@@ -121,15 +124,17 @@ impl FrameReader {
             return 0;
         }
         if let Some(p) = &self.payload {
+            let exact = (p.remaining as usize).min(frame::MAX_PAYLOAD);
             return match p.mode {
                 // Read into a buffer of its own: exactly the payload.
-                Mode::Deferred { keep: true } => (p.remaining as usize).min(frame::MAX_PAYLOAD),
-                // Read into the staging buffer with full-size reads: what follows the payload
-                // is parsed in place, as any frame.
+                Mode::Deferred { keep: true } => exact,
+                // Exactly the payload when the next payload is likely deferred; else full-size
+                // reads: what follows the payload is parsed in place, as any frame.
+                _ if self.deferring() => exact,
                 _ => (p.remaining as usize).clamp(READ_SIZE, frame::MAX_PAYLOAD),
             };
         }
-        if self.bulk && self.buf.len() < MAX_HEADER_LEN {
+        if self.deferring() && self.buf.len() < MAX_HEADER_LEN {
             return DATA_HEADER_LEN - self.buf.len().min(DATA_HEADER_LEN - 1);
         }
         READ_SIZE
@@ -144,12 +149,19 @@ impl FrameReader {
         &mut self.buf
     }
 
-    /// Where the next read of `want` bytes goes: a pooled buffer while a payload the engine
-    /// took over from its reader is staged (after the staging buffer's leftovers are parsed),
-    /// else the staging buffer.
+    /// Whether large payloads on this channel are mostly deferred lately.
+    fn deferring(&self) -> bool {
+        self.defer_score >= 4
+    }
+
+    /// Where the next read of `want` bytes goes: a pooled buffer of its own while a payload is
+    /// read exactly (after the staging buffer's leftovers are parsed), else the staging buffer.
     pub fn target(&mut self, want: usize) -> Target<'_> {
-        let staging_payload =
-            matches!(self.payload, Some(Payload { mode: Mode::Deferred { keep: true }, .. }));
+        let staging_payload = match self.payload {
+            Some(Payload { mode: Mode::Deferred { keep: true }, .. }) => true,
+            Some(Payload { mode: Mode::Stage { .. }, .. }) => self.deferring(),
+            _ => false,
+        };
         if staging_payload && self.buf.is_empty() {
             if let Some(pool) = &self.pool {
                 if self.piece.as_ref().is_none_or(|p| p.len() == p.capacity()) {
@@ -213,7 +225,6 @@ impl FrameReader {
             }
             match frame::decode(&self.buf)? {
                 Decoded::Frame(Frame::Data { stream, offset, .. }, n) => {
-                    self.bulk = false;
                     let mut whole = self.buf.split_to(n).freeze();
                     whole.advance(DATA_HEADER_LEN);
                     out.push(Parsed::Data { stream, offset, payload: whole });
@@ -221,7 +232,6 @@ impl FrameReader {
                 Decoded::Frame(f, n) => {
                     let owned = owned_control(f);
                     self.buf.advance(n);
-                    self.bulk = false;
                     out.push(Parsed::Control(owned));
                 }
                 Decoded::PartialData { stream, offset, len } if len >= self.large => {
@@ -243,7 +253,10 @@ impl FrameReader {
     /// half-read into the staging buffer); otherwise it reads as much as it can.
     pub fn verdict(&mut self, v: Verdict) {
         let Some((stream, offset, remaining)) = self.pending.take() else { return };
-        self.bulk = v == Verdict::Defer;
+        self.defer_score = match v {
+            Verdict::Defer => (self.defer_score + 2).min(8),
+            _ => self.defer_score.saturating_sub(1),
+        };
         if remaining == 0 {
             return;
         }
@@ -318,8 +331,11 @@ mod tests {
             matches!(&out[2], Parsed::Header { stream: 5, offset: 5, len: 1000, prefix } if prefix.len() == 10)
         );
         assert_eq!(r.want(), 0, "no read before the verdict");
+        r.defer_score = 8;
         r.verdict(Verdict::Stage);
-        assert_eq!(r.want(), READ_SIZE, "a staged payload is read with what follows it");
+        assert_eq!(r.want(), 990, "payloads were deferred lately: the next one may be too");
+        r.defer_score = 0;
+        assert_eq!(r.want(), READ_SIZE, "mostly staged: read the payload with what follows");
         feed(&mut r, &wire[header_end + 10..]);
         out.clear();
         r.parse(&mut out, 64).unwrap();
@@ -339,7 +355,8 @@ mod tests {
         r.verdict(Verdict::Defer);
         assert_eq!(r.want(), 0);
         r.resume();
-        assert_eq!(r.want(), DATA_HEADER_LEN, "after a large payload, one header at a time");
+        r.defer_score = 8;
+        assert_eq!(r.want(), DATA_HEADER_LEN, "payloads are deferred: one header at a time");
         r.take_over_deferred(5, true); // not deferred any more: ignored
         assert_eq!(r.want(), DATA_HEADER_LEN);
     }

@@ -30,6 +30,9 @@ const RX_READS_PER_RUN: usize = 16;
 const PARSE_BATCH: usize = 512;
 /// Frames (and about twice as many iovecs) per pull.
 const MAX_FRAMES: usize = 256;
+/// A stream whose reader read a payload straight from a channel this recently is being read:
+/// its next payload is left for it too.
+const ACTIVE_READER: std::time::Duration = std::time::Duration::from_micros(200);
 
 pub(crate) type Core = Session<StreamUser>;
 
@@ -272,11 +275,16 @@ impl SessionRt {
                     Parsed::Header { stream, offset, len, prefix } => {
                         frames += 1;
                         // Left in the socket only when its reader will read it soon: it is at
-                        // hand, or already reads this stream's payloads straight from channels.
+                        // hand, or reads this stream's payloads straight from channels (one is
+                        // waiting, or it read one a moment ago).
                         let defer = defer_ok
-                            && core
-                                .stream(stream)
-                                .is_some_and(|s| s.user.reader_at_hand() || s.rx.has_deferred());
+                            && core.stream(stream).is_some_and(|s| {
+                                s.user.reader_at_hand()
+                                    || s.rx.has_deferred()
+                                    || s.direct_read_at.is_some_and(|t| {
+                                        now.saturating_duration_since(t) < ACTIVE_READER
+                                    })
+                            });
                         match core.data_header(index, stream, offset, len, prefix, defer, now) {
                             Ok(v) => {
                                 st.reader.verdict(match v {

@@ -578,6 +578,7 @@ impl<U: Default> Session<U> {
         let s = self.streams.get_mut(id).expect("checked");
         s.rx.consume_deferred(n);
         s.flags &= !F_DEFERRED_EMPTY;
+        s.direct_read_at = Some(now);
         self.after_consume(id);
         true
     }

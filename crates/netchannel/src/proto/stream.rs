@@ -118,6 +118,8 @@ pub struct Stream<U> {
     pub(crate) unacked_frames: u32,
     /// Connect or linger deadline.
     pub(crate) deadline: Option<Instant>,
+    /// When the application last read a payload of this stream straight from a channel.
+    pub direct_read_at: Option<Instant>,
     pub frames_sent: u32,
     pub frames_received: u32,
     pub protocol_errors: u16,
@@ -151,6 +153,7 @@ impl<U> Stream<U> {
             events: 0,
             unacked_frames: 0,
             deadline: None,
+            direct_read_at: None,
             frames_sent: 0,
             frames_received: 0,
             protocol_errors: 0,
