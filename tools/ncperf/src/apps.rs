@@ -25,6 +25,8 @@ pub enum Workload {
     Stream,
     Rr,
     Mixed,
+    /// Flows opened and left idle: what a connection costs in memory when it holds no bytes.
+    Idle,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -43,6 +45,7 @@ impl Workload {
             Workload::Stream => "stream",
             Workload::Rr => "rr",
             Workload::Mixed => "mixed",
+            Workload::Idle => "idle",
         }
     }
 }
@@ -237,6 +240,11 @@ pub struct ClientReport {
     pub rpcs: u64,
     pub latency_hist: Vec<(u64, u64)>,
     pub flows: u64,
+    /// Resident memory before the flows were opened and at the start of the window (bytes).
+    #[serde(default)]
+    pub rss_before: u64,
+    #[serde(default)]
+    pub rss_window: u64,
 }
 
 /// What a server process reports: bytes its sink flows received in the window.
@@ -244,6 +252,21 @@ pub struct ClientReport {
 pub struct ServerReport {
     pub sink_bytes: u64,
     pub flows: u64,
+    #[serde(default)]
+    pub rss_before: u64,
+    #[serde(default)]
+    pub rss_window: u64,
+}
+
+/// This process's resident memory in bytes (VmRSS of /proc/self/status).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 pub struct ClientArgs {
@@ -252,6 +275,8 @@ pub struct ClientArgs {
     pub engine: EngineOpts,
     pub plan: Plan,
     pub rate: Option<f64>,
+    /// Open the flows and leave them idle.
+    pub idle: bool,
 }
 
 struct ClientFlow {
@@ -390,9 +415,15 @@ fn client_app(
     counters: Arc<Counters>,
     gate: Arc<Gate>,
     rate: Option<f64>,
+    idle: bool,
 ) -> Histogram<u64> {
     let max_size = flows.iter().map(|f| f.spec.size as usize).max().unwrap_or(1);
     let window = gate.wait();
+    if idle {
+        sleep_until(window.end);
+        drop(flows);
+        return new_histogram();
+    }
     let mut cx = AppCtx {
         waiter: &waiter,
         wbuf: vec![0x6Eu8; max_size.max(IO_BUF)],
@@ -471,6 +502,7 @@ pub fn run_client(
     window: impl FnOnce() -> io::Result<Window>,
 ) -> io::Result<ClientReport> {
     let client = Arc::new(Client::new(args.stack, args.server, args.engine)?);
+    let rss_before = rss_bytes();
     let gate = Arc::new(Gate::default());
     let mut per_app: Vec<Vec<FlowSpec>> = vec![Vec::new(); args.plan.sender_apps];
     for f in &args.plan.flows {
@@ -485,7 +517,7 @@ pub fn run_client(
         counters.push(c.clone());
         let (client, gate, ready, failed) =
             (client.clone(), gate.clone(), ready_tx.clone(), failed.clone());
-        let (stack, server, rate) = (args.stack, args.server, args.rate);
+        let (stack, server, rate, idle) = (args.stack, args.server, args.rate, args.idle);
         handles.push(std::thread::spawn(move || {
             let setup = || -> io::Result<(Vec<ClientFlow>, Waiter)> {
                 let waiter = Waiter::new(stack)?;
@@ -519,7 +551,7 @@ pub fn run_client(
             match setup() {
                 Ok((flows, waiter)) => {
                     let _ = ready.send(Ok(()));
-                    Some(client_app(flows, waiter, c, gate, rate))
+                    Some(client_app(flows, waiter, c, gate, rate, idle))
                 }
                 Err(e) => {
                     failed.store(true, Ordering::Relaxed);
@@ -548,6 +580,7 @@ pub fn run_client(
     let w = window()?;
     gate.open(w);
     sleep_until(w.start);
+    let rss_window = rss_bytes();
     let (b0, r0) = snapshot(&counters);
     sleep_until(w.end);
     let (b1, r1) = snapshot(&counters);
@@ -562,6 +595,8 @@ pub fn run_client(
         rpcs: r1 - r0,
         latency_hist: histogram_to_pairs(&hist),
         flows: args.plan.flows.len() as u64,
+        rss_before,
+        rss_window,
     })
 }
 
@@ -684,6 +719,7 @@ pub fn run_server(
     coordinated: bool,
 ) -> io::Result<()> {
     let server = Arc::new(Server::bind(stack, listen, engine)?);
+    let rss_before = rss_bytes();
     println!("ready {}", server.local_addr()?);
     io::stdout().flush()?;
     let apps: Arc<Mutex<Vec<Arc<ReceiverApp>>>> = Arc::new(Mutex::new(Vec::new()));
@@ -764,13 +800,19 @@ pub fn run_server(
         }
     };
     sleep_until(window.start);
+    let rss_window = rss_bytes();
     let (b0, _) = snapshot(&counters());
     sleep_until(window.end);
     let (b1, _) = snapshot(&counters());
     // Wait for the orchestrator to close stdin (the clients are done), then report.
     for _ in lines.by_ref() {}
     stop.store(true, Ordering::Relaxed);
-    let report = ServerReport { sink_bytes: b1 - b0, flows: accepted.load(Ordering::Relaxed) };
+    let report = ServerReport {
+        sink_bytes: b1 - b0,
+        flows: accepted.load(Ordering::Relaxed),
+        rss_before,
+        rss_window,
+    };
     println!("{}", serde_json::to_string(&report).map_err(io::Error::other)?);
     io::stdout().flush()
 }

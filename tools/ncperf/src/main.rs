@@ -297,6 +297,7 @@ fn client(
         engine: EngineOpts { channels: run.channels, policy: run.policy },
         plan,
         rate: run.rate,
+        idle: run.workload == Workload::Idle,
     };
     let (warmup, duration) = (run.warmup, run.duration);
     let window = move || -> std::io::Result<apps::Window> {

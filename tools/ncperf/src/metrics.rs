@@ -30,6 +30,12 @@ pub struct RunResult {
     pub client_cpu_cores: f64,
     pub server_cpu_cores: f64,
     pub gbps_per_core: f64,
+    /// Resident memory each side's processes gained for their flows, per flow, between before
+    /// the flows were opened and the start of the window (bytes; includes ncperf's own state).
+    #[serde(default)]
+    pub client_rss_per_flow: Option<f64>,
+    #[serde(default)]
+    pub server_rss_per_flow: Option<f64>,
     pub hosts: String,
     pub channels: Option<usize>,
     pub policy: Option<String>,

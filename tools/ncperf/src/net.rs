@@ -170,21 +170,6 @@ fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
     config.max_channels = opts.channels; // measured at a fixed channel count
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
-    if let Some(v) = std::env::var("NC_DEFER_MIN").ok().and_then(|v| v.parse().ok()) {
-        config.defer_min = v; // TEMP experiment
-    }
-    if let Some(v) = std::env::var("NC_LOWAT").ok().and_then(|v| v.parse().ok()) {
-        config.notsent_lowat = v; // TEMP experiment
-    }
-    if let Some(v) = std::env::var("NC_FRAME").ok().and_then(|v| v.parse().ok()) {
-        config.max_frame_payload = v; // TEMP experiment
-    }
-    if let Some(v) = std::env::var("NC_WINDOW").ok().and_then(|v| v.parse().ok()) {
-        config.stream_window = v; // TEMP experiment
-    }
-    if let Some(v) = std::env::var("NC_TXBATCH").ok().and_then(|v| v.parse().ok()) {
-        config.tx_batch_bytes = v; // TEMP experiment
-    }
     Engine::new(config)
 }
 

@@ -332,9 +332,21 @@ pub fn run_with(
     let sink_bytes: u64 = server_reports.iter().map(|r| r.sink_bytes).sum();
     let rpcs: u64 = client_reports.iter().map(|r| r.rpcs).sum();
     let goodput = match args.workload {
-        Workload::Stream | Workload::Mixed => metrics::gbps(sink_bytes, secs),
+        Workload::Stream | Workload::Mixed | Workload::Idle => metrics::gbps(sink_bytes, secs),
         Workload::Rr => metrics::gbps(client_bytes, secs),
     };
+    // Resident memory each side gained for its flows, per flow (all processes together).
+    let per_flow = |before: u64, window: u64| {
+        (flows > 0).then(|| window.saturating_sub(before) as f64 / flows as f64)
+    };
+    let client_rss_per_flow = per_flow(
+        client_reports.iter().map(|r| r.rss_before).sum(),
+        client_reports.iter().map(|r| r.rss_window).sum(),
+    );
+    let server_rss_per_flow = per_flow(
+        server_reports.iter().map(|r| r.rss_before).sum(),
+        server_reports.iter().map(|r| r.rss_window).sum(),
+    );
     let cpu_cores = metrics::busy_cores(m1.busy.saturating_sub(m0.busy), tps, measured);
     Ok(RunResult {
         stack: stack.name().into(),
@@ -357,6 +369,8 @@ pub fn run_with(
         },
         channels: (stack == Stack::Netchannel).then_some(args.channels),
         policy: (stack == Stack::Netchannel).then(|| args.policy.to_string()),
+        client_rss_per_flow,
+        server_rss_per_flow,
         latency_flows: args.latency_flows,
         throughput_flows: args.throughput_flows,
         processes: pairs,

@@ -136,10 +136,7 @@ impl Engine {
         let worker_count = config.workers + usize::from(config.latency_channels > 0);
         let workers = (0..worker_count).map(Worker::new).collect::<io::Result<Vec<_>>>()?;
         let ctx = Arc::new(EngineCtx {
-            pool: crate::proto::pool::BufPool::new(
-                config.max_frame_payload.max(64 * 1024),
-                std::env::var("NC_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
-            ),
+            pool: crate::proto::pool::BufPool::new(config.max_frame_payload.max(64 * 1024), 64),
             id: crate::sys::random_u64(),
             local_addr,
             listeners: Mutex::new(HashMap::new()),
@@ -225,39 +222,6 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.ctx.stats()
-    }
-
-    #[doc(hidden)]
-    pub fn debug_dump(&self) -> String {
-        let mut out = String::new();
-        for s in self.ctx.all_sessions() {
-            for ch in s.channels() {
-                let core = s.lock();
-                let rx = ch.rx.lock();
-                out += &format!(
-                    "ch{} deferred={:?} reader(def={} want={} mid={}) rx_busy={} tx_blocked={}\n",
-                    ch.meta.index,
-                    core.deferred(ch.meta.index),
-                    rx.reader.is_deferred(),
-                    rx.reader.want(),
-                    rx.reader.mid_frame(),
-                    ch.rx_run.is_busy(),
-                    ch.tx_blocked.load(Ordering::Relaxed)
-                );
-            }
-            let core = s.lock();
-            for (id, st) in core.streams() {
-                out += &format!(
-                    "stream {id}: front_deferred={:?} ready={} unread={} readable={} flags={:#x}\n",
-                    st.rx.front_deferred(),
-                    st.rx.ready_data(),
-                    st.rx.unread(),
-                    st.readable(),
-                    st.flags
-                );
-            }
-        }
-        out
     }
 
     /// Stops every thread and fails every open virtual socket. Idempotent.

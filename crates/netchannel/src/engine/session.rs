@@ -278,13 +278,10 @@ impl SessionRt {
                         // hand, or reads this stream's payloads straight from channels (one is
                         // waiting, or it read one a moment ago).
                         let defer = defer_ok
-                            && core.stream(stream).is_some_and(|s| {
-                                s.user.reader_at_hand()
-                                    || s.rx.has_deferred()
-                                    || s.direct_read_at.is_some_and(|t| {
-                                        now.saturating_duration_since(t) < ACTIVE_READER
-                                    })
-                            });
+                            && (core
+                                .stream(stream)
+                                .is_some_and(|s| s.user.reader_at_hand() || s.rx.has_deferred())
+                                || core.read_directly_within(stream, now, ACTIVE_READER));
                         match core.data_header(index, stream, offset, len, prefix, defer, now) {
                             Ok(v) => {
                                 st.reader.verdict(match v {
@@ -324,6 +321,10 @@ impl SessionRt {
             }
             self.settle(&mut core, wakes);
             let control_due = core.has_transmit(index) || core.ack_due(None);
+            if core.owes_ack() {
+                // Carried by the next frames out; if none go, the worker's tick sends it.
+                self.ctx.workers[ch.worker].demand_tick();
+            }
             drop(core);
             st.parsed = parsed;
             ch.count_rx_frames(frames);

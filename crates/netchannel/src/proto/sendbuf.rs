@@ -43,7 +43,9 @@ pub struct SendBuf {
     /// Not yet sent, in offset order of arrival.
     chunks: VecDeque<(u64, Chunk)>,
     /// Sent on a channel that was lost before the peer acknowledged it: sent again first.
-    retransmit: VecDeque<(u64, Bytes)>,
+    /// Boxed (a VecDeque is 32 bytes even when empty): rare, and an idle stream stays small.
+    #[allow(clippy::box_collection)]
+    retransmit: Option<Box<VecDeque<(u64, Bytes)>>>,
     bytes: u64,
     /// Capacity of the next chunk (0: `FIRST_CHUNK`).
     next_chunk: u32,
@@ -91,7 +93,7 @@ impl SendBuf {
     /// Queues bytes to send again (after the channel that carried them was lost).
     pub fn retransmit(&mut self, offset: u64, data: Bytes) {
         self.bytes += data.len() as u64;
-        self.retransmit.push_back((offset, data));
+        self.retransmit.get_or_insert_with(Box::default).push_back((offset, data));
     }
 
     /// Takes up to `max` bytes from the front: `(offset, bytes)`.
@@ -99,17 +101,22 @@ impl SendBuf {
         if max == 0 {
             return None;
         }
-        if let Some((offset, data)) = self.retransmit.front_mut() {
-            let off = *offset;
-            let out = if data.len() <= max {
-                let (_, d) = self.retransmit.pop_front().expect("front exists");
-                d
-            } else {
-                *offset += max as u64;
-                data.split_to(max)
-            };
-            self.bytes -= out.len() as u64;
-            return Some((off, out));
+        if let Some(q) = self.retransmit.as_mut() {
+            if let Some((offset, data)) = q.front_mut() {
+                let off = *offset;
+                let out = if data.len() <= max {
+                    let (_, d) = q.pop_front().expect("front exists");
+                    d
+                } else {
+                    *offset += max as u64;
+                    data.split_to(max)
+                };
+                if q.is_empty() {
+                    self.retransmit = None;
+                }
+                self.bytes -= out.len() as u64;
+                return Some((off, out));
+            }
         }
         let (offset, chunk) = self.chunks.front_mut()?;
         let off = *offset;
@@ -131,7 +138,7 @@ impl SendBuf {
     pub fn clear(&mut self) -> u64 {
         let n = self.bytes;
         self.chunks.clear();
-        self.retransmit.clear();
+        self.retransmit = None;
         self.bytes = 0;
         n
     }

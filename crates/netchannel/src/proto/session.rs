@@ -15,7 +15,7 @@
 //! freed only when nothing it depends on is in flight.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -226,17 +226,22 @@ pub struct Session<U> {
     classes: [ClassTx; 2],
     /// Streams with unsent bytes: the scheduler's queues.
     active: ActiveQueues,
-    /// The peer's id of each stream it opened here, so a SYN sent again after a channel loss
-    /// does not open a second stream.
-    opened_by_peer: HashMap<u64, u64>,
+    /// For each index of the peer's stream table, the index (+1) of the stream it opened here
+    /// from it, so a SYN sent again after a channel loss does not open a second stream. Dense,
+    /// like the peer's ids: 4 bytes per stream instead of a hash-map entry.
+    opened_by_peer: Vec<u32>,
     events: VecDeque<u64>,
     incoming: VecDeque<u64>,
-    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// Stream deadlines on the session's compact clock (entries whose stream has another
+    /// deadline by now are dropped when met).
+    timers: BinaryHeap<Reverse<(u64, u64)>>,
     /// The last channel was lost: every stream is reset and no new one can open.
     dead: bool,
     stats: CoreStats,
     /// The latest time an input carried (for calls that carry none).
     now: Option<Instant>,
+    /// The origin of the session's compact clock (`ticks`).
+    epoch: Option<Instant>,
 }
 
 fn rst_reason(cause: ResetCause) -> RstReason {
@@ -254,14 +259,43 @@ impl<U: Default> Session<U> {
             cfg,
             channels: (0..=MAX_CHANNEL_INDEX).map(|_| None).collect(),
             classes: [ClassTx::default(), ClassTx::default()],
-            opened_by_peer: HashMap::new(),
+            opened_by_peer: Vec::new(),
             events: VecDeque::new(),
             incoming: VecDeque::new(),
             timers: BinaryHeap::new(),
             dead: false,
             stats: CoreStats::default(),
             now: None,
+            epoch: None,
         }
+    }
+
+    /// An input carried the current time.
+    fn observe(&mut self, now: Instant) {
+        self.now = Some(now);
+        self.epoch.get_or_insert(now);
+    }
+
+    /// `t` on the session's compact clock: nanoseconds since the first current time it saw,
+    /// plus one (0 stands for "none").
+    fn ticks(&mut self, t: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(t);
+        t.saturating_duration_since(epoch).as_nanos() as u64 + 1
+    }
+
+    fn instant(&self, ticks: u64) -> Instant {
+        self.epoch.expect("ticks were taken") + std::time::Duration::from_nanos(ticks - 1)
+    }
+
+    /// Whether the application read a payload of `id` straight from a channel within
+    /// `window` before `now` (it is reading this stream right now).
+    pub fn read_directly_within(&mut self, id: u64, now: Instant, window: Duration) -> bool {
+        self.observe(now);
+        let now_us = (self.ticks(now) / 1000) as u32;
+        self.streams.get(id).is_some_and(|s| {
+            s.direct_read_us != 0
+                && (now_us.wrapping_sub(s.direct_read_us) as u128) < window.as_micros()
+        })
     }
 
     fn clock(&self) -> Instant {
@@ -391,6 +425,7 @@ impl<U: Default> Session<U> {
         user: U,
         now: Instant,
     ) -> Result<u64, OpenError> {
+        self.observe(now);
         if self.dead || self.channel_count() == 0 {
             return Err(OpenError::NoChannels);
         }
@@ -575,10 +610,11 @@ impl<U: Default> Session<U> {
         if d.remaining == 0 {
             st.deferred = None;
         }
+        let us = ((self.ticks(now) / 1000) as u32).max(1);
         let s = self.streams.get_mut(id).expect("checked");
         s.rx.consume_deferred(n);
         s.flags &= !F_DEFERRED_EMPTY;
-        s.direct_read_at = Some(now);
+        s.direct_read_us = us;
         self.after_consume(id);
         true
     }
@@ -684,6 +720,7 @@ impl<U: Default> Session<U> {
     /// otherwise the write half is finished and the stream lingers until its last bytes are
     /// delivered and the peer finished too (bounded by `linger`).
     pub fn close(&mut self, id: u64, now: Instant) {
+        self.observe(now);
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.app_closed {
             return;
@@ -777,8 +814,15 @@ impl<U: Default> Session<U> {
             Input::Control(f) => f.wire_len(),
             Input::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
         } as u64;
-        self.now = Some(now);
+        self.observe(now);
+        let is_ack = matches!(input, Input::Control(Frame::Ack { .. }));
         match self.channel_mut(ch) {
+            // An ACK is not retained by its sender: it needs no acknowledgement of its own (an
+            // ACK for an ACK would ping-pong forever).
+            Some(st) if is_ack && st.rx_acked == st.rx_pos => {
+                st.rx_pos += wire_len;
+                st.rx_acked = st.rx_pos;
+            }
             Some(st) => st.received(wire_len, now),
             None => return Ok(()),
         }
@@ -853,8 +897,16 @@ impl<U: Default> Session<U> {
         }
     }
 
+    /// The stream the peer's stream `src` opened here, if it still exists.
+    fn opened_from(&self, src: u64) -> Option<u64> {
+        let ours = *self.opened_by_peer.get(super::table::index_of(src))?;
+        let id = self.streams.id_at(ours.checked_sub(1)? as usize)?;
+        self.streams.get(id).filter(|s| s.peer == src && s.phase != Phase::Connecting)?;
+        Some(id)
+    }
+
     fn on_syn(&mut self, src: u64, port: u16, class: Class, window: u32) {
-        if let Some(&id) = self.opened_by_peer.get(&src) {
+        if let Some(id) = self.opened_from(src) {
             // Sent again after a channel loss: answer again if we already answered.
             if self.streams.get(id).is_some_and(|s| s.phase == Phase::Open) {
                 self.owe(id, OWE_SYN_ACK);
@@ -869,7 +921,11 @@ impl<U: Default> Session<U> {
         }) else {
             return self.queue_rst(class, src, RstReason::Refused);
         };
-        self.opened_by_peer.insert(src, id);
+        let slot = super::table::index_of(src);
+        if self.opened_by_peer.len() <= slot {
+            self.opened_by_peer.resize(slot + 1, 0);
+        }
+        self.opened_by_peer[slot] = super::table::index_of(id) as u32 + 1;
         self.incoming.push_back(id);
     }
 
@@ -917,7 +973,7 @@ impl<U: Default> Session<U> {
         now: Instant,
     ) -> Result<HeaderVerdict, Violation> {
         let got = DATA_HEADER_LEN as u64 + prefix.len() as u64;
-        self.now = Some(now);
+        self.observe(now);
         let can_defer = match self.channel_mut(ch) {
             Some(st) => {
                 st.received(got, now);
@@ -1068,6 +1124,11 @@ impl<U: Default> Session<U> {
         })
     }
 
+    /// Whether this side owes the peer an acknowledgement on any channel.
+    pub fn owes_ack(&self) -> bool {
+        self.channels.iter().flatten().any(|st| st.rx_pos > st.rx_acked)
+    }
+
     /// Bytes sent on channel `ch` and not yet acknowledged.
     pub fn channel_retained(&self, ch: u16) -> u64 {
         self.channels.get(ch as usize).and_then(Option::as_ref).map_or(0, |st| st.retained_bytes)
@@ -1193,7 +1254,7 @@ impl<U: Default> Session<U> {
         if owe & OWE_SYN_ACK != 0 && s.phase == Phase::Open {
             frames.push(Frame::SynAck { dst: s.peer, src: id, window: s.window });
         }
-        if owe & OWE_CREDIT != 0 && s.phase == Phase::Open && s.fin.is_none() {
+        if owe & OWE_CREDIT != 0 && s.phase == Phase::Open && !s.peer_finished() {
             let consumed = s.rx.consumed();
             s.granted = consumed + s.window as u64;
             frames.push(Frame::Credit { dst: s.peer, consumed, window: s.window });
@@ -1352,18 +1413,19 @@ impl<U: Default> Session<U> {
     }
 
     fn set_deadline(&mut self, id: u64, deadline: Option<Instant>) {
+        let ticks = deadline.map_or(0, |d| self.ticks(d));
         let Some(s) = self.streams.get_mut(id) else { return };
-        s.deadline = deadline;
-        if let Some(d) = deadline {
-            self.timers.push(Reverse((d, id)));
+        s.deadline = ticks;
+        if ticks != 0 {
+            self.timers.push(Reverse((ticks, id)));
         }
     }
 
     /// When `handle_timeout` has something to do next.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         while let Some(Reverse((t, id))) = self.timers.peek().copied() {
-            if self.streams.get(id).is_some_and(|s| s.deadline == Some(t)) {
-                return Some(t);
+            if self.streams.get(id).is_some_and(|s| s.deadline == t) {
+                return Some(self.instant(t));
             }
             self.timers.pop();
         }
@@ -1371,16 +1433,18 @@ impl<U: Default> Session<U> {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.observe(now);
+        let now = self.ticks(now);
         while let Some(Reverse((t, id))) = self.timers.peek().copied() {
             if t > now {
                 break;
             }
             self.timers.pop();
             let Some(s) = self.streams.get_mut(id) else { continue };
-            if s.deadline != Some(t) {
+            if s.deadline != t {
                 continue;
             }
-            s.deadline = None;
+            s.deadline = 0;
             if s.phase == Phase::Connecting {
                 self.reset_stream(id, ResetCause::ConnectTimeout, false);
             } else if s.app_closed {
@@ -1425,7 +1489,7 @@ impl<U: Default> Session<U> {
             && s.owe == 0
             && s.unacked_frames == 0
             && s.flags & F_FIN_SENT != 0
-            && s.fin.is_some();
+            && s.peer_finished();
         if done {
             self.free(id);
         }
@@ -1433,8 +1497,11 @@ impl<U: Default> Session<U> {
 
     fn free(&mut self, id: u64) {
         if let Some(s) = self.streams.remove(id) {
-            if self.opened_by_peer.get(&s.peer) == Some(&id) {
-                self.opened_by_peer.remove(&s.peer);
+            let slot = super::table::index_of(s.peer);
+            if s.phase != Phase::Connecting
+                && self.opened_by_peer.get(slot) == Some(&(super::table::index_of(id) as u32 + 1))
+            {
+                self.opened_by_peer[slot] = 0;
             }
             let n = s.tx.bytes();
             self.classes[s.class.index()].unsent -= n;

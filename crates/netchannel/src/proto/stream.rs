@@ -1,8 +1,6 @@
 //! Per-stream protocol state: offsets, credit, half-close, reset, and the two buffers. Pure:
 //! the session core ([`super::Session`]) calls these with peer frames and application calls.
 
-use std::time::Instant;
-
 use super::recvbuf::RecvBuf;
 use super::sendbuf::SendBuf;
 use crate::wire::{Class, RstReason};
@@ -111,15 +109,16 @@ pub struct Stream<U> {
     /// The application closed its handle; the state lingers until the stream is done.
     pub app_closed: bool,
     pub(crate) owe: u8,
-    pub flags: u8,
+    pub(crate) flags: u8,
     /// Pending event bits (`EV_*`), while `F_EVENT` is set.
     pub(crate) events: u8,
     /// Frames of this stream pulled onto channels and not yet acknowledged.
     pub(crate) unacked_frames: u32,
-    /// Connect or linger deadline.
-    pub(crate) deadline: Option<Instant>,
-    /// When the application last read a payload of this stream straight from a channel.
-    pub direct_read_at: Option<Instant>,
+    /// Connect or linger deadline, in the session's clock (`Session::ticks`; 0: none).
+    pub(crate) deadline: u64,
+    /// When the application last read a payload of this stream straight from a channel, in
+    /// microseconds of the session's clock (wrapping; 0: never).
+    pub(crate) direct_read_us: u32,
     pub frames_sent: u32,
     pub frames_received: u32,
     pub protocol_errors: u16,
@@ -132,11 +131,14 @@ pub struct Stream<U> {
     pub(crate) tx: SendBuf,
 
     // receive half
-    pub rx: RecvBuf,
+    pub(crate) rx: RecvBuf,
     pub(crate) granted: u64,
     pub(crate) window: u32,
-    pub(crate) fin: Option<u64>,
+    /// The final offset the peer announced (`NO_FIN` until its FIN).
+    fin: u64,
 }
+
+const NO_FIN: u64 = u64::MAX;
 
 impl<U> Stream<U> {
     pub(crate) fn new(user: U, port: u16, class: Class, phase: Phase, window: u32) -> Self {
@@ -152,8 +154,8 @@ impl<U> Stream<U> {
             flags: 0,
             events: 0,
             unacked_frames: 0,
-            deadline: None,
-            direct_read_at: None,
+            deadline: 0,
+            direct_read_us: 0,
             frames_sent: 0,
             frames_received: 0,
             protocol_errors: 0,
@@ -165,8 +167,13 @@ impl<U> Stream<U> {
             rx: RecvBuf::default(),
             granted: window as u64,
             window,
-            fin: None,
+            fin: NO_FIN,
         }
+    }
+
+    /// The final offset the peer announced, once its FIN arrived.
+    pub fn fin(&self) -> Option<u64> {
+        (self.fin != NO_FIN).then_some(self.fin)
     }
 
     /// A DATA range from the peer is within what this side granted and before any FIN.
@@ -175,7 +182,7 @@ impl<U> Stream<U> {
         if end > self.granted {
             return Err(Violation::BeyondCredit);
         }
-        if matches!(self.fin, Some(fin) if end > fin) {
+        if matches!(self.fin(), Some(fin) if end > fin) {
             return Err(Violation::BeyondFin);
         }
         Ok(())
@@ -187,10 +194,13 @@ impl<U> Stream<U> {
         if final_offset > self.granted {
             return Err(Violation::BeyondCredit);
         }
-        if final_offset < self.rx.high() || matches!(self.fin, Some(f) if f != final_offset) {
+        if final_offset == NO_FIN
+            || final_offset < self.rx.high()
+            || matches!(self.fin(), Some(f) if f != final_offset)
+        {
             return Err(Violation::BeyondFin);
         }
-        self.fin = Some(final_offset);
+        self.fin = final_offset;
         Ok(())
     }
 
@@ -224,14 +234,14 @@ impl<U> Stream<U> {
     }
 
     pub(crate) fn at_eof(&self) -> bool {
-        self.fin == Some(self.rx.consumed())
+        self.fin == self.rx.consumed()
     }
 
     /// The receive limit the peer would see after a CREDIT now has grown by a quarter window
     /// or more since the last one. Batching credits
     /// keeps control traffic to a few frames per window of data.
     pub(crate) fn credit_due(&self) -> bool {
-        if self.fin.is_some() || self.reset.is_some() || self.phase != Phase::Open {
+        if self.fin != NO_FIN || self.reset.is_some() || self.phase != Phase::Open {
             return false;
         }
         let limit = self.rx.consumed() + self.window as u64;
@@ -276,7 +286,7 @@ impl<U> Stream<U> {
     }
 
     pub fn peer_finished(&self) -> bool {
-        self.fin.is_some()
+        self.fin != NO_FIN
     }
 
     pub fn write_closed(&self) -> bool {
@@ -289,9 +299,9 @@ impl<U> Stream<U> {
             (_, _, true) => "closed",
             (_, Phase::Connecting, _) => "connecting",
             (_, Phase::Incoming, _) => "incoming",
-            _ if self.write_closed && self.fin.is_some() => "finished",
+            _ if self.write_closed && self.peer_finished() => "finished",
             _ if self.write_closed => "write-closed",
-            _ if self.fin.is_some() => "peer-finished",
+            _ if self.peer_finished() => "peer-finished",
             _ => "open",
         }
     }

@@ -103,6 +103,13 @@ impl<T> Table<T> {
         Some(value)
     }
 
+    /// The id of the stream in slot `index`, if any.
+    pub fn id_at(&self, index: usize) -> Option<u64> {
+        let slot = self.slots.get(index)?;
+        slot.value.as_ref()?;
+        Some((slot.generation << INDEX_BITS) | index as u64)
+    }
+
     pub fn live(&self) -> usize {
         self.live
     }

@@ -608,8 +608,8 @@ fn sticky_policy_keeps_a_stream_on_one_channel() {
 fn idle_streams_are_small() {
     // A million idle virtual sockets must fit well under 1 GiB (design brief, section 5):
     // the boxed state plus its 16-byte table slot.
-    let size = std::mem::size_of::<Stream<[usize; 3]>>() + 16;
-    assert!(size <= 400, "idle stream costs {size} bytes");
+    let size = std::mem::size_of::<Stream<crate::vns::StreamUser>>() + 16;
+    assert!(size <= 280, "idle stream costs {size} bytes");
     let _ = BytesMut::new();
     let _ = Bytes::new();
 }
@@ -626,4 +626,24 @@ fn payloads_the_engine_takes_over_mid_read_stay_intact() {
         let mut t = Transfer::new(a, b, seed, 64 << 20);
         run_transfer(&mut p, &mut t, 300_000, 2_000_000);
     }
+}
+
+#[test]
+fn an_idle_session_falls_silent() {
+    // After traffic, acknowledgements settle and nothing more is sent: no ACK for an ACK.
+    let mut p = Pair::new(13, &[Class::Throughput; 2], config());
+    let (a, b) = p.open(80, Class::Throughput);
+    let mut t = Transfer::new(a, b, 13, 100_000);
+    run_transfer(&mut p, &mut t, 10_000, 100_000);
+    for _ in 0..200 {
+        p.step(); // forced acknowledgements go out at random steps
+    }
+    let mut out = Vec::new();
+    for side in 0..2 {
+        assert!(!p.sides[side].owes_ack(), "side {side} still owes an acknowledgement");
+        for ch in 0..2 {
+            p.sides[side].poll_transmit(ch, 1 << 20, 64, true, &mut out);
+        }
+    }
+    assert!(out.is_empty(), "an idle session sent {} frames", out.len());
 }
