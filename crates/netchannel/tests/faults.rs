@@ -3,15 +3,14 @@
 
 mod common;
 
-use std::io::{BufRead, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use netchannel::wire::frame::MAX_HEADER_LEN;
 use netchannel::wire::handshake::HANDSHAKE_LEN;
-use netchannel::wire::{self, Decoded, Frame, Handshake, HandshakeKind, RejectReason};
+use netchannel::wire::{Frame, Handshake, HandshakeKind, RejectReason};
 use netchannel::{Class, Engine, VSocket};
 
 both_testbeds!(
@@ -54,31 +53,6 @@ impl Bystander {
             assert_eq!(got, msg);
         }
     }
-}
-
-/// A hand-driven peer on host A speaking raw bytes to engine `to`.
-fn raw_peer(tb: &Testbed, to: SocketAddr) -> TcpStream {
-    let s = tb.on_a(move || TcpStream::connect(to).unwrap());
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s
-}
-
-fn read_handshake(s: &mut TcpStream) -> Handshake {
-    let mut reply = [0u8; HANDSHAKE_LEN];
-    s.read_exact(&mut reply).unwrap();
-    Handshake::decode(&reply).unwrap()
-}
-
-/// Completes a channel handshake by hand (no key) and returns the raw channel.
-fn raw_channel(tb: &Testbed, to: SocketAddr) -> TcpStream {
-    let mut s = raw_peer(tb, to);
-    let hello = Handshake::hello(0xBAD, 0, Class::Throughput, [7; 16], false);
-    s.write_all(&hello.encode()).unwrap();
-    let challenge = read_handshake(&mut s);
-    assert_eq!(challenge.kind, HandshakeKind::Challenge);
-    s.write_all(&Handshake::confirm(&hello, &challenge, None).encode()).unwrap();
-    assert_eq!(read_handshake(&mut s).kind, HandshakeKind::Accept);
-    s
 }
 
 /// Reads until the engine closes the connection.
@@ -135,15 +109,8 @@ fn connect_to_port_without_listener(hosts: Hosts) {
 fn killed_peer_resets_every_socket(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, _) = tb.engines(|_| {});
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nc-echo"));
-    cmd.args(["--listen", &SocketAddr::new(tb.addr_b, 0).to_string(), "--port", "7"]);
-    if let Some(ns) = &tb.b {
-        cmd.arg("--netns").arg(ns);
-    }
-    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let peer: SocketAddr = line.trim().parse().unwrap();
+    let mut echo = EchoProcess::start(&tb, &[]);
+    let peer = echo.addr;
     let socks: Vec<VSocket> = (0..8).map(|_| a.connect(peer, 7).unwrap()).collect();
     for s in &socks {
         s.send(b"echo?").unwrap();
@@ -163,8 +130,8 @@ fn killed_peer_resets_every_socket(hosts: Hosts) {
         .collect();
     std::thread::sleep(Duration::from_millis(50));
     let killed = Instant::now();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    echo.child.kill().unwrap();
+    echo.child.wait().unwrap();
     for r in readers {
         assert_eq!(r.join().unwrap(), ErrorKind::ConnectionReset);
     }
@@ -184,9 +151,9 @@ fn garbage_instead_of_handshake(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});
     let by = Bystander::new(&a, &b);
-    let mut s = raw_peer(&tb, b.local_addr());
+    let mut s = raw::peer(&tb, b.local_addr());
     s.write_all(b"GET / HTTP/1.1\r\nHost: netchannel\r\n\r\n").unwrap();
-    let reply = read_handshake(&mut s);
+    let reply = raw::read_handshake(&mut s);
     assert_eq!(reply.kind, HandshakeKind::Reject(RejectReason::BadMagic));
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
@@ -201,10 +168,10 @@ fn wrong_version_is_refused_by_the_acceptor(hosts: Hosts) {
     let by = Bystander::new(&a, &b);
     let mut hello = Handshake::hello(1, 0, Class::Throughput, [1; 16], false).encode();
     hello[4..6].copy_from_slice(&9u16.to_be_bytes());
-    let mut s = raw_peer(&tb, b.local_addr());
+    let mut s = raw::peer(&tb, b.local_addr());
     s.write_all(&hello).unwrap();
     assert_eq!(
-        read_handshake(&mut s).kind,
+        raw::read_handshake(&mut s).kind,
         HandshakeKind::Reject(RejectReason::UnsupportedVersion)
     );
     expect_closed(&mut s);
@@ -261,7 +228,7 @@ fn truncated_frame(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});
     let by = Bystander::new(&a, &b);
-    let mut s = raw_channel(&tb, b.local_addr());
+    let mut s = raw::channel(&tb, b.local_addr());
     let mut frame = Vec::new();
     Frame::Data { stream: 0, offset: 0, payload: &[1, 2, 3, 4] }.encode(&mut frame);
     s.write_all(&frame[..12]).unwrap();
@@ -276,7 +243,7 @@ fn unknown_stream_id(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});
     let by = Bystander::new(&a, &b);
-    let mut s = raw_channel(&tb, b.local_addr());
+    let mut s = raw::channel(&tb, b.local_addr());
     let mut frame = Vec::new();
     Frame::Credit { dst: 0x00AB_CDEF, consumed: 0, window: 10 }.encode(&mut frame);
     s.write_all(&frame).unwrap();
@@ -290,7 +257,7 @@ fn garbage_frame_after_handshake(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});
     let by = Bystander::new(&a, &b);
-    let mut s = raw_channel(&tb, b.local_addr());
+    let mut s = raw::channel(&tb, b.local_addr());
     s.write_all(&[0xEE; 64]).unwrap();
     expect_closed(&mut s);
     let reasons = wait_for_errors(&b, 1);
@@ -298,33 +265,16 @@ fn garbage_frame_after_handshake(hosts: Hosts) {
     by.check();
 }
 
-/// Reads frames from a raw channel until a SYN_ACK; returns the acceptor's stream id.
-fn read_syn_ack(s: &mut TcpStream) -> u64 {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 256];
-    loop {
-        while let Ok(Decoded::Frame(f, n)) = wire::decode(&buf) {
-            if let Frame::SynAck { src, .. } = f {
-                return src;
-            }
-            buf.drain(..n);
-        }
-        let n = s.read(&mut chunk).unwrap();
-        assert!(n > 0, "channel closed before SYN_ACK");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
 fn data_beyond_credit(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|c| c.stream_window = 65536);
     let by = Bystander::new(&a, &b);
     let l = b.listen(77).unwrap();
-    let mut s = raw_channel(&tb, b.local_addr());
+    let mut s = raw::channel(&tb, b.local_addr());
     let mut out = Vec::with_capacity(MAX_HEADER_LEN);
     Frame::Syn { src: 1, port: 77, class: Class::Throughput, window: 65536 }.encode(&mut out);
     s.write_all(&out).unwrap();
-    let id = read_syn_ack(&mut s);
+    let id = raw::read_syn_ack(&mut s);
     let victim = l.accept().unwrap();
     out.clear();
     let payload = vec![0u8; 65537];

@@ -5,12 +5,6 @@
 mod common;
 use common::*;
 
-fn rss_bytes() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
-}
-
 #[test]
 fn an_idle_stream_costs_at_most_512_bytes_per_end() {
     const N: usize = 100_000;
@@ -22,12 +16,12 @@ fn an_idle_stream_costs_at_most_512_bytes_per_end() {
     let warm_peers: Vec<_> = (0..100).map(|_| l.accept().unwrap()).collect();
     let mut clients = Vec::with_capacity(N);
     let mut servers = Vec::with_capacity(N);
-    let before = rss_bytes();
+    let before = rss_bytes("self");
     for _ in 0..N {
         clients.push(a.connect(b.local_addr(), 9).unwrap());
         servers.push(l.accept().unwrap());
     }
-    let after = rss_bytes();
+    let after = rss_bytes("self");
     // Both ends of every stream live in this process: two endpoints per stream. The handles'
     // Vecs were allocated before `before` and do not count.
     let per_end = (after - before) as f64 / (2 * N) as f64;

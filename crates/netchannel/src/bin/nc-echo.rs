@@ -2,7 +2,8 @@
 //! stdout, then echoes every virtual socket until killed. Used by tests that kill a peer process
 //! and handy for trying the stack by hand.
 //!
-//! usage: nc-echo [--listen ADDR] [--port VPORT] [--netns PATH]
+//! usage: nc-echo [--listen ADDR] [--port VPORT] [--netns PATH] [--psk-file PATH]
+//!                [--max-sessions N]
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -26,6 +27,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--listen" => config.listen_addr = value()?.parse::<SocketAddr>()?,
             "--port" => port = value()?.parse()?,
             "--netns" => config.netns = Some(value()?.into()),
+            "--psk-file" => config.psk = Some(std::fs::read(value()?)?),
+            "--max-sessions" => config.max_sessions = value()?.parse()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }

@@ -177,6 +177,9 @@ pub struct Channel {
     /// The peer shut down or the connection failed: the receive half reads until the end (a
     /// short read no longer means nothing more will come: end of stream may follow the data
     /// in the same edge).
+    /// Its receive half stopped because the session holds too many unread bytes; whoever
+    /// lifts the pause serves it again (reads are edge-triggered).
+    pub rx_parked: AtomicBool,
     pub hung_up: AtomicBool,
     open: AtomicBool,
     /// The worker thread that serves this channel when no application thread does.
@@ -208,6 +211,7 @@ impl Channel {
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
+            rx_parked: AtomicBool::new(false),
             open: AtomicBool::new(true),
             worker,
             counters: Counters::default(),

@@ -57,6 +57,20 @@ pub struct Config {
     pub linger: Duration,
     /// Channel handshakes in progress at once; more connections are refused.
     pub max_handshakes: usize,
+    /// Peers (sessions) this engine accepts at once; a channel from one more is refused.
+    pub max_sessions: usize,
+    /// Received bytes one peer may make this engine hold for applications that have not read
+    /// them. Above it the engine stops reading that peer's channels (TCP backpressure) until
+    /// the applications read.
+    pub max_peer_buffered: u64,
+    /// The same bound over every peer together.
+    pub max_buffered: u64,
+    /// Window granted to a stream the engine accepted and the application has not (yet): a
+    /// peer cannot make an unaccepted backlog hold `accept_backlog` full windows.
+    pub unaccepted_window: u32,
+    /// Control frames (RSTs to unknown streams) queued per session and class for a peer that
+    /// does not read; past it they are dropped and counted.
+    pub max_control_backlog: usize,
     /// Pre-shared key: when set, every channel is authenticated both ways (HMAC-SHA256
     /// challenge-response) before it is admitted, and peers without the key are refused.
     pub psk: Option<Vec<u8>>,
@@ -106,6 +120,11 @@ impl Default for Config {
             defer_grace: Duration::from_millis(2),
             linger: Duration::from_secs(30),
             max_handshakes: 64,
+            max_sessions: 256,
+            max_peer_buffered: 256 << 20,
+            max_buffered: 4 << 30,
+            unaccepted_window: 64 * 1024,
+            max_control_backlog: 4096,
             psk: None,
         }
     }
@@ -145,8 +164,14 @@ impl Config {
         if self.accept_backlog == 0 || self.tx_batch_bytes == 0 || self.workers == 0 {
             return bad("accept_backlog, tx_batch_bytes and workers must be > 0".into());
         }
-        if self.max_handshakes == 0 {
-            return bad("max_handshakes must be > 0".into());
+        if self.max_handshakes == 0 || self.max_sessions == 0 || self.max_control_backlog == 0 {
+            return bad("max_handshakes, max_sessions and max_control_backlog must be > 0".into());
+        }
+        if self.unaccepted_window == 0 || self.unaccepted_window > self.stream_window {
+            return bad("unaccepted_window must be in 1..=stream_window".into());
+        }
+        if self.max_peer_buffered < 2 * self.stream_window as u64 {
+            return bad("max_peer_buffered must hold at least two stream windows".into());
         }
         if self.psk.as_ref().is_some_and(|k| k.len() < 16) {
             return bad("the pre-shared key must be at least 16 bytes".into());

@@ -59,6 +59,10 @@ pub struct EngineStats {
     pub sessions: usize,
     /// Refusals by reason ("handshakes in progress at the limit", ...).
     pub refusals: Vec<(String, u64)>,
+    /// Lost channels this engine dialed again.
+    pub redialed_channels: u64,
+    /// Received bytes held for applications that have not read them, every peer.
+    pub held_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -71,6 +75,7 @@ pub struct PeerChannelStats {
 pub(crate) struct EngineCounters {
     pub protocol_errors: AtomicU64,
     pub handshake_failures: AtomicU64,
+    pub redialed_channels: AtomicU64,
 }
 
 #[derive(Default)]
@@ -97,6 +102,10 @@ pub(crate) struct EngineCtx {
     refusals: Mutex<HashMap<String, u64>>,
     /// Sessions retired (all channels lost) but still referenced: their counters stay visible.
     retired_stale: AtomicU64,
+    /// Received bytes held for applications, every session (see `SessionRt::account_held`).
+    pub rx_held: AtomicU64,
+    /// Sessions whose channels are not read while memory is at a limit.
+    pub rx_paused: Mutex<Vec<std::sync::Weak<SessionRt>>>,
 }
 
 /// A NetChannel engine embedded in this process. Dropping it shuts it down: every virtual socket
@@ -153,6 +162,8 @@ impl Engine {
             closed_channels: Mutex::new(VecDeque::new()),
             refusals: Mutex::new(HashMap::new()),
             retired_stale: AtomicU64::new(0),
+            rx_held: AtomicU64::new(0),
+            rx_paused: Mutex::new(Vec::new()),
             config,
         });
         for w in &ctx.workers {
@@ -229,7 +240,28 @@ impl Engine {
         if self.ctx.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
+        for l in self.ctx.listeners.lock().values() {
+            l.close();
+        }
         let sessions = self.ctx.all_sessions();
+        // As a process exit with SO_LINGER: what the applications sent is delivered, each
+        // stream ends with FIN, and only what cannot go within `linger` is reset.
+        for s in &sessions {
+            let mut wakes = Wakes::default();
+            {
+                let mut core = s.lock();
+                core.finish_all();
+                s.settle(&mut core, &mut wakes);
+            }
+            wakes.fire();
+            s.transmit_all();
+        }
+        let deadline = std::time::Instant::now() + self.ctx.config.linger;
+        while std::time::Instant::now() < deadline
+            && !sessions.iter().all(|s| !s.is_alive() || s.lock().flushed())
+        {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         for s in &sessions {
             let mut wakes = Wakes::default();
             {
@@ -276,7 +308,7 @@ impl EngineCtx {
             queue_threshold: c.channel_queue_threshold,
             max_streams: c.max_streams,
             ack_threshold: 1 << 20,
-            max_pending_rsts: 4096,
+            max_pending_rsts: c.max_control_backlog,
             connect_timeout: c.connect_timeout,
             linger: c.linger,
         }
@@ -390,15 +422,51 @@ impl EngineCtx {
         }
     }
 
+    /// Dials a lost channel again, with the same index and class, while the session lives
+    /// (its other channels carried on meanwhile). Gives up after a few tries.
+    fn redial(self: &Arc<Self>, session: Arc<SessionRt>, index: u16, class: Class) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
+            for delay_ms in [5, 50, 250, 1000, 3000] {
+                std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+                if me.stopping.load(Ordering::Acquire) || !session.is_alive() {
+                    return;
+                }
+                let r = in_netns(me.config.netns.clone(), {
+                    let me = me.clone();
+                    let addr = session.peer_addr;
+                    move || me.dial_channel(addr, index, class)
+                });
+                // The peer may not have noticed the loss yet (the index is still taken there).
+                let Ok(ch) = r else { continue };
+                if !me.stopping.load(Ordering::Acquire) && session.add_channel(ch) {
+                    me.counters.redialed_channels.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
+        });
+        if spawned.is_err() {
+            self.refused("redial: cannot start a thread");
+        }
+    }
+
     /// Refuses a hello before anything is answered (the channel index is taken).
     pub fn check_hello(&self, hello: &Handshake) -> Result<(), RejectReason> {
-        let s = self.sessions.lock().accepted.get(&hello.engine_id).cloned();
-        if let Some(s) = s {
-            if s.channel(hello.channel).is_some() {
-                return Err(RejectReason::BadField);
+        let (existing, count) = {
+            let sessions = self.sessions.lock();
+            let existing =
+                sessions.accepted.get(&hello.engine_id).filter(|s| s.is_alive()).cloned();
+            (existing, sessions.accepted.values().filter(|s| s.is_alive()).count())
+        };
+        match existing {
+            Some(s) if s.channel(hello.channel).is_some() => Err(RejectReason::BadField),
+            Some(_) => Ok(()),
+            None if count >= self.config.max_sessions => {
+                self.refused("sessions at max_sessions");
+                Err(RejectReason::Limit)
             }
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// A confirmed handshake: admit the channel into the peer's session.
@@ -411,6 +479,14 @@ impl EngineCtx {
             let mut s = self.sessions.lock();
             if s.accepted.get(&hello.engine_id).is_some_and(|x| !x.is_alive()) {
                 s.accepted.remove(&hello.engine_id);
+            }
+            if !s.accepted.contains_key(&hello.engine_id)
+                && s.accepted.values().filter(|x| x.is_alive()).count() >= self.config.max_sessions
+            {
+                drop(s);
+                self.refused("sessions at max_sessions");
+                inc.refuse(self.id, RejectReason::Limit);
+                return;
             }
             s.accepted
                 .entry(hello.engine_id)
@@ -477,7 +553,13 @@ impl EngineCtx {
         if errors > 0 {
             self.counters.protocol_errors.fetch_add(errors, Ordering::Relaxed);
         }
-        if self.stopping.load(Ordering::Acquire) || session.is_alive() {
+        if self.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        if session.is_alive() {
+            if session.initiator {
+                self.redial(session.clone(), ch.meta.index, ch.meta.class);
+            }
             return;
         }
         self.retired_stale.fetch_add(session.lock().stats().stale_frames, Ordering::Relaxed);
@@ -497,6 +579,8 @@ impl EngineCtx {
             stale_frames: self.retired_stale.load(Ordering::Relaxed),
             sessions: sessions.iter().filter(|s| s.is_alive()).count(),
             refusals: self.refusals.lock().iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            redialed_channels: self.counters.redialed_channels.load(Ordering::Relaxed),
+            held_bytes: self.rx_held.load(Ordering::Relaxed),
             ..EngineStats::default()
         };
         for s in &sessions {

@@ -9,7 +9,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,6 +52,11 @@ pub(crate) struct SessionRt {
     pub growing: AtomicBool,
     /// Which channel an inline send tries first.
     cursor: AtomicUsize,
+    /// `core.rx_held()` as last added to the engine's total.
+    held_seen: AtomicU64,
+    /// Reading this session's channels is paused: it (or the engine) holds too many unread
+    /// bytes.
+    pub rx_paused: AtomicBool,
 }
 
 impl SessionRt {
@@ -73,6 +78,8 @@ impl SessionRt {
             next_index: AtomicU16::new(first_index),
             growing: AtomicBool::new(false),
             cursor: AtomicUsize::new(0),
+            held_seen: AtomicU64::new(0),
+            rx_paused: AtomicBool::new(false),
         })
     }
 
@@ -119,15 +126,88 @@ impl SessionRt {
         true
     }
 
+    /// Brings the engine's count of unread bytes up to date with this session's (the caller
+    /// holds the core lock), and pauses or resumes reading the peer at the memory bounds.
+    pub fn account_held(self: &Arc<Self>, core: &Core) {
+        let held = core.rx_held();
+        let last = self.held_seen.swap(held, Ordering::Relaxed);
+        if held == last && !self.rx_paused.load(Ordering::Relaxed) {
+            return;
+        }
+        let total = &self.ctx.rx_held;
+        let total = if held >= last {
+            total.fetch_add(held - last, Ordering::AcqRel) + (held - last)
+        } else {
+            total.fetch_sub(last - held, Ordering::AcqRel) - (last - held)
+        };
+        let cfg = &self.ctx.config;
+        let engine_over = total > cfg.max_buffered;
+        let over = held > cfg.max_peer_buffered || (engine_over && held > 0);
+        let paused = self.rx_paused.load(Ordering::SeqCst);
+        if over && !paused {
+            self.rx_paused.store(true, Ordering::SeqCst);
+            self.ctx.refused(if engine_over {
+                "reading paused: the engine holds max_buffered unread bytes"
+            } else {
+                "reading paused: a peer holds max_peer_buffered unread bytes"
+            });
+            self.ctx.rx_paused.lock().push(Arc::downgrade(self));
+        } else if !over && paused {
+            self.resume_rx();
+        }
+        if held < last && !engine_over {
+            // Memory was freed: sessions paused only by the engine's total may go on.
+            let cap = cfg.max_peer_buffered;
+            let mut list = self.ctx.rx_paused.lock();
+            list.retain(|w| match w.upgrade() {
+                Some(s) if s.held_seen.load(Ordering::Relaxed) <= cap => {
+                    s.resume_rx();
+                    false
+                }
+                Some(s) => s.rx_paused.load(Ordering::Relaxed),
+                None => false,
+            });
+        }
+    }
+
+    /// Lifts a pause on reading: channels that stopped are served again.
+    fn resume_rx(&self) {
+        if !self.rx_paused.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        for ch in self.channels.read().iter() {
+            if ch.rx_parked.swap(false, Ordering::SeqCst) {
+                self.ctx.workers[ch.worker].service(ch.uid);
+            }
+        }
+    }
+
+    /// Whether reading `ch` must stop for now (its session is paused); marks it so that the
+    /// resume serves it again.
+    fn rx_must_pause(&self, ch: &Channel) -> bool {
+        if !self.rx_paused.load(Ordering::SeqCst) {
+            return false;
+        }
+        ch.rx_parked.store(true, Ordering::SeqCst);
+        if self.rx_paused.load(Ordering::SeqCst) {
+            return true;
+        }
+        // Resumed in between: whoever resumed may have missed the mark; go on ourselves.
+        ch.rx_parked.store(false, Ordering::SeqCst);
+        false
+    }
+
     /// Delivers the core's events: wake-ups of waiting threads and pollers, and the listener's
     /// decision for streams the peer opened.
     pub fn settle(self: &Arc<Self>, core: &mut Core, wakes: &mut Wakes) {
+        self.account_held(core);
         while let Some((id, port)) = core.poll_incoming() {
             let listener = self.ctx.listeners.lock().get(&port).cloned();
             match listener {
                 None => core.refuse_incoming(id, RstReason::NoListener),
                 Some(l) => {
-                    let window = self.ctx.config.stream_window;
+                    // The full window comes when the application accepts it.
+                    let window = self.ctx.config.unaccepted_window;
                     if l.offer(self.clone(), id) {
                         core.accept_incoming(id, window);
                         wakes.listeners.push(l);
@@ -218,6 +298,9 @@ impl SessionRt {
                 }
             }
             if st.reader.want() == 0 {
+                return Ok(true);
+            }
+            if self.rx_must_pause(ch) {
                 return Ok(true);
             }
             let (n, asked) = match ch.read(&mut st) {

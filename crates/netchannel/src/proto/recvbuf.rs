@@ -33,6 +33,12 @@ impl Seg {
     }
 }
 
+/// Slices shorter than this are copied rather than held when they could pin a larger buffer.
+pub const COMPACT_BELOW: usize = 64 * 1024;
+
+/// Memory an out-of-order segment costs besides its bytes (tree node, slice, allocation).
+pub const OOO_SEG_COST: u64 = 96;
+
 /// Too many out-of-order segments held at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TooManySegments;
@@ -85,9 +91,11 @@ impl RecvBuf {
         self.contig - self.consumed + ooo
     }
 
-    /// Bytes held in user space (what this buffer costs in memory).
+    /// What this buffer costs in memory: the bytes held in user space, plus the bookkeeping of
+    /// each out-of-order segment (a peer sending 1-byte frames out of order pays for those).
     pub fn held_bytes(&self) -> u64 {
-        self.ready_data + self.ooo.as_ref().map_or(0, |o| o.data_bytes)
+        self.ready_data
+            + self.ooo.as_ref().map_or(0, |o| o.data_bytes + o.segs.len() as u64 * OOO_SEG_COST)
     }
 
     /// Whether any payload of this stream waits in a channel's socket.
@@ -101,6 +109,11 @@ impl RecvBuf {
             Some(Seg::Deferred { channel, len }) => Some((*channel, *len)),
             _ => None,
         }
+    }
+
+    /// Segments in order (each costs bookkeeping whatever its size).
+    pub fn ready_segments(&self) -> usize {
+        self.ready.len()
     }
 
     fn ooo_segments(&self) -> usize {
@@ -173,9 +186,54 @@ impl RecvBuf {
         }
         let before = self.ready_data;
         for (s, piece) in pieces {
+            // A small slice held out of order would pin the whole read buffer it came from
+            // (up to `READ_SIZE`) until the gap fills: hold a copy of just its bytes.
+            let piece = if s != self.contig && piece.len() < COMPACT_BELOW {
+                Bytes::copy_from_slice(&piece)
+            } else {
+                piece
+            };
             self.place(s, Seg::Data(piece));
         }
         Ok(self.ready_data - before)
+    }
+
+    /// Copies the small in-order slices held (each may pin a whole channel read buffer) into
+    /// buffers of their own, merging neighbours up to `COMPACT_BELOW` bytes each, so memory
+    /// follows the bytes held. A merged buffer of `COMPACT_BELOW` bytes is never copied again.
+    /// Returns the bytes copied.
+    pub fn compact(&mut self) -> u64 {
+        if !self.ready.iter().any(|s| matches!(s, Seg::Data(b) if b.len() < COMPACT_BELOW)) {
+            return 0;
+        }
+        let mut copied = 0;
+        let mut out = VecDeque::with_capacity(self.ready.len());
+        let mut acc = bytes::BytesMut::new();
+        for seg in self.ready.drain(..) {
+            match seg {
+                Seg::Data(b) if b.len() < COMPACT_BELOW => {
+                    if acc.len() + b.len() > COMPACT_BELOW && !acc.is_empty() {
+                        out.push_back(Seg::Data(std::mem::take(&mut acc).freeze()));
+                    }
+                    if acc.is_empty() {
+                        acc.reserve(COMPACT_BELOW.min(b.len().max(1024)));
+                    }
+                    copied += b.len() as u64;
+                    acc.extend_from_slice(&b);
+                }
+                other => {
+                    if !acc.is_empty() {
+                        out.push_back(Seg::Data(std::mem::take(&mut acc).freeze()));
+                    }
+                    out.push_back(other);
+                }
+            }
+        }
+        if !acc.is_empty() {
+            out.push_back(Seg::Data(acc.freeze()));
+        }
+        self.ready = out;
+        copied
     }
 
     /// Records a payload left in a channel's socket. The caller checked `is_new`.

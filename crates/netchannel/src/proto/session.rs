@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::recvbuf::{TooManySegments, COMPACT_BELOW};
 use super::stream::*;
 use super::table::{Lookup, Table};
 use crate::scheduler::{ActiveQueues, Policy};
@@ -157,8 +158,12 @@ pub struct CoreStats {
     pub retransmitted_bytes: u64,
     /// RST frames dropped because the peer did not read the earlier ones.
     pub dropped_rsts: u64,
+    /// RST frames sent without being kept for a resend (the peer acknowledged too few).
+    pub unretained_rsts: u64,
     /// Received bytes held for the application in user space.
     pub held_bytes: u64,
+    /// Bytes copied out of channel read buffers so that unread slices do not pin them.
+    pub compacted_bytes: u64,
 }
 
 enum Retained {
@@ -187,6 +192,9 @@ struct ChannelState {
     acked: u64,
     retained: VecDeque<(u64, Retained)>,
     retained_bytes: u64,
+    /// RSTs among `retained`: at `max_pending_rsts`, more RSTs go without retention (a peer
+    /// that never acknowledges cannot make us keep them all).
+    retained_rsts: u32,
     /// Bytes of the peer's frames processed (their content is safe in user space).
     rx_pos: u64,
     /// The position this side last acknowledged.
@@ -242,7 +250,16 @@ pub struct Session<U> {
     now: Option<Instant>,
     /// The origin of the session's compact clock (`ticks`).
     epoch: Option<Instant>,
+    /// Received bytes held in user space, every stream (what the peer made us allocate).
+    rx_held: u64,
+    /// Streams that took small slices of channel read buffers since the last compaction.
+    pinned: Vec<u64>,
 }
+
+/// Streams holding small slices before they are compacted (each slice may pin a read buffer).
+const PINNED_STREAMS: usize = 64;
+/// In-order segments of one stream before its small ones are merged.
+const SEGMENTS_BEFORE_COMPACT: usize = 64;
 
 fn rst_reason(cause: ResetCause) -> RstReason {
     match cause {
@@ -267,6 +284,48 @@ impl<U: Default> Session<U> {
             stats: CoreStats::default(),
             now: None,
             epoch: None,
+            rx_held: 0,
+            pinned: Vec::new(),
+        }
+    }
+
+    /// Received bytes held in user space across every stream.
+    pub fn rx_held(&self) -> u64 {
+        self.rx_held
+    }
+
+    /// Puts received bytes in stream `id`'s buffer, keeping the count of bytes held and the
+    /// list of streams holding slices of read buffers.
+    fn rx_insert(&mut self, id: u64, offset: u64, data: Bytes) -> Result<u64, TooManySegments> {
+        let max = self.cfg.max_out_of_order;
+        let small = data.len() < COMPACT_BELOW;
+        let Some(s) = self.streams.get_mut(id) else { return Ok(0) };
+        let before = s.rx.held_bytes();
+        let r = s.rx.insert_data(offset, data, max);
+        let after = s.rx.held_bytes();
+        self.rx_held = self.rx_held + after - before;
+        if small && after > before {
+            if s.rx.ready_segments() > SEGMENTS_BEFORE_COMPACT {
+                self.stats.compacted_bytes += s.rx.compact();
+            } else if s.flags & F_PINNED == 0 {
+                s.flags |= F_PINNED;
+                self.pinned.push(id);
+                if self.pinned.len() > PINNED_STREAMS {
+                    self.compact();
+                }
+            }
+        }
+        r
+    }
+
+    /// Copies the small slices every listed stream holds into buffers of their own, so that
+    /// unread bytes never keep whole channel read buffers alive.
+    fn compact(&mut self) {
+        for id in std::mem::take(&mut self.pinned) {
+            if let Some(s) = self.streams.get_mut(id) {
+                s.flags &= !F_PINNED;
+                self.stats.compacted_bytes += s.rx.compact();
+            }
         }
     }
 
@@ -319,6 +378,7 @@ impl<U: Default> Session<U> {
             acked: 0,
             retained: VecDeque::new(),
             retained_bytes: 0,
+            retained_rsts: 0,
             rx_pos: 0,
             rx_acked: 0,
             ack_since: None,
@@ -369,14 +429,20 @@ impl<U: Default> Session<U> {
         if self.channel_count() == 0 {
             self.dead = true;
             for id in self.streams.ids() {
-                self.reset_stream(id, ResetCause::ChannelLost, false);
+                if self.streams.get(id).is_some_and(|s| s.received_everything()) {
+                    self.keep_for_reading(id);
+                } else {
+                    self.reset_stream(id, ResetCause::ChannelLost, false);
+                }
             }
             self.classes = [ClassTx::default(), ClassTx::default()];
             return;
         }
         if let Some(d) = state.deferred {
             if let Some(s) = self.streams.get_mut(d.stream) {
+                let before = s.rx.held_bytes();
                 s.rx.remove_deferred(d.offset);
+                self.rx_held = self.rx_held + s.rx.held_bytes() - before;
             }
         }
         for (_, r) in state.retained {
@@ -543,6 +609,7 @@ impl<U: Default> Session<U> {
         }
         let n = s.rx.take(max, out);
         if n > 0 {
+            self.rx_held -= n;
             self.after_consume(id);
             return Recv::Data(n);
         }
@@ -676,7 +743,9 @@ impl<U: Default> Session<U> {
         st.received(n, now);
         if let Some(s) = self.streams.get_mut(stream) {
             if s.reset.is_none() {
+                let before = s.rx.held_bytes();
                 s.rx.stage_deferred(offset, data);
+                self.rx_held = self.rx_held + s.rx.held_bytes() - before;
                 s.flags &= !F_DEFERRED_EMPTY;
                 self.emit(stream, EV_READ);
             }
@@ -764,6 +833,32 @@ impl<U: Default> Session<U> {
     /// Resets a stream locally (e.g. its application asked to abort), telling the peer.
     pub fn abort(&mut self, id: u64, cause: ResetCause) {
         self.reset_stream(id, cause, true);
+    }
+
+    /// Finishes every stream's write half (engine shutdown): its FIN follows its last byte.
+    /// Streams not yet accepted or not yet connected are refused or reset.
+    pub fn finish_all(&mut self) {
+        for id in self.streams.ids() {
+            let Some(s) = self.streams.get(id) else { continue };
+            match s.phase {
+                Phase::Open => {
+                    let _ = self.shutdown_write(id);
+                }
+                Phase::Incoming => self.refuse_incoming(id, RstReason::Aborted),
+                Phase::Connecting => self.reset_stream(id, ResetCause::EngineShutdown, false),
+            }
+        }
+    }
+
+    /// Everything sent reached the peer engine: no byte or control frame unsent or
+    /// unacknowledged (or no channel is left to carry them).
+    pub fn flushed(&self) -> bool {
+        self.dead
+            || (self
+                .classes
+                .iter()
+                .all(|c| c.unsent == 0 && c.control.is_empty() && c.rsts.is_empty())
+                && self.channels.iter().flatten().all(|c| c.retained.is_empty()))
     }
 
     /// Resets every stream (engine shutdown).
@@ -932,7 +1027,6 @@ impl<U: Default> Session<U> {
     fn on_data(&mut self, stream: u64, offset: u64, payload: Bytes) -> Result<(), Violation> {
         let Some(id) = self.resolve(stream)? else { return Ok(()) };
         let len = payload.len() as u64;
-        let max_ooo = self.cfg.max_out_of_order;
         let s = self.streams.get_mut(id).expect("live");
         s.frames_received += 1;
         if s.phase == Phase::Incoming {
@@ -949,7 +1043,7 @@ impl<U: Default> Session<U> {
             self.reset_stream(id, ResetCause::LocalAbort, true);
             return Ok(());
         }
-        match s.rx.insert_data(offset, payload, max_ooo) {
+        match self.rx_insert(id, offset, payload) {
             Ok(0) => Ok(()),
             Ok(_) => {
                 self.emit(id, EV_READ);
@@ -1000,7 +1094,7 @@ impl<U: Default> Session<U> {
         }
         let n = prefix.len() as u64;
         if n > 0 {
-            match s.rx.insert_data(offset, prefix, max_ooo) {
+            match self.rx_insert(id, offset, prefix) {
                 Ok(0) => {}
                 Ok(_) => self.emit(id, EV_READ),
                 Err(_) => return Err(self.violated(id, Violation::TooManySegments)),
@@ -1011,9 +1105,11 @@ impl<U: Default> Session<U> {
         if !(may_defer && can_defer && s.rx.is_new(rest_off, rest_len)) {
             return Ok(HeaderVerdict::Stage);
         }
+        let before = s.rx.held_bytes();
         if s.rx.insert_deferred(rest_off, ch, rest_len, max_ooo).is_err() {
             return Err(self.violated(id, Violation::TooManySegments));
         }
+        self.rx_held = self.rx_held + s.rx.held_bytes() - before;
         s.flags &= !F_DEFERRED_EMPTY;
         let front = s.rx.front_deferred().is_some();
         let st = self.channel_mut(ch).expect("checked");
@@ -1037,12 +1133,11 @@ impl<U: Default> Session<U> {
             Some(st) => st.received(data.len() as u64, now),
             None => return,
         }
-        let max_ooo = self.cfg.max_out_of_order;
         let Some(s) = self.streams.get_mut(stream) else { return };
         if s.reset.is_some() || s.app_closed {
             return;
         }
-        match s.rx.insert_data(offset, data, max_ooo) {
+        match self.rx_insert(stream, offset, data) {
             Ok(0) => {}
             Ok(_) => self.emit(stream, EV_READ),
             Err(_) => {
@@ -1081,7 +1176,7 @@ impl<U: Default> Session<U> {
                     done.push(stream);
                 }
                 Retained::Control { stream, .. } => done.push(stream),
-                Retained::Rst { .. } => {}
+                Retained::Rst { .. } => st.retained_rsts -= 1,
             }
         }
         for id in done {
@@ -1163,7 +1258,16 @@ impl<U: Default> Session<U> {
                     break;
                 };
                 let f = OutFrame::control(Frame::Rst { dst: peer, reason });
-                bytes += self.retain(ch, f.len(), Retained::Rst { peer, reason, class: k });
+                let cap = self.cfg.max_pending_rsts as u32;
+                let st = self.channel_mut(ch).expect("pulling for a live channel");
+                if st.retained_rsts < cap {
+                    st.retained_rsts += 1;
+                    bytes += self.retain(ch, f.len(), Retained::Rst { peer, reason, class: k });
+                } else {
+                    st.tx_pos += f.len() as u64;
+                    bytes += f.len();
+                    self.stats.unretained_rsts += 1;
+                }
                 out.push(f);
             }
             while out.len() - start < max_frames {
@@ -1465,6 +1569,7 @@ impl<U: Default> Session<U> {
         }
         s.reset = Some(cause);
         let dropped = s.tx.clear();
+        self.rx_held -= s.rx.held_bytes();
         s.rx.clear();
         s.owe = 0;
         let (class, peer, phase, closed) = (s.class, s.peer, s.phase, s.app_closed);
@@ -1472,6 +1577,25 @@ impl<U: Default> Session<U> {
         if tell_peer && phase != Phase::Connecting {
             self.queue_rst(class, peer, rst_reason(cause));
         }
+        self.emit(id, EV_READ | EV_WRITE);
+        if closed {
+            self.free(id);
+        }
+    }
+
+    /// The session lost its last channel, but every byte the peer sent this stream arrived
+    /// (a peer that finished, then went away): the application reads them to the end of the
+    /// stream, as from a TCP socket whose peer closed; only writing fails (unsent bytes are
+    /// dropped, and `send` says the connection was lost).
+    fn keep_for_reading(&mut self, id: u64) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        let dropped = s.tx.clear();
+        s.write_closed = true;
+        s.flags |= F_WRITE_LOST;
+        s.owe = 0;
+        s.unacked_frames = 0;
+        let (class, closed) = (s.class, s.app_closed);
+        self.classes[class.index()].unsent -= dropped;
         self.emit(id, EV_READ | EV_WRITE);
         if closed {
             self.free(id);
@@ -1497,6 +1621,7 @@ impl<U: Default> Session<U> {
 
     fn free(&mut self, id: u64) {
         if let Some(s) = self.streams.remove(id) {
+            self.rx_held -= s.rx.held_bytes();
             let slot = super::table::index_of(s.peer);
             if s.phase != Phase::Connecting
                 && self.opened_by_peer.get(slot) == Some(&(super::table::index_of(id) as u32 + 1))
@@ -1551,7 +1676,11 @@ impl<U: Default> Session<U> {
         st.streams = self.streams.live();
         st.unsent_bytes = self.classes.iter().map(|c| c.unsent).sum();
         st.retained_bytes = self.retained_bytes();
-        st.held_bytes = self.streams.iter().map(|(_, s)| s.rx.held_bytes()).sum();
+        st.held_bytes = self.rx_held;
+        debug_assert_eq!(
+            self.rx_held,
+            self.streams.iter().map(|(_, s)| s.rx.held_bytes()).sum::<u64>()
+        );
         st
     }
 }

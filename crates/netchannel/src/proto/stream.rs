@@ -96,6 +96,8 @@ pub(crate) const F_EVENT: u8 = 4; // in the event queue
 pub(crate) const F_SPACE_WAIT: u8 = 8; // waiting for class space
 pub(crate) const F_DEFERRED_EMPTY: u8 = 16; // the front deferred payload had no bytes yet
 pub(crate) const F_FIN_SENT: u8 = 32; // the FIN left (pulled at least once)
+pub(crate) const F_PINNED: u8 = 64; // holds slices of channel read buffers (see `compact`)
+pub(crate) const F_WRITE_LOST: u8 = 128; // every channel is gone; only reading goes on
 
 pub struct Stream<U> {
     /// What the runtime keeps with the stream (wakers, poller registration).
@@ -221,6 +223,9 @@ impl<U> Stream<U> {
         if let Some(cause) = self.reset {
             return Err(SendError::Reset(cause));
         }
+        if self.flags & F_WRITE_LOST != 0 {
+            return Err(SendError::Reset(ResetCause::ChannelLost));
+        }
         if self.write_closed || self.app_closed {
             return Err(SendError::WriteClosed);
         }
@@ -287,6 +292,15 @@ impl<U> Stream<U> {
 
     pub fn peer_finished(&self) -> bool {
         self.fin != NO_FIN
+    }
+
+    /// The peer finished and every byte up to its FIN is in user space.
+    pub(crate) fn received_everything(&self) -> bool {
+        self.reset.is_none()
+            && self.phase == Phase::Open
+            && self.peer_finished()
+            && self.rx.contiguous_end() == self.fin
+            && !self.rx.has_deferred()
     }
 
     pub fn write_closed(&self) -> bool {

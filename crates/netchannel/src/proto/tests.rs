@@ -647,3 +647,84 @@ fn an_idle_session_falls_silent() {
     }
     assert!(out.is_empty(), "an idle session sent {} frames", out.len());
 }
+
+/// Reads side `side`'s stream `id` until end of stream, stepping the pair; returns the bytes.
+fn read_to_eof(p: &mut Pair, side: usize, id: u64) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..20_000 {
+        match p.recv(side, id, &mut buf) {
+            Recv::Data(n) => got.extend_from_slice(&buf[..n as usize]),
+            Recv::Eof => return got,
+            Recv::Empty => p.step(),
+            other => panic!("unexpected {other:?} after {} bytes", got.len()),
+        }
+    }
+    panic!("no end of stream after {} bytes", got.len());
+}
+
+#[test]
+fn a_fin_lost_with_its_channel_is_sent_again() {
+    // Whichever channel carried the FIN (and the data), losing it before delivery loses nothing.
+    for victim in 0..2u16 {
+        let mut p = Pair::new(11 + victim as u64, &[Class::Throughput; 2], config());
+        let (a, b) = p.open(80, Class::Throughput);
+        p.sides[0].send(a, &[5u8; 3000]).unwrap();
+        p.sides[0].shutdown_write(a).unwrap();
+        p.transmit(0);
+        p.kill(victim);
+        assert_eq!(read_to_eof(&mut p, 1, b), vec![5u8; 3000], "victim {victim}");
+    }
+}
+
+#[test]
+fn a_peer_that_finished_then_vanished_stays_readable() {
+    let mut p = Pair::new(12, &[Class::Throughput; 2], config());
+    let (a, b) = p.open(80, Class::Throughput);
+    p.sides[1].send(b, &[9u8; 700]).unwrap();
+    p.sides[1].shutdown_write(b).unwrap();
+    for _ in 0..200 {
+        p.step();
+    }
+    p.kill(0);
+    p.kill(1);
+    let mut buf = [0u8; 1024];
+    assert_eq!(p.recv(0, a, &mut buf), Recv::Data(700));
+    assert_eq!(&buf[..700], &[9u8; 700][..]);
+    assert_eq!(p.recv(0, a, &mut buf), Recv::Eof);
+    assert_eq!(p.sides[0].send(a, b"x"), Err(SendError::Reset(ResetCause::ChannelLost)));
+}
+
+/// Feeds 1-byte DATA frames for side 1's stream `id` straight into it, as a hostile peer would,
+/// each a slice of one large read buffer (as the framer produces).
+fn feed_tiny_frames(p: &mut Pair, id: u64, offsets: impl Iterator<Item = u64>) {
+    let read_buffer = Bytes::from(vec![1u8; 256 * 1024]);
+    for (i, off) in offsets.enumerate() {
+        let payload = read_buffer.slice(i % 1024..i % 1024 + 1);
+        let r = p.sides[1].handle_frame(0, Input::Data { stream: id, offset: off, payload }, p.now);
+        r.expect("valid frame");
+    }
+}
+
+#[test]
+fn tiny_frames_cost_memory_in_proportion_to_their_bytes() {
+    let mut p = Pair::new(13, &[Class::Throughput], config());
+    let (_a, b) = p.open(80, Class::Throughput);
+    // Out of order: each byte is copied out of the read buffer and its bookkeeping counted.
+    feed_tiny_frames(&mut p, b, (0..2000).map(|i| 1 + 2 * i));
+    let held = p.sides[1].rx_held();
+    assert_eq!(held, 2000 * (1 + super::recvbuf::OOO_SEG_COST));
+    assert_eq!(p.sides[1].stats().held_bytes, held);
+    // In order, never read: small slices are merged into buffers of their own, so neither the
+    // segment count nor the pinned read buffers grow with the frame count.
+    let mut q = Pair::new(14, &[Class::Throughput], config());
+    let (_a, b) = q.open(80, Class::Throughput);
+    feed_tiny_frames(&mut q, b, 0..5000);
+    assert_eq!(q.sides[1].rx_held(), 5000);
+    assert!(q.sides[1].stream(b).unwrap().rx.ready_segments() <= 65);
+    assert!(q.sides[1].stats().compacted_bytes >= 4900);
+    let mut buf = vec![0u8; 8192];
+    assert_eq!(q.recv(1, b, &mut buf), Recv::Data(5000));
+    assert!(buf[..5000].iter().all(|&x| x == 1));
+    assert_eq!(q.sides[1].rx_held(), 0);
+}

@@ -425,6 +425,7 @@ impl VSocket {
         let (r, owes, class) = {
             let mut core = self.session.lock();
             let r = core.recv(self.id, buf.len() as u64, &mut slices);
+            self.session.account_held(&core);
             let owes = core.owes_control(self.id);
             let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
             (r, owes, class)
@@ -801,7 +802,17 @@ impl Listener {
         let mut registered = false;
         let result = loop {
             w.begin();
-            if let Some((session, id)) = self.shared.backlog.lock().pop_front() {
+            let next = self.shared.backlog.lock().pop_front();
+            if let Some((session, id)) = next {
+                // Accepted by the application: the stream gets its full window now.
+                let class = {
+                    let mut core = session.lock();
+                    core.set_window(id, self.ctx.config.stream_window);
+                    core.stream(id).map(|s| s.class)
+                };
+                if let Some(class) = class {
+                    session.transmit(class);
+                }
                 break Ok(VSocket::wrap(session, id));
             }
             if self.shared.closed.load(Ordering::SeqCst) {

@@ -204,3 +204,133 @@ macro_rules! both_testbeds {
         mod netns { $( #[test] fn $name() { super::$name($crate::common::Hosts::Netns) } )* }
     };
 }
+
+/// Resident memory of process `pid` ("self" for this one), from /proc.
+pub fn rss_bytes(pid: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// Threads of process `pid`, from /proc.
+pub fn thread_count(pid: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().count()
+}
+
+/// An `nc-echo` process on host B: a target with its own memory and threads to measure.
+pub struct EchoProcess {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl EchoProcess {
+    pub fn start(tb: &Testbed, extra: &[&str]) -> EchoProcess {
+        use std::io::BufRead;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nc-echo"));
+        cmd.args(["--listen", &SocketAddr::new(tb.addr_b, 0).to_string(), "--port", "7"]);
+        cmd.args(extra);
+        if let Some(ns) = &tb.b {
+            cmd.arg("--netns").arg(ns);
+        }
+        let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().parse().unwrap_or_else(|_| panic!("nc-echo said {line:?}"));
+        EchoProcess { child, addr }
+    }
+
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+}
+
+impl Drop for EchoProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Hand-driven channels, speaking raw bytes as a hostile peer would.
+pub mod raw {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    use netchannel::wire::handshake::HANDSHAKE_LEN;
+    use netchannel::wire::{self, Decoded, Frame, Handshake, HandshakeKind, RejectReason};
+    use netchannel::Class;
+
+    use super::Testbed;
+
+    /// A TCP connection from host A to `to`.
+    pub fn peer(tb: &Testbed, to: SocketAddr) -> TcpStream {
+        let s = tb.on_a(move || TcpStream::connect(to).unwrap());
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s
+    }
+
+    pub fn read_handshake(s: &mut TcpStream) -> Handshake {
+        try_read_handshake(s).expect("a handshake message")
+    }
+
+    /// The next handshake message, or `None` when the acceptor closed the connection.
+    pub fn try_read_handshake(s: &mut TcpStream) -> Option<Handshake> {
+        let mut reply = [0u8; HANDSHAKE_LEN];
+        s.read_exact(&mut reply).ok()?;
+        Some(Handshake::decode(&reply).unwrap())
+    }
+
+    /// Completes a channel handshake claiming `engine_id` and channel `index`, with `key` if
+    /// given; the acceptor's refusal otherwise.
+    pub fn channel_as(
+        tb: &Testbed,
+        to: SocketAddr,
+        engine_id: u64,
+        index: u16,
+        key: Option<&[u8]>,
+    ) -> Result<TcpStream, RejectReason> {
+        let mut s = peer(tb, to);
+        let hello = Handshake::hello(engine_id, index, Class::Throughput, [7; 16], key.is_some());
+        s.write_all(&hello.encode()).unwrap();
+        let Some(challenge) = try_read_handshake(&mut s) else {
+            return Err(RejectReason::Unknown(0));
+        };
+        match challenge.kind {
+            HandshakeKind::Challenge => {}
+            HandshakeKind::Reject(why) => return Err(why),
+            other => panic!("unexpected {other:?}"),
+        }
+        s.write_all(&Handshake::confirm(&hello, &challenge, key).encode()).unwrap();
+        let Some(answer) = try_read_handshake(&mut s) else {
+            return Err(RejectReason::Unknown(0));
+        };
+        match answer.kind {
+            HandshakeKind::Accept => Ok(s),
+            HandshakeKind::Reject(why) => Err(why),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Completes a channel handshake by hand (no key) and returns the raw channel.
+    pub fn channel(tb: &Testbed, to: SocketAddr) -> TcpStream {
+        channel_as(tb, to, 0xBAD, 0, None).expect("channel accepted")
+    }
+
+    /// Reads frames until a SYN_ACK; returns the acceptor's stream id.
+    pub fn read_syn_ack(s: &mut TcpStream) -> u64 {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 256];
+        loop {
+            while let Ok(Decoded::Frame(f, n)) = wire::decode(&buf) {
+                if let Frame::SynAck { src, .. } = f {
+                    return src;
+                }
+                buf.drain(..n);
+            }
+            let n = s.read(&mut chunk).unwrap();
+            assert!(n > 0, "channel closed before SYN_ACK");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
