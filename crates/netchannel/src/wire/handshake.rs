@@ -361,4 +361,39 @@ mod tests {
             assert!(matches!(Handshake::decode(&b), Err(WireError::BadField { .. })), "byte {at}");
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Whatever 72 bytes a peer sends: an error or a message that encodes back the same.
+        #[test]
+        fn arbitrary_handshakes_decode_or_fail_cleanly(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), HANDSHAKE_LEN)
+        ) {
+            let buf: [u8; HANDSHAKE_LEN] = bytes.try_into().unwrap();
+            let _ = check_prefix(buf[..6].try_into().unwrap());
+            if let Ok(h) = Handshake::decode(&buf) {
+                proptest::prop_assert_eq!(Handshake::decode(&h.encode()).unwrap(), h);
+            }
+        }
+
+        /// A proof made with one key never verifies with another, whatever the fields.
+        #[test]
+        fn proofs_bind_key_and_fields(
+            id in proptest::prelude::any::<u64>(),
+            channel in 0u16..=MAX_CHANNEL_INDEX,
+            nonce in proptest::prelude::any::<[u8; 16]>(),
+            key in proptest::collection::vec(proptest::prelude::any::<u8>(), 16..40),
+        ) {
+            let h = Handshake::hello(id, channel, Class::Throughput, nonce, true);
+            let c = Handshake::challenge(id ^ 1, &h, [9; 16], true);
+            let confirm = Handshake::confirm(&h, &c, Some(&key));
+            let mut other = key.clone();
+            other[0] ^= 1;
+            proptest::prop_assert!(confirm.mac != Handshake::confirm(&h, &c, Some(&other)).mac);
+        }
+    }
 }
