@@ -30,9 +30,10 @@ pub mod sys;
 pub mod vns;
 pub mod wire;
 
+pub use engine::WorkerThread;
 pub use engine::{Config, Engine, EngineStats, PeerChannelStats};
 pub use scheduler::Policy;
-pub use sys::enter_netns;
+pub use sys::{enter_netns, ThreadPolicy};
 pub use vns::poller::Poller;
 pub use vns::socket::{Listener, SocketStats, VSocket};
 pub use wire::Class;

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use netchannel::{Engine, VSocket};
+use netchannel::{Class, Engine, VSocket};
 
 const TRANSFER: u64 = 256 << 20;
 
@@ -114,3 +114,100 @@ fn stalled_reader_does_not_block_others(hosts: Hosts) {
 }
 
 both_testbeds!(stalled_reader_does_not_block_others);
+
+/// A line `key: value` of a /proc file of thread `tid`.
+fn task_field(tid: i32, file: &str, key: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/{file}")).unwrap();
+    let line = text.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no {key}"));
+    line.split(':').nth(1).unwrap().trim().to_string()
+}
+
+#[test]
+fn worker_threads_have_the_promised_scheduling() {
+    let tb = Testbed::loopback();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let pin = cores >= 2;
+    let (a, _b) = tb.engines(|c| {
+        if pin {
+            c.latency_cpus = Some(vec![0]);
+            c.throughput_cpus = Some(vec![1]);
+        }
+    });
+    let expected = a.config().workers + 1;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let workers = loop {
+        let w = a.stats().workers;
+        if w.len() == expected {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "workers did not start: {w:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    for w in &workers {
+        // /proc/PID/task/TID/sched shows the policy: 0 SCHED_OTHER, 5 SCHED_IDLE.
+        let policy = task_field(w.tid, "sched", "policy");
+        let cpus = task_field(w.tid, "status", "Cpus_allowed_list");
+        match w.class {
+            Class::Throughput => {
+                assert_eq!(policy, "5", "{w:?}");
+                assert_eq!(w.policy, "SCHED_IDLE");
+                if pin {
+                    assert_eq!(cpus, "1", "{w:?}");
+                }
+            }
+            Class::Latency => {
+                assert_eq!(policy, "0", "{w:?}");
+                assert_eq!(w.policy, "SCHED_OTHER nice 0");
+                if pin {
+                    assert_eq!(cpus, "0", "{w:?}");
+                }
+            }
+        }
+    }
+    assert_eq!(workers.iter().filter(|w| w.class == Class::Latency).count(), 1);
+}
+
+/// The scheduling policy of thread `tid` (0 SCHED_OTHER, 5 SCHED_IDLE).
+fn policy_of(tid: i32) -> String {
+    task_field(tid, "sched", "policy")
+}
+
+#[test]
+fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are() {
+    let tb = Testbed::loopback();
+    let (a, b) = tb.engines(|_| {});
+    if !a.stats().app_threads_demoted {
+        eprintln!("skipping: this process may not restore a demoted thread (no CAP_SYS_NICE)");
+        return;
+    }
+    let l = b.listen(5).unwrap();
+    for class in [Class::Throughput, Class::Latency] {
+        let s = a.connect_with_class(b.local_addr(), 5, class).unwrap();
+        let p = l.accept().unwrap();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            tid_tx.send(netchannel::sys::thread_id()).unwrap();
+            let mut buf = [0u8; 16];
+            let n = s.recv(&mut buf).unwrap();
+            (n, netchannel::sys::thread_id(), policy_of(netchannel::sys::thread_id()))
+        });
+        let tid = tid_rx.recv().unwrap();
+        // Blocked in recv (serving the channels while it waits).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let want = if class == Class::Throughput { "5" } else { "0" };
+        while policy_of(tid) != want {
+            assert!(
+                Instant::now() < deadline,
+                "{class:?}: policy {} while waiting",
+                policy_of(tid)
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(policy_of(tid), want, "{class:?}");
+        p.send(b"wake").unwrap();
+        let (n, _, after) = reader.join().unwrap();
+        assert_eq!(n, 4);
+        assert_eq!(after, "0", "{class:?}: the thread must be put back when recv returns");
+    }
+}

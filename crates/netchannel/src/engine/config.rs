@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use crate::proto::table::MAX_STREAMS;
 use crate::scheduler::Policy;
+use crate::sys::ThreadPolicy;
 use crate::wire::frame::{MAX_PAYLOAD, MAX_WINDOW};
+use crate::wire::Class;
 
 #[derive(Clone)]
 pub struct Config {
@@ -71,6 +73,20 @@ pub struct Config {
     /// Control frames (RSTs to unknown streams) queued per session and class for a peer that
     /// does not read; past it they are dropped and counted.
     pub max_control_backlog: usize,
+    /// Scheduling of the workers that serve throughput-class channels. SCHED_IDLE by default: bulk
+    /// work the engine does itself never delays a latency-class thread (or any application
+    /// thread) on a shared core.
+    pub throughput_policy: ThreadPolicy,
+    /// Scheduling of the worker that serves latency-class channels.
+    pub latency_policy: ThreadPolicy,
+    /// Cores the throughput workers may run on (`None`: any).
+    pub throughput_cpus: Option<Vec<usize>>,
+    /// Cores the latency worker may run on (`None`: any), e.g. a core of its own, as the paper
+    /// gave latency channels.
+    pub latency_cpus: Option<Vec<usize>>,
+    /// Class of sockets `Engine::connect` opens (`connect_with_class` and `set_class` choose
+    /// per socket).
+    pub default_class: Class,
     /// Pre-shared key: when set, every channel is authenticated both ways (HMAC-SHA256
     /// challenge-response) before it is admitted, and peers without the key are refused.
     pub psk: Option<Vec<u8>>,
@@ -125,6 +141,11 @@ impl Default for Config {
             max_buffered: 4 << 30,
             unaccepted_window: 64 * 1024,
             max_control_backlog: 4096,
+            throughput_policy: ThreadPolicy::Idle,
+            latency_policy: ThreadPolicy::Normal,
+            throughput_cpus: None,
+            latency_cpus: None,
+            default_class: Class::Throughput,
             psk: None,
         }
     }
@@ -172,6 +193,16 @@ impl Config {
         }
         if self.max_peer_buffered < 2 * self.stream_window as u64 {
             return bad("max_peer_buffered must hold at least two stream windows".into());
+        }
+        for cpus in [&self.throughput_cpus, &self.latency_cpus].into_iter().flatten() {
+            if cpus.is_empty() || cpus.iter().any(|&c| c >= 1024) {
+                return bad("a core set must name at least one core, each below 1024".into());
+            }
+        }
+        for p in [self.throughput_policy, self.latency_policy] {
+            if matches!(p, ThreadPolicy::Nice(n) if !(-20..=19).contains(&n)) {
+                return bad("a nice value must be in -20..=19".into());
+            }
         }
         if self.psk.as_ref().is_some_and(|k| k.len() < 16) {
             return bad("the pre-shared key must be at least 16 bytes".into());

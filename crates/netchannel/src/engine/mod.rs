@@ -8,6 +8,7 @@
 
 pub(crate) mod acceptor;
 pub mod config;
+pub(crate) mod priority;
 pub(crate) mod session;
 pub(crate) mod waiter;
 pub(crate) mod worker;
@@ -22,6 +23,7 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 pub use config::Config;
+pub use worker::WorkerThread;
 
 use crate::driver::tcp::{self, Incoming, TcpOptions, TcpTransport};
 use crate::driver::{Channel, ChannelMeta, ChannelStats};
@@ -63,6 +65,12 @@ pub struct EngineStats {
     pub redialed_channels: u64,
     /// Received bytes held for applications that have not read them, every peer.
     pub held_bytes: u64,
+    /// The worker threads: which class each serves and how it is scheduled.
+    pub workers: Vec<WorkerThread>,
+    /// Application threads run their throughput-class work (channel writes and reads, waits)
+    /// at `throughput_policy` and are put back after; false where the process lacks the right
+    /// to put them back (then only the workers are demoted).
+    pub app_threads_demoted: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -106,6 +114,9 @@ pub(crate) struct EngineCtx {
     pub rx_held: AtomicU64,
     /// Sessions whose channels are not read while memory is at a limit.
     pub rx_paused: Mutex<Vec<std::sync::Weak<SessionRt>>>,
+    /// Application threads doing throughput-class work are demoted to `throughput_policy`
+    /// meanwhile (see `priority`).
+    pub demote_app_threads: bool,
 }
 
 /// A NetChannel engine embedded in this process. Dropping it shuts it down: every virtual socket
@@ -143,7 +154,11 @@ impl Engine {
             })?;
         let local_addr = listener.local_addr()?;
         let worker_count = config.workers + usize::from(config.latency_channels > 0);
-        let workers = (0..worker_count).map(Worker::new).collect::<io::Result<Vec<_>>>()?;
+        let class_of =
+            |i: usize| if i < config.workers { Class::Throughput } else { Class::Latency };
+        let workers = (0..worker_count)
+            .map(|i| Worker::new(i, class_of(i)))
+            .collect::<io::Result<Vec<_>>>()?;
         let ctx = Arc::new(EngineCtx {
             pool: crate::proto::pool::BufPool::new(config.max_frame_payload.max(64 * 1024), 64),
             id: crate::sys::random_u64(),
@@ -164,6 +179,7 @@ impl Engine {
             retired_stale: AtomicU64::new(0),
             rx_held: AtomicU64::new(0),
             rx_paused: Mutex::new(Vec::new()),
+            demote_app_threads: priority::can_demote(config.throughput_policy),
             config,
         });
         for w in &ctx.workers {
@@ -203,9 +219,9 @@ impl Engine {
         Listener::bind(self.ctx.clone(), port)
     }
 
-    /// Opens a Throughput-class virtual socket to `port` on the engine at `peer`.
+    /// Opens a virtual socket of `Config::default_class` to `port` on the engine at `peer`.
     pub fn connect(&self, peer: SocketAddr, port: u16) -> io::Result<VSocket> {
-        self.connect_with_class(peer, port, Class::Throughput)
+        self.connect_with_class(peer, port, self.ctx.config.default_class)
     }
 
     pub fn connect_with_class(
@@ -298,6 +314,11 @@ impl Drop for Engine {
 }
 
 impl EngineCtx {
+    /// Demotes the calling application thread while it does `class` work (see `priority`).
+    pub fn demote_for(&self, class: Class) -> priority::Demoted {
+        priority::Demoted::enter(self.demote_app_threads, self.config.throughput_policy, class)
+    }
+
     pub fn core_config(&self) -> CoreConfig {
         let c = &self.config;
         CoreConfig {
@@ -581,6 +602,8 @@ impl EngineCtx {
             refusals: self.refusals.lock().iter().map(|(k, v)| (k.clone(), *v)).collect(),
             redialed_channels: self.counters.redialed_channels.load(Ordering::Relaxed),
             held_bytes: self.rx_held.load(Ordering::Relaxed),
+            workers: self.workers.iter().filter_map(|w| w.info.lock().clone()).collect(),
+            app_threads_demoted: self.demote_app_threads,
             ..EngineStats::default()
         };
         for s in &sessions {

@@ -20,6 +20,7 @@ use super::session::SessionRt;
 use super::EngineCtx;
 use crate::driver::Channel;
 use crate::sys::{Epoll, EventFd, EDGE, EXCLUSIVE, HANGUP, PEER_SHUTDOWN, READABLE, WRITABLE};
+use crate::wire::Class;
 
 /// Period of the lazy duties, while they are asked for.
 pub(crate) const TICK: Duration = Duration::from_millis(1);
@@ -52,10 +53,26 @@ pub(crate) struct Worker {
     parked: AtomicBool,
     epoch: Instant,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The class of channels it serves.
+    pub class: Class,
+    /// What its thread is and how it is scheduled, once it runs.
+    pub info: Mutex<Option<WorkerThread>>,
+}
+
+/// A worker thread as `Engine::stats` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerThread {
+    pub name: String,
+    /// Thread id (as in /proc/PID/task).
+    pub tid: i32,
+    pub class: Class,
+    /// The scheduling applied, or why it could not be.
+    pub policy: String,
+    pub cpus: Option<Vec<usize>>,
 }
 
 impl Worker {
-    pub fn new(index: usize) -> std::io::Result<Arc<Worker>> {
+    pub fn new(index: usize, class: Class) -> std::io::Result<Arc<Worker>> {
         let epoll = Epoll::new()?;
         let wake = EventFd::new()?;
         epoll.add(wake.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
@@ -68,22 +85,38 @@ impl Worker {
             parked: AtomicBool::new(false),
             epoch: Instant::now(),
             thread: Mutex::new(None),
+            class,
+            info: Mutex::new(None),
         }))
     }
 
     pub fn start(self: &Arc<Self>, ctx: &Arc<EngineCtx>) -> std::io::Result<()> {
         let (me, ctx) = (self.clone(), Arc::downgrade(ctx));
-        let netns = ctx.upgrade().and_then(|c| c.config.netns.clone());
-        let handle = std::thread::Builder::new().name(format!("nc-worker-{}", self.index)).spawn(
-            move || {
-                if let Some(ns) = &netns {
-                    // Worker threads create no sockets; the namespace only matters for
-                    // consistency of /proc views. A failure is not fatal.
-                    let _ = crate::sys::enter_netns(ns);
-                }
-                me.run(ctx)
-            },
-        )?;
+        let config = ctx.upgrade().map(|c| c.config.clone()).expect("engine alive");
+        let name = format!("nc-worker-{}", self.index);
+        let handle = std::thread::Builder::new().name(name.clone()).spawn(move || {
+            if let Some(ns) = &config.netns {
+                // Worker threads create no sockets; the namespace only matters for
+                // consistency of /proc views. A failure is not fatal.
+                let _ = crate::sys::enter_netns(ns);
+            }
+            let (policy, cpus) = match me.class {
+                Class::Throughput => (config.throughput_policy, config.throughput_cpus.clone()),
+                Class::Latency => (config.latency_policy, config.latency_cpus.clone()),
+            };
+            let applied = match crate::sys::set_thread_policy(policy, cpus.as_deref()) {
+                Ok(()) => policy.to_string(),
+                Err(e) => format!("{policy} not applied: {e}"),
+            };
+            *me.info.lock() = Some(WorkerThread {
+                name,
+                tid: crate::sys::thread_id(),
+                class: me.class,
+                policy: applied,
+                cpus,
+            });
+            me.run(ctx)
+        })?;
         *self.thread.lock() = Some(handle);
         Ok(())
     }

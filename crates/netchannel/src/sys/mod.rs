@@ -287,3 +287,86 @@ mod tests {
         assert_ne!(random_bytes::<16>(), random_bytes::<16>());
     }
 }
+
+/// How a thread is scheduled (`Config::throughput_policy`, `Config::latency_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadPolicy {
+    /// SCHED_OTHER at nice 0, as application threads.
+    Normal,
+    /// SCHED_OTHER at this nice value (-20..=19; below 0 needs CAP_SYS_NICE).
+    Nice(i8),
+    /// SCHED_IDLE: runs only when no normal thread wants the core, and any normal thread that
+    /// wakes preempts it at once.
+    Idle,
+}
+
+impl std::fmt::Display for ThreadPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ThreadPolicy::Normal => write!(f, "SCHED_OTHER nice 0"),
+            ThreadPolicy::Nice(n) => write!(f, "SCHED_OTHER nice {n}"),
+            ThreadPolicy::Idle => write!(f, "SCHED_IDLE"),
+        }
+    }
+}
+
+/// Applies `policy`, and the CPU set if given, to the calling thread.
+pub fn set_thread_policy(policy: ThreadPolicy, cpus: Option<&[usize]>) -> io::Result<()> {
+    let tid = rustix::thread::gettid();
+    match policy {
+        ThreadPolicy::Normal => rustix::process::setpriority_process(Some(tid), 0)?,
+        ThreadPolicy::Nice(n) => rustix::process::setpriority_process(Some(tid), n as i32)?,
+        ThreadPolicy::Idle => {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: pid 0 is the calling thread; `param` is a live, initialised sched_param
+            // (SCHED_IDLE requires priority 0). No memory is retained by the call.
+            if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    if let Some(cpus) = cpus {
+        let mut set = rustix::thread::CpuSet::new();
+        for &c in cpus {
+            set.set(c);
+        }
+        rustix::thread::sched_setaffinity(None, &set)?;
+    }
+    Ok(())
+}
+
+/// The calling thread's id (as in /proc/self/task).
+pub fn thread_id() -> i32 {
+    rustix::thread::gettid().as_raw_nonzero().get()
+}
+
+/// A thread's scheduling as found, to put it back: (policy, nice).
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule(i32, i32);
+
+impl Schedule {
+    /// SCHED_OTHER or SCHED_BATCH (what demotion may change and put back).
+    pub fn is_normal(&self) -> bool {
+        self.0 == libc::SCHED_OTHER || self.0 == libc::SCHED_BATCH
+    }
+}
+
+/// The calling thread's scheduling policy and nice value.
+pub fn thread_schedule() -> Schedule {
+    // SAFETY: sched_getscheduler(0) reads the calling thread's policy; no memory is passed.
+    let policy = unsafe { libc::sched_getscheduler(0) };
+    let nice = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap_or(0);
+    Schedule(policy.max(0), nice)
+}
+
+/// Puts the calling thread back to a scheduling `thread_schedule` returned.
+pub fn restore_thread_schedule(s: Schedule) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a live sched_param (priority 0 is what
+    // SCHED_OTHER, SCHED_BATCH and SCHED_IDLE require; a real-time thread is never demoted).
+    if unsafe { libc::sched_setscheduler(0, s.0, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    rustix::process::setpriority_process(Some(rustix::thread::gettid()), s.1)?;
+    Ok(())
+}

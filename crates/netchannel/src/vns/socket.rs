@@ -263,6 +263,9 @@ impl VSocket {
         let w = waiter::current()?;
         let mut events = Vec::new();
         let mut registered = false;
+        // Waiting serves channels (reads, writes): throughput-class work, done demoted.
+        let class = self.session.lock().stream(self.id).map_or(Class::Throughput, |s| s.class);
+        let _demoted = self.session.ctx.demote_for(class);
         let result = loop {
             w.begin();
             let class = {
@@ -394,6 +397,7 @@ impl VSocket {
             s.ctx.grow(s);
         }
         if waiter::send_now(s, n) {
+            let _demoted = s.ctx.demote_for(class);
             s.transmit(class);
         } else {
             s.defer_flush();
@@ -441,6 +445,7 @@ impl VSocket {
                 Some(n as usize)
             }
             Recv::Deferred { channel, max } => {
+                let _demoted = self.session.ctx.demote_for(class);
                 self.read_deferred(channel, &mut buf[..max as usize])
             }
             Recv::Eof => Some(0),

@@ -1,0 +1,61 @@
+//! Isolation by *when* work runs: an application thread that does throughput-class work (writes a
+//! bulk backlog to a channel, reads a payload, or waits while serving channels) does it at the
+//! throughput workers' scheduling policy, and is put back to its own the moment it returns to
+//! the application. So bulk kernel-TCP work never delays a latency-class thread on a shared core,
+//! whoever carries it; latency-class work always runs at the thread's own priority.
+//!
+//! Putting a thread back needs the right to raise its priority again (CAP_SYS_NICE, or an
+//! RLIMIT_NICE that allows it). Without it the engine never demotes application threads (it
+//! could not undo it), and `EngineStats::app_threads_demoted` says so.
+
+use std::cell::Cell;
+
+use crate::sys::{self, ThreadPolicy};
+use crate::wire::Class;
+
+thread_local! {
+    /// This thread is demoted now (by an outer guard).
+    static DEMOTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this process may demote an application thread and put it back. Tried once, on a
+/// scratch thread (its scheduling is its own).
+pub(crate) fn can_demote(policy: ThreadPolicy) -> bool {
+    if policy == ThreadPolicy::Normal {
+        return false;
+    }
+    std::thread::spawn(move || {
+        let before = sys::thread_schedule();
+        sys::set_thread_policy(policy, None).is_ok() && sys::restore_thread_schedule(before).is_ok()
+    })
+    .join()
+    .unwrap_or(false)
+}
+
+/// While it lives, the calling thread runs at `policy` (if `class` is throughput-class and the
+/// engine demotes application threads); dropping it restores the thread's own scheduling.
+pub(crate) struct Demoted(Option<sys::Schedule>);
+
+impl Demoted {
+    pub fn enter(enabled: bool, policy: ThreadPolicy, class: Class) -> Demoted {
+        if !enabled || class != Class::Throughput || DEMOTED.get() {
+            return Demoted(None);
+        }
+        let before = sys::thread_schedule();
+        // A real-time thread (or one already idle) is left as it is.
+        if !before.is_normal() || sys::set_thread_policy(policy, None).is_err() {
+            return Demoted(None);
+        }
+        DEMOTED.set(true);
+        Demoted(Some(before))
+    }
+}
+
+impl Drop for Demoted {
+    fn drop(&mut self) {
+        if let Some(before) = self.0.take() {
+            let _ = sys::restore_thread_schedule(before);
+            DEMOTED.set(false);
+        }
+    }
+}
