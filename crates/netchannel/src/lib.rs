@@ -31,7 +31,7 @@ pub mod vns;
 pub mod wire;
 
 pub use engine::WorkerThread;
-pub use engine::{Config, Engine, EngineStats, PeerChannelStats};
+pub use engine::{Config, Engine, EngineStats, Isolation, PeerChannelStats};
 pub use scheduler::Policy;
 pub use sys::{enter_netns, ThreadPolicy};
 pub use vns::poller::Poller;

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use netchannel::{Class, Engine, VSocket};
+use netchannel::{Class, Engine, Isolation, VSocket};
 
 const TRANSFER: u64 = 256 << 20;
 
@@ -128,6 +128,7 @@ fn worker_threads_have_the_promised_scheduling() {
     let cores = std::thread::available_parallelism().unwrap().get();
     let pin = cores >= 2;
     let (a, _b) = tb.engines(|c| {
+        c.isolation = Isolation::Always;
         if pin {
             c.latency_cpus = Some(vec![0]);
             c.throughput_cpus = Some(vec![1]);
@@ -137,7 +138,7 @@ fn worker_threads_have_the_promised_scheduling() {
     let deadline = Instant::now() + Duration::from_secs(5);
     let workers = loop {
         let w = a.stats().workers;
-        if w.len() == expected {
+        if w.len() == expected && w.iter().all(|x| !x.policy.is_empty()) {
             break w;
         }
         assert!(Instant::now() < deadline, "workers did not start: {w:?}");
@@ -175,7 +176,7 @@ fn policy_of(tid: i32) -> String {
 #[test]
 fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are() {
     let tb = Testbed::loopback();
-    let (a, b) = tb.engines(|_| {});
+    let (a, b) = tb.engines(|c| c.isolation = Isolation::Always);
     if !a.stats().app_threads_demoted {
         eprintln!("skipping: this process may not restore a demoted thread (no CAP_SYS_NICE)");
         return;
@@ -210,4 +211,38 @@ fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are()
         assert_eq!(n, 4);
         assert_eq!(after, "0", "{class:?}: the thread must be put back when recv returns");
     }
+}
+
+/// The policy `stats()` shows for the throughput worker, once it is applied.
+fn throughput_worker_policy(e: &Engine) -> String {
+    let w = e.stats().workers;
+    w.iter().find(|w| w.class == Class::Throughput).map(|w| w.policy.clone()).unwrap_or_default()
+}
+
+fn wait_for_policy(e: &Engine, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while throughput_worker_policy(e) != want {
+        assert!(Instant::now() < deadline, "worker policy {:?}", throughput_worker_policy(e));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn isolation_follows_latency_sockets_by_default() {
+    let tb = Testbed::loopback();
+    let (a, b) = tb.engines(|_| {});
+    assert!(!a.stats().isolating, "nothing to protect yet");
+    wait_for_policy(&a, "SCHED_OTHER nice 0");
+    let l = b.listen(6).unwrap();
+    let s = a.connect_with_class(b.local_addr(), 6, Class::Latency).unwrap();
+    let _p = l.accept().unwrap();
+    assert!(a.stats().isolating);
+    wait_for_policy(&a, "SCHED_IDLE");
+    s.set_class(Class::Throughput);
+    assert!(!a.stats().isolating);
+    wait_for_policy(&a, "SCHED_OTHER nice 0");
+    s.set_class(Class::Latency);
+    assert!(a.stats().isolating);
+    drop(s);
+    assert!(!a.stats().isolating, "closing the last latency socket ends isolation");
 }

@@ -11,6 +11,20 @@ use crate::sys::ThreadPolicy;
 use crate::wire::frame::{MAX_PAYLOAD, MAX_WINDOW};
 use crate::wire::Class;
 
+/// When the engine demotes throughput-class work (`Config::isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// While this engine has a latency-class socket open: then there is latency work to
+    /// protect; otherwise throughput work runs at full priority (demotion costs system calls
+    /// and, on a busy host, throughput).
+    Auto,
+    /// Always, e.g. in a process of bulk applications sharing the host with latency
+    /// applications in other processes.
+    Always,
+    /// Never: every thread keeps its own scheduling.
+    Never,
+}
+
 #[derive(Clone)]
 pub struct Config {
     /// Address the channel listener binds (IPv4 or IPv6; port 0 picks one).
@@ -73,9 +87,13 @@ pub struct Config {
     /// Control frames (RSTs to unknown streams) queued per session and class for a peer that
     /// does not read; past it they are dropped and counted.
     pub max_control_backlog: usize,
-    /// Scheduling of the workers that serve throughput-class channels. SCHED_IDLE by default: bulk
-    /// work the engine does itself never delays a latency-class thread (or any application
-    /// thread) on a shared core.
+    /// When throughput-class work runs at `throughput_policy` (see docs/ARCHITECTURE.md,
+    /// "Isolation").
+    pub isolation: Isolation,
+    /// Scheduling of throughput-class work while isolation is on: the workers that serve
+    /// throughput channels, and application threads while they do throughput-class channel
+    /// work. SCHED_IDLE by default: bulk work never delays a latency-class thread on a shared
+    /// core.
     pub throughput_policy: ThreadPolicy,
     /// Scheduling of the worker that serves latency-class channels.
     pub latency_policy: ThreadPolicy,
@@ -141,6 +159,7 @@ impl Default for Config {
             max_buffered: 4 << 30,
             unaccepted_window: 64 * 1024,
             max_control_backlog: 4096,
+            isolation: Isolation::Auto,
             throughput_policy: ThreadPolicy::Idle,
             latency_policy: ThreadPolicy::Normal,
             throughput_cpus: None,

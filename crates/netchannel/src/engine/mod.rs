@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
-pub use config::Config;
+pub use config::{Config, Isolation};
 pub use worker::WorkerThread;
 
 use crate::driver::tcp::{self, Incoming, TcpOptions, TcpTransport};
@@ -68,9 +68,12 @@ pub struct EngineStats {
     /// The worker threads: which class each serves and how it is scheduled.
     pub workers: Vec<WorkerThread>,
     /// Application threads run their throughput-class work (channel writes and reads, waits)
-    /// at `throughput_policy` and are put back after; false where the process lacks the right
-    /// to put them back (then only the workers are demoted).
+    /// at `throughput_policy` while isolating, and are put back after; false where the process
+    /// lacks the right to put them back (then only the workers are demoted).
     pub app_threads_demoted: bool,
+    /// Throughput-class work runs demoted now (`Config::isolation`; with `Auto`, while a
+    /// latency-class socket is open).
+    pub isolating: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,9 +117,11 @@ pub(crate) struct EngineCtx {
     pub rx_held: AtomicU64,
     /// Sessions whose channels are not read while memory is at a limit.
     pub rx_paused: Mutex<Vec<std::sync::Weak<SessionRt>>>,
-    /// Application threads doing throughput-class work are demoted to `throughput_policy`
-    /// meanwhile (see `priority`).
+    /// Application threads doing throughput-class work may be demoted to `throughput_policy`
+    /// meanwhile (see `priority`): the process can put them back.
     pub demote_app_threads: bool,
+    /// Latency-class virtual sockets open (`Isolation::Auto` isolates while there are any).
+    pub latency_sockets: std::sync::atomic::AtomicUsize,
 }
 
 /// A NetChannel engine embedded in this process. Dropping it shuts it down: every virtual socket
@@ -179,7 +184,9 @@ impl Engine {
             retired_stale: AtomicU64::new(0),
             rx_held: AtomicU64::new(0),
             rx_paused: Mutex::new(Vec::new()),
-            demote_app_threads: priority::can_demote(config.throughput_policy),
+            demote_app_threads: config.isolation != config::Isolation::Never
+                && priority::can_demote(config.throughput_policy),
+            latency_sockets: std::sync::atomic::AtomicUsize::new(0),
             config,
         });
         for w in &ctx.workers {
@@ -314,9 +321,19 @@ impl Drop for Engine {
 }
 
 impl EngineCtx {
+    /// Whether throughput-class work runs demoted now (`Config::isolation`).
+    pub fn isolating(&self) -> bool {
+        match self.config.isolation {
+            config::Isolation::Always => true,
+            config::Isolation::Never => false,
+            config::Isolation::Auto => self.latency_sockets.load(Ordering::Relaxed) > 0,
+        }
+    }
+
     /// Demotes the calling application thread while it does `class` work (see `priority`).
     pub fn demote_for(&self, class: Class) -> priority::Demoted {
-        priority::Demoted::enter(self.demote_app_threads, self.config.throughput_policy, class)
+        let on = self.demote_app_threads && self.isolating();
+        priority::Demoted::enter(on, self.config.throughput_policy, class)
     }
 
     pub fn core_config(&self) -> CoreConfig {
@@ -604,6 +621,7 @@ impl EngineCtx {
             held_bytes: self.rx_held.load(Ordering::Relaxed),
             workers: self.workers.iter().filter_map(|w| w.info.lock().clone()).collect(),
             app_threads_demoted: self.demote_app_threads,
+            isolating: self.isolating(),
             ..EngineStats::default()
         };
         for s in &sessions {

@@ -20,6 +20,7 @@ use super::session::SessionRt;
 use super::EngineCtx;
 use crate::driver::Channel;
 use crate::sys::{Epoll, EventFd, EDGE, EXCLUSIVE, HANGUP, PEER_SHUTDOWN, READABLE, WRITABLE};
+use crate::sys::ThreadPolicy;
 use crate::wire::Class;
 
 /// Period of the lazy duties, while they are asked for.
@@ -100,20 +101,20 @@ impl Worker {
                 // consistency of /proc views. A failure is not fatal.
                 let _ = crate::sys::enter_netns(ns);
             }
-            let (policy, cpus) = match me.class {
-                Class::Throughput => (config.throughput_policy, config.throughput_cpus.clone()),
-                Class::Latency => (config.latency_policy, config.latency_cpus.clone()),
+            let cpus = match me.class {
+                Class::Throughput => config.throughput_cpus.clone(),
+                Class::Latency => config.latency_cpus.clone(),
             };
-            let applied = match crate::sys::set_thread_policy(policy, cpus.as_deref()) {
-                Ok(()) => policy.to_string(),
-                Err(e) => format!("{policy} not applied: {e}"),
+            let placed = match cpus.as_deref() {
+                Some(set) => crate::sys::set_thread_policy(ThreadPolicy::Normal, Some(set)),
+                None => Ok(()),
             };
             *me.info.lock() = Some(WorkerThread {
                 name,
                 tid: crate::sys::thread_id(),
                 class: me.class,
-                policy: applied,
-                cpus,
+                policy: String::new(),
+                cpus: cpus.filter(|_| placed.is_ok()),
             });
             me.run(ctx)
         })?;
@@ -142,6 +143,11 @@ impl Worker {
 
     pub fn service_tx(&self, uid: u64) {
         self.request(Request::ServiceTx(uid));
+    }
+
+    /// Wakes the worker so that it re-reads the engine's state (e.g. isolation turned on).
+    pub fn nudge(&self) {
+        self.wake.notify();
     }
 
     pub fn stop(&self) {
@@ -188,12 +194,36 @@ impl Worker {
         (self.epoch.elapsed().as_nanos() as u64) < self.tick_until.load(Ordering::Acquire)
     }
 
+    /// Applies the scheduling this worker's class gets now (throughput workers follow the
+    /// engine's isolation state); recorded for `stats()`.
+    fn schedule(&self, ctx: &EngineCtx, applied: &mut Option<ThreadPolicy>) {
+        let c = &ctx.config;
+        let want = match self.class {
+            Class::Latency => c.latency_policy,
+            Class::Throughput if ctx.isolating() => c.throughput_policy,
+            Class::Throughput => ThreadPolicy::Normal,
+        };
+        if *applied == Some(want) {
+            return;
+        }
+        *applied = Some(want);
+        let shown = match crate::sys::set_thread_policy(want, None) {
+            Ok(()) => want.to_string(),
+            Err(e) => format!("{want} not applied: {e}"),
+        };
+        if let Some(info) = self.info.lock().as_mut() {
+            info.policy = shown;
+        }
+    }
+
     fn run(self: Arc<Self>, ctx: Weak<EngineCtx>) {
         let mut channels: HashMap<u64, (Arc<Channel>, Arc<SessionRt>)> = HashMap::new();
         let mut events = Vec::new();
         let mut next_tick = Instant::now();
+        let mut applied = None;
         loop {
             let Some(ctx) = ctx.upgrade() else { return };
+            self.schedule(&ctx, &mut applied);
             let mut timeout = None;
             if self.ticking() {
                 timeout = Some(next_tick.saturating_duration_since(Instant::now()));

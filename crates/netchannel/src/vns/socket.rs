@@ -146,11 +146,13 @@ pub struct VSocket {
     write_timeout_ns: AtomicU64,
     /// The private poller behind `readiness_fd`.
     own_poller: OnceLock<Poller>,
+    /// Counted in the engine's open latency-class sockets (isolation is on while any is).
+    latency: AtomicBool,
 }
 
 impl VSocket {
-    pub(crate) fn wrap(session: Arc<SessionRt>, id: u64) -> VSocket {
-        VSocket {
+    pub(crate) fn wrap(session: Arc<SessionRt>, id: u64, class: Class) -> VSocket {
+        let sock = VSocket {
             session,
             id,
             nonblocking: AtomicBool::new(false),
@@ -158,6 +160,29 @@ impl VSocket {
             read_timeout_ns: AtomicU64::new(0),
             write_timeout_ns: AtomicU64::new(0),
             own_poller: OnceLock::new(),
+            latency: AtomicBool::new(false),
+        };
+        sock.count_class(class);
+        sock
+    }
+
+    /// Keeps the engine's count of open latency-class sockets.
+    fn count_class(&self, class: Class) {
+        let latency = class == Class::Latency;
+        if self.latency.swap(latency, Ordering::AcqRel) != latency {
+            let ctx = &self.session.ctx;
+            let before = if latency {
+                ctx.latency_sockets.fetch_add(1, Ordering::AcqRel)
+            } else {
+                ctx.latency_sockets.fetch_sub(1, Ordering::AcqRel)
+            };
+            // The first latency socket opened or the last closed: workers re-apply their
+            // scheduling now rather than at their next wake-up.
+            if before == usize::from(!latency) {
+                for w in &ctx.workers {
+                    w.nudge();
+                }
+            }
         }
     }
 
@@ -183,7 +208,7 @@ impl VSocket {
             })?
         };
         session.timers_changed();
-        let sock = VSocket::wrap(session, id);
+        let sock = VSocket::wrap(session, id, class);
         if waiter::send_now(&sock.session, 0) {
             sock.session.transmit(class);
         }
@@ -234,6 +259,9 @@ impl VSocket {
     /// Moves the socket to another class: its next chunks use that class's channels.
     pub fn set_class(&self, class: Class) {
         self.session.lock().set_class(self.id, class);
+        if !self.closed.load(Ordering::Acquire) {
+            self.count_class(class);
+        }
     }
 
     pub fn set_nonblocking(&self, nonblocking: bool) {
@@ -582,6 +610,7 @@ impl VSocket {
         if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.count_class(Class::Throughput);
         let s = &self.session;
         let mut wakes = Wakes::default();
         {
@@ -818,7 +847,7 @@ impl Listener {
                 if let Some(class) = class {
                     session.transmit(class);
                 }
-                break Ok(VSocket::wrap(session, id));
+                break Ok(VSocket::wrap(session, id, class.unwrap_or(Class::Throughput)));
             }
             if self.shared.closed.load(Ordering::SeqCst) {
                 break Err(io::Error::new(io::ErrorKind::ConnectionAborted, "listener closed"));
