@@ -838,15 +838,16 @@ impl Listener {
             w.begin();
             let next = self.shared.backlog.lock().pop_front();
             if let Some((session, id)) = next {
-                // Accepted by the application: the stream gets its full window now.
+                // Accepted by the application: the stream gets its full window now. The CREDIT
+                // saying so rides with the next frames out (or the worker's tick): the peer
+                // already has the unaccepted window to go on with, and an accept loop must not
+                // pay a channel write per connection.
                 let class = {
                     let mut core = session.lock();
                     core.set_window(id, self.ctx.config.stream_window);
                     core.stream(id).map(|s| s.class)
                 };
-                if let Some(class) = class {
-                    session.transmit(class);
-                }
+                session.defer_flush();
                 break Ok(VSocket::wrap(session, id, class.unwrap_or(Class::Throughput)));
             }
             if self.shared.closed.load(Ordering::SeqCst) {
