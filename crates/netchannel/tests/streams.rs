@@ -5,10 +5,10 @@ mod common;
 use std::io::{ErrorKind, Read};
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
-use netchannel::{Class, Policy};
+use netchannel::{Class, Policy, VSocket};
 
 both_testbeds!(
     one_gib_striped_over_four_channels,
@@ -22,6 +22,7 @@ both_testbeds!(
     one_poller_drives_many_sockets,
     channels_scale_up_under_backpressure,
     blocking_send_of_exactly_the_window_returns,
+    full_backlog_makes_connects_wait_not_fail,
 );
 
 fn one_gib_striped_over_four_channels(hosts: Hosts) {
@@ -397,4 +398,36 @@ fn blocking_send_of_exactly_the_window_returns(hosts: Hosts) {
     let mut got = vec![0u8; 1 << 20];
     (&p).read_exact(&mut got).unwrap();
     assert!(got.iter().all(|&x| x == 3));
+}
+
+/// A full backlog leaves further SYNs unanswered (their `connect` waits, as a TCP client whose
+/// SYN was dropped retries) and admits them as the application accepts; only past a second
+/// backlog's worth are they refused.
+fn full_backlog_makes_connects_wait_not_fail(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| c.accept_backlog = 2);
+    let l = b.listen(8).unwrap();
+    let socks: Vec<VSocket> = (0..4)
+        .map(|_| a.connect_nonblocking(b.local_addr(), 8, Class::Throughput).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l.pending() < 2 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let open = |s: &VSocket| matches!(s.take_error(), Ok(true));
+    assert_eq!(socks.iter().filter(|s| open(s)).count(), 2, "two wait behind the backlog");
+    let refused = a.connect_nonblocking(b.local_addr(), 8, Class::Throughput).unwrap();
+    while matches!(refused.take_error(), Ok(false)) {
+        assert!(Instant::now() < deadline, "a fifth connect was neither refused nor admitted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(refused.take_error().unwrap_err().kind(), ErrorKind::ConnectionRefused);
+    let accepted: Vec<VSocket> = (0..4).map(|_| l.accept().unwrap()).collect();
+    assert_eq!(accepted.len(), 4);
+    while !socks.iter().all(open) {
+        assert!(Instant::now() < deadline, "the waiting connects were never admitted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }

@@ -20,6 +20,7 @@ use crate::driver::framing::{Parsed, Verdict};
 use crate::driver::{Channel, ChannelError};
 use crate::proto::{HeaderVerdict, Input, OutFrame, Session};
 use crate::sys::{HANGUP, READABLE, WRITABLE};
+use crate::vns::socket::Offer;
 use crate::vns::{StreamUser, Wakes};
 use crate::wire::{Class, RstReason};
 
@@ -208,11 +209,13 @@ impl SessionRt {
                 Some(l) => {
                     // The full window comes when the application accepts it.
                     let window = self.ctx.config.unaccepted_window;
-                    if l.offer(self.clone(), id) {
-                        core.accept_incoming(id, window);
-                        wakes.listeners.push(l);
-                    } else {
-                        core.refuse_incoming(id, RstReason::Refused);
+                    match l.offer(self.clone(), id) {
+                        Offer::Queued => {
+                            core.accept_incoming(id, window);
+                            wakes.listeners.push(l);
+                        }
+                        Offer::Waiting => {}
+                        Offer::Refused => core.refuse_incoming(id, RstReason::Refused),
                     }
                 }
             }

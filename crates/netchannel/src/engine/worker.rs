@@ -19,8 +19,8 @@ use parking_lot::Mutex;
 use super::session::SessionRt;
 use super::EngineCtx;
 use crate::driver::Channel;
-use crate::sys::{Epoll, EventFd, EDGE, EXCLUSIVE, HANGUP, PEER_SHUTDOWN, READABLE, WRITABLE};
 use crate::sys::ThreadPolicy;
+use crate::sys::{Epoll, EventFd, EDGE, EXCLUSIVE, HANGUP, PEER_SHUTDOWN, READABLE, WRITABLE};
 use crate::wire::Class;
 
 /// Period of the lazy duties, while they are asked for.

@@ -753,20 +753,61 @@ impl std::fmt::Debug for VSocket {
 pub(crate) struct ListenerShared {
     backlog: Mutex<VecDeque<(Arc<SessionRt>, u64)>>,
     capacity: usize,
+    /// Streams that came while the backlog was full: their SYN is not answered yet (their
+    /// `connect` waits, as a TCP client whose SYN was dropped retries), and each `accept`
+    /// admits one. Bounded by `capacity` too; beyond, SYNs are refused.
+    waiting: Mutex<VecDeque<(Arc<SessionRt>, u64)>>,
     closed: AtomicBool,
     waiters: Mutex<Vec<Arc<Waiter>>>,
     readiness: OnceLock<EventFd>,
 }
 
+/// What a listener did with a stream the peer opened.
+pub(crate) enum Offer {
+    /// In the backlog: answer SYN_ACK.
+    Queued,
+    /// The backlog is full: leave the SYN unanswered for now.
+    Waiting,
+    /// Closed, or the waiting line is full too: refuse.
+    Refused,
+}
+
 impl ListenerShared {
-    /// Queues an opened stream for `accept`; false if closed or full.
-    pub fn offer(&self, session: Arc<SessionRt>, id: u64) -> bool {
-        let mut q = self.backlog.lock();
-        if self.closed.load(Ordering::SeqCst) || q.len() >= self.capacity {
-            return false;
+    /// Queues an opened stream for `accept`, or in the waiting line behind a full backlog.
+    pub fn offer(&self, session: Arc<SessionRt>, id: u64) -> Offer {
+        if self.closed.load(Ordering::SeqCst) {
+            return Offer::Refused;
         }
-        q.push_back((session, id));
-        true
+        {
+            let mut q = self.backlog.lock();
+            if q.len() < self.capacity {
+                q.push_back((session, id));
+                return Offer::Queued;
+            }
+        }
+        let mut w = self.waiting.lock();
+        if w.len() >= self.capacity {
+            return Offer::Refused;
+        }
+        w.push_back((session, id));
+        Offer::Waiting
+    }
+
+    /// A place in the backlog freed: admits the first waiting stream that is still there.
+    fn admit_waiting(&self, window: u32) {
+        loop {
+            let Some((session, id)) = self.waiting.lock().pop_front() else { return };
+            let live = {
+                let mut core = session.lock();
+                core.accept_incoming(id, window);
+                core.stream(id).is_some_and(|s| s.reset.is_none())
+            };
+            if live {
+                session.defer_flush();
+                self.backlog.lock().push_back((session, id));
+                return;
+            }
+        }
     }
 
     pub fn notify(&self) {
@@ -799,6 +840,7 @@ impl Listener {
         }
         let shared = Arc::new(ListenerShared {
             backlog: Mutex::new(VecDeque::new()),
+            waiting: Mutex::new(VecDeque::new()),
             capacity: ctx.config.accept_backlog,
             closed: AtomicBool::new(false),
             waiters: Mutex::new(Vec::new()),
@@ -838,6 +880,7 @@ impl Listener {
             w.begin();
             let next = self.shared.backlog.lock().pop_front();
             if let Some((session, id)) = next {
+                self.shared.admit_waiting(self.ctx.config.unaccepted_window);
                 // Accepted by the application: the stream gets its full window now. The CREDIT
                 // saying so rides with the next frames out (or the worker's tick): the peer
                 // already has the unaccepted window to go on with, and an accept loop must not
@@ -908,7 +951,8 @@ impl Drop for Listener {
             }
         }
         self.shared.close();
-        let pending: Vec<_> = self.shared.backlog.lock().drain(..).collect();
+        let mut pending: Vec<_> = self.shared.backlog.lock().drain(..).collect();
+        pending.extend(self.shared.waiting.lock().drain(..));
         for (session, id) in pending {
             // Accepted by the engine but never by the application: reset, as TCP does.
             let mut wakes = Wakes::default();
