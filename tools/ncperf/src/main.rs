@@ -1,6 +1,7 @@
 //! ncperf: the host-stack studies' workloads on Linux TCP and on netchannel, side by side.
 
 mod apps;
+mod cdf;
 mod metrics;
 mod net;
 mod orchestrate;
@@ -83,6 +84,16 @@ enum Cmd {
         /// Also profile every run and report classification coverage.
         #[arg(long)]
         profile: bool,
+    },
+    /// Latency CDFs of several results in one PNG: `LABEL=FILE.json` each (a `compare --json`
+    /// output: its median-p99 run of each stack is drawn; or a `run --json` output).
+    Cdf {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "Latency")]
+        title: String,
+        #[arg(required = true)]
+        inputs: Vec<String>,
     },
     /// Manage the two-namespace testbed.
     Testbed {
@@ -216,6 +227,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             }
         }
         Cmd::Suite { out, quick, hosts, profile } => suite::run(&out, quick, hosts, profile)?,
+        Cmd::Cdf { out, title, inputs } => cdf::run(&out, &title, &inputs)?,
         Cmd::Profile { stack, run, json, compare, out, rules } => {
             let rules = profile::Rules::load(rules.as_deref())?;
             let stacks = match (compare, stack) {
