@@ -95,13 +95,15 @@ pub fn plan(
     }
     if workload == Workload::Mixed {
         let (l, t) = mixed;
-        if l == 0 || t == 0 {
+        if l + t == 0 {
             return Err(
-                "the mixed workload needs --latency-flows and --throughput-flows >= 1".into()
+                "the mixed workload needs --latency-flows or --throughput-flows >= 1".into()
             );
         }
-        // One L-app on each side, T flows over their own T-apps.
-        let t_apps = (t as usize).min(max_apps.saturating_sub(1).max(1));
+        // One L-app on each side (app 0, when there are L flows), T flows over their own
+        // T-apps (either set may be empty: a side's L-apps or T-apps alone).
+        let first_t = usize::from(l > 0);
+        let t_apps = (t as usize).min(max_apps.saturating_sub(first_t).max(1));
         let mut v = Vec::with_capacity((l + t) as usize);
         for _ in 0..l {
             v.push(FlowSpec {
@@ -113,7 +115,7 @@ pub fn plan(
             });
         }
         for i in 0..t as usize {
-            let app = 1 + i % t_apps;
+            let app = first_t + i % t_apps;
             v.push(FlowSpec {
                 echo: false,
                 size,
@@ -122,7 +124,7 @@ pub fn plan(
                 latency: false,
             });
         }
-        return Ok(Plan { flows: v, sender_apps: 1 + t_apps });
+        return Ok(Plan { flows: v, sender_apps: (first_t + t_apps).max(1) });
     }
     if flows == 0 {
         return Err("--flows must be at least 1".into());

@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use netchannel::Policy;
 
 use apps::{Pattern, Workload};
-use net::{EngineOpts, Stack};
+use net::{EngineOpts, IsolationOpt, Stack};
 use orchestrate::Hosts;
 
 #[derive(Parser)]
@@ -123,6 +123,9 @@ enum Cmd {
         /// Enter this network namespace first.
         #[arg(long)]
         netns: Option<PathBuf>,
+        /// netchannel: when throughput-class work is demoted (`Config::isolation`).
+        #[arg(long, value_enum, default_value_t = IsolationOpt::Auto)]
+        isolation: IsolationOpt,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -191,6 +194,13 @@ pub struct RunArgs {
     /// Application threads per side at most.
     #[arg(long, default_value_t = 8)]
     pub max_apps: usize,
+    /// mixed: run the L-apps and the T-apps as separate process pairs, each with its own
+    /// engine (as applications share a host); the T-apps' engines isolate always.
+    #[arg(long)]
+    pub split_processes: bool,
+    /// netchannel: when throughput-class work is demoted (`Config::isolation`).
+    #[arg(long, value_enum, default_value_t = IsolationOpt::Auto)]
+    pub isolation: IsolationOpt,
 }
 
 fn main() {
@@ -273,11 +283,16 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             TestbedAction::Down => testbed::down()?,
             TestbedAction::Status => print!("{}", testbed::status()?),
         },
-        Cmd::Server { stack, listen, channels, policy, coordinated, netns } => {
+        Cmd::Server { stack, listen, channels, policy, coordinated, netns, isolation } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
-            apps::run_server(stack, listen, EngineOpts { channels, policy }, coordinated)
-                .map_err(|e| format!("server: {e}"))?;
+            apps::run_server(
+                stack,
+                listen,
+                EngineOpts { channels, policy, isolation },
+                coordinated,
+            )
+            .map_err(|e| format!("server: {e}"))?;
         }
         Cmd::Client { stack, connect, run, coordinated, netns, json } => {
             enter(&netns)?;
@@ -306,7 +321,7 @@ fn client(
     let args = apps::ClientArgs {
         stack,
         server,
-        engine: EngineOpts { channels: run.channels, policy: run.policy },
+        engine: EngineOpts { channels: run.channels, policy: run.policy, isolation: run.isolation },
         plan,
         rate: run.rate,
         idle: run.workload == Workload::Idle,

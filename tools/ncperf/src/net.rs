@@ -162,6 +162,25 @@ impl Waiter {
 pub struct EngineOpts {
     pub channels: usize,
     pub policy: Policy,
+    pub isolation: IsolationOpt,
+}
+
+/// `netchannel::Isolation` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsolationOpt {
+    Auto,
+    Always,
+    Never,
+}
+
+impl IsolationOpt {
+    pub fn name(self) -> &'static str {
+        match self {
+            IsolationOpt::Auto => "auto",
+            IsolationOpt::Always => "always",
+            IsolationOpt::Never => "never",
+        }
+    }
 }
 
 fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
@@ -170,6 +189,11 @@ fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
     config.max_channels = opts.channels; // measured at a fixed channel count
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
+    config.isolation = match opts.isolation {
+        IsolationOpt::Auto => netchannel::Isolation::Auto,
+        IsolationOpt::Always => netchannel::Isolation::Always,
+        IsolationOpt::Never => netchannel::Isolation::Never,
+    };
     Engine::new(config)
 }
 

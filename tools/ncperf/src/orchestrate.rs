@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::apps::{unix_ns_after, ClientReport, ServerReport, Window, Workload};
 use crate::metrics::{self, RunResult};
-use crate::net::Stack;
+use crate::net::{IsolationOpt, Stack};
 use crate::testbed;
 use crate::RunArgs;
 
@@ -145,6 +145,13 @@ pub fn validate(args: &RunArgs, stack: Stack) -> Result<(), String> {
     if mixed_flags && args.workload != Workload::Mixed {
         return Err("--latency-flows/--throughput-flows apply to the mixed workload only".into());
     }
+    if args.split_processes
+        && !(args.workload == Workload::Mixed
+            && args.latency_flows.unwrap_or(0) > 0
+            && args.throughput_flows.unwrap_or(0) > 0)
+    {
+        return Err("--split-processes needs the mixed workload with L and T flows".into());
+    }
     if stack == Stack::Netchannel && !(1..=63).contains(&args.channels) {
         return Err("--channels must be between 1 and 63".into());
     }
@@ -193,8 +200,26 @@ pub fn run_with(
     validate(args, stack)?;
     let flows = total_flows(args);
     let fd_limit = raise_fd_limit();
-    let pairs =
-        if args.workload == Workload::Mixed { 1 } else { processes_for(stack, flows, fd_limit)? };
+    let split = args.workload == Workload::Mixed && args.split_processes;
+    let pairs = match args.workload {
+        Workload::Mixed if split => 2,
+        Workload::Mixed => 1,
+        _ => processes_for(stack, flows, fd_limit)?,
+    };
+    // Split: pair 0 carries the L-apps, pair 1 the T-apps, whose engines isolate always (no
+    // latency socket of their own tells them that a neighbour process has one).
+    let isolation_of = |i: usize| {
+        if split && i == 1 && args.isolation == IsolationOpt::Auto {
+            IsolationOpt::Always
+        } else {
+            args.isolation
+        }
+    };
+    let mixed_of = |i: usize| match (args.latency_flows, args.throughput_flows) {
+        (Some(l), Some(t)) if split => Some(if i == 0 { (l, 0) } else { (0, t) }),
+        (l, t) if l.is_some() || t.is_some() => Some((l.unwrap_or(0), t.unwrap_or(0))),
+        _ => None,
+    };
     let (server_ip, client_ns, server_ns) = match args.hosts {
         Hosts::Loopback => ("127.0.0.1".parse().expect("valid"), None, None),
         Hosts::Netns => {
@@ -213,16 +238,17 @@ pub fn run_with(
             )
         }
     };
-    let common = |v: &mut Vec<String>| {
+    let common = |v: &mut Vec<String>, i: usize| {
         v.extend(["--stack".into(), stack.name().into()]);
         v.extend(["--channels".into(), args.channels.to_string()]);
         v.extend(["--policy".into(), args.policy.to_string()]);
+        v.extend(["--isolation".into(), isolation_of(i).name().into()]);
     };
     let mut servers = Vec::new();
     for i in 0..pairs {
         let mut v = vec!["server".to_string(), "--coordinated".into()];
         v.extend(["--listen".into(), SocketAddr::new(server_ip, 0).to_string()]);
-        common(&mut v);
+        common(&mut v, i);
         if let Some(ns) = &server_ns {
             v.extend(["--netns".into(), ns.display().to_string()]);
         }
@@ -242,7 +268,7 @@ pub fn run_with(
         };
         let mut v =
             vec!["client".to_string(), "--coordinated".into(), "--connect".into(), addr.clone()];
-        common(&mut v);
+        common(&mut v, i);
         v.extend(["--workload".into(), args.workload.name().into()]);
         v.extend(["--pattern".into(), args.pattern.name().into()]);
         v.extend(["--flows".into(), share.to_string(), "--size".into(), args.size.to_string()]);
@@ -250,7 +276,7 @@ pub fn run_with(
         if let Some(r) = args.rate {
             v.extend(["--rate".into(), r.to_string()]);
         }
-        if let (Some(l), Some(t)) = (args.latency_flows, args.throughput_flows) {
+        if let Some((l, t)) = mixed_of(i) {
             v.extend([
                 "--latency-flows".into(),
                 l.to_string(),

@@ -38,6 +38,8 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         latency_flows: None,
         throughput_flows: None,
         max_apps: 8,
+        split_processes: false,
+        isolation: crate::net::IsolationOpt::Auto,
     }
 }
 

@@ -109,6 +109,36 @@ fn every_workload_on_both_stacks() {
         ]);
         check_common(&v, stack, "mixed");
         assert!(v["latency_us"]["p50"].as_f64().unwrap() > 0.0);
+
+        // The L-apps and the T-apps in separate process pairs (own engines): both measured.
+        let v = run_json(&[
+            "--stack",
+            stack,
+            "--workload",
+            "mixed",
+            "--latency-flows",
+            "2",
+            "--throughput-flows",
+            "2",
+            "--split-processes",
+        ]);
+        check_common(&v, stack, "mixed");
+        assert_eq!(v["processes"].as_u64(), Some(2));
+        assert!(v["latency_us"]["p50"].as_f64().unwrap() > 0.0);
+        assert!(v["goodput_gbps"].as_f64().unwrap() > 0.0);
+
+        // L-apps alone (the baseline of an isolation run): latency, no T goodput to speak of.
+        let v = run_json(&[
+            "--stack",
+            stack,
+            "--workload",
+            "mixed",
+            "--latency-flows",
+            "1",
+            "--throughput-flows",
+            "0",
+        ]);
+        assert!(v["latency_us"]["p50"].as_f64().unwrap() > 0.0);
     }
 }
 
@@ -129,6 +159,7 @@ fn impossible_combinations_are_clear_errors() {
             "exceeds",
         ),
         (&["run", "--stack", "linux", "--size", "0"][..], "--size"),
+        (&["run", "--stack", "linux", "--split-processes"][..], "--split-processes"),
     ] {
         let out = ncperf(args);
         assert!(!out.status.success(), "{args:?} should fail");
