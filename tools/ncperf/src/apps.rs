@@ -870,7 +870,14 @@ mod tests {
         assert_eq!(l.len(), 1);
         assert!(l[0].echo && l[0].size == LATENCY_RPC && l[0].sender_app == 0);
         assert!(p.flows.iter().filter(|f| !f.latency).all(|f| f.sender_app != 0 && !f.echo));
-        assert!(plan(Workload::Mixed, Pattern::OneToOne, 0, 1, (0, 8), 16).is_err());
+        assert!(plan(Workload::Mixed, Pattern::OneToOne, 0, 1, (0, 0), 16).is_err());
+        // Either side alone (the baselines of an isolation run, and split processes).
+        let t = plan(Workload::Mixed, Pattern::OneToOne, 0, 65536, (0, 8), 16).unwrap();
+        assert_eq!((t.flows.len(), t.sender_apps), (8, 8));
+        assert!(t.flows.iter().all(|f| !f.latency && (f.sender_app as usize) < 8));
+        let l = plan(Workload::Mixed, Pattern::OneToOne, 0, 65536, (1, 0), 16).unwrap();
+        assert_eq!((l.flows.len(), l.sender_apps), (1, 1));
+        assert!(l.flows[0].latency);
     }
 
     #[test]
