@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use netchannel::Policy;
 
 use apps::{Pattern, Workload};
-use net::{EngineOpts, IsolationOpt, Stack};
+use net::{DemoteTo, EngineOpts, IsolationOpt, Stack};
 use orchestrate::Hosts;
 
 #[derive(Parser)]
@@ -126,6 +126,9 @@ enum Cmd {
         /// netchannel: when throughput-class work is demoted (`Config::isolation`).
         #[arg(long, value_enum, default_value_t = IsolationOpt::Auto)]
         isolation: IsolationOpt,
+        /// netchannel: to what throughput-class work is demoted.
+        #[arg(long, value_enum, default_value_t = DemoteTo::Idle)]
+        demote_to: DemoteTo,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -201,6 +204,9 @@ pub struct RunArgs {
     /// netchannel: when throughput-class work is demoted (`Config::isolation`).
     #[arg(long, value_enum, default_value_t = IsolationOpt::Auto)]
     pub isolation: IsolationOpt,
+    /// netchannel: to what throughput-class work is demoted (`Config::throughput_policy`).
+    #[arg(long, value_enum, default_value_t = DemoteTo::Idle)]
+    pub demote_to: DemoteTo,
 }
 
 fn main() {
@@ -283,16 +289,21 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             TestbedAction::Down => testbed::down()?,
             TestbedAction::Status => print!("{}", testbed::status()?),
         },
-        Cmd::Server { stack, listen, channels, policy, coordinated, netns, isolation } => {
+        Cmd::Server {
+            stack,
+            listen,
+            channels,
+            policy,
+            coordinated,
+            netns,
+            isolation,
+            demote_to,
+        } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
-            apps::run_server(
-                stack,
-                listen,
-                EngineOpts { channels, policy, isolation },
-                coordinated,
-            )
-            .map_err(|e| format!("server: {e}"))?;
+            let opts = EngineOpts { channels, policy, isolation, demote_to };
+            apps::run_server(stack, listen, opts, coordinated)
+                .map_err(|e| format!("server: {e}"))?;
         }
         Cmd::Client { stack, connect, run, coordinated, netns, json } => {
             enter(&netns)?;
@@ -321,7 +332,12 @@ fn client(
     let args = apps::ClientArgs {
         stack,
         server,
-        engine: EngineOpts { channels: run.channels, policy: run.policy, isolation: run.isolation },
+        engine: EngineOpts {
+            channels: run.channels,
+            policy: run.policy,
+            isolation: run.isolation,
+            demote_to: run.demote_to,
+        },
         plan,
         rate: run.rate,
         idle: run.workload == Workload::Idle,

@@ -163,6 +163,25 @@ pub struct EngineOpts {
     pub channels: usize,
     pub policy: Policy,
     pub isolation: IsolationOpt,
+    pub demote_to: DemoteTo,
+}
+
+/// `Config::throughput_policy` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoteTo {
+    /// SCHED_IDLE.
+    Idle,
+    /// SCHED_OTHER at nice 19.
+    Nice19,
+}
+
+impl DemoteTo {
+    pub fn name(self) -> &'static str {
+        match self {
+            DemoteTo::Idle => "idle",
+            DemoteTo::Nice19 => "nice19",
+        }
+    }
 }
 
 /// `netchannel::Isolation` on the command line.
@@ -189,6 +208,10 @@ fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
     config.max_channels = opts.channels; // measured at a fixed channel count
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
+    config.throughput_policy = match opts.demote_to {
+        DemoteTo::Idle => netchannel::ThreadPolicy::Idle,
+        DemoteTo::Nice19 => netchannel::ThreadPolicy::Nice(19),
+    };
     config.isolation = match opts.isolation {
         IsolationOpt::Auto => netchannel::Isolation::Auto,
         IsolationOpt::Always => netchannel::Isolation::Always,

@@ -243,6 +243,7 @@ pub fn run_with(
         v.extend(["--channels".into(), args.channels.to_string()]);
         v.extend(["--policy".into(), args.policy.to_string()]);
         v.extend(["--isolation".into(), isolation_of(i).name().into()]);
+        v.extend(["--demote-to".into(), args.demote_to.name().into()]);
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

@@ -40,6 +40,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         max_apps: 8,
         split_processes: false,
         isolation: crate::net::IsolationOpt::Auto,
+        demote_to: crate::net::DemoteTo::Idle,
     }
 }
 
