@@ -23,7 +23,7 @@ use std::ffi::c_int;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -107,7 +107,20 @@ type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
 type Dup2Fn = unsafe extern "C" fn(c_int, c_int) -> c_int;
 type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
 
+/// The process that loaded the library. A forked child (Redis' BGSAVE) has none of the
+/// engine's or relays' threads, and any lock may have been held at fork time, so a child never
+/// touches that state: its inherited fds are plain kernel sockets to it, its new connections
+/// go over kernel TCP.
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+
+fn in_owner() -> bool {
+    // SAFETY: getpid has no preconditions.
+    OWNER_PID.load(Ordering::Relaxed) == unsafe { libc::getpid() } as u32
+}
+
 extern "C" fn init() {
+    // SAFETY: getpid has no preconditions.
+    OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
     resolve(&REAL.connect, b"connect\0");
     resolve(&REAL.listen, b"listen\0");
     resolve(&REAL.accept, b"accept\0");
@@ -306,9 +319,10 @@ static PENDING: Mutex<Option<HashMap<u16, VSocket>>> = Mutex::new(None);
 static INJECTED: Mutex<Option<HashMap<u16, SocketAddr>>> = Mutex::new(None);
 static INJECTED_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Stop flags of the acceptor threads beside listening fds.
-static LISTENERS: Mutex<Option<HashMap<c_int, Arc<AtomicBool>>>> = Mutex::new(None);
-/// Peers with no engine on the channel port, not retried for a while.
-static NO_ENGINE: Mutex<Option<HashMap<IpAddr, Instant>>> = Mutex::new(None);
+static LISTENERS: Mutex<Option<HashMap<c_int, Arc<ListenEntry>>>> = Mutex::new(None);
+/// Destinations refused by the peer's engine (none there, or no listener on that port): left
+/// to kernel TCP without asking again for a while.
+static NO_ENGINE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None);
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
 
 fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {
@@ -589,6 +603,10 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 /// connect result then, or None to leave the fd to kernel TCP.
 fn try_carry(fd: c_int, dest: SocketAddr) -> Option<c_int> {
     let s = settings();
+    if !in_owner() {
+        bump(&COUNTERS.kernel_other);
+        return None;
+    }
     if s.disabled || !is_stream(fd) || dest.port() == 0 || dest.ip().is_unspecified() {
         return None;
     }
@@ -601,7 +619,7 @@ fn try_carry(fd: c_int, dest: SocketAddr) -> Option<c_int> {
         return None;
     }
     let host = dest.ip();
-    if with(&NO_ENGINE, |m| m.get(&host).is_some_and(|t| t.elapsed() < NO_ENGINE_TTL)) {
+    if with(&NO_ENGINE, |m| m.get(&dest).is_some_and(|t| t.elapsed() < NO_ENGINE_TTL)) {
         bump(&COUNTERS.kernel_no_engine);
         return None;
     }
@@ -614,7 +632,7 @@ fn try_carry(fd: c_int, dest: SocketAddr) -> Option<c_int> {
         Ok(vs) => vs,
         Err(e) => {
             if e.kind() == io::ErrorKind::ConnectionRefused {
-                with(&NO_ENGINE, |m| m.insert(host, Instant::now()));
+                with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
                 bump(&COUNTERS.kernel_no_engine);
             } else {
                 bump(&COUNTERS.kernel_other);
@@ -680,6 +698,10 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 
 fn add_engine_listener(fd: c_int) {
     let s = settings();
+    if !in_owner() {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    }
     if s.disabled || !is_stream(fd) || fd < 0 || fd as usize >= MAX_FD {
         return;
     }
@@ -700,13 +722,71 @@ fn add_engine_listener(fd: c_int) {
     } else {
         local
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    with(&LISTENERS, |m| m.insert(fd, stop.clone()));
+    // The acceptor thread holds the listener only weakly, so that closing the application's
+    // listening fd frees the virtual port at once (iperf3 closes and re-creates its listener
+    // on the same port between control and data connections).
+    listener.set_nonblocking(true);
+    let Ok(ready) = listener.readiness_fd() else {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    };
+    // SAFETY: plain eventfd creation; the fd is owned by the entry below.
+    let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if stop < 0 {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    }
+    let listener = Arc::new(listener);
+    let weak = Arc::downgrade(&listener);
+    let entry = Arc::new(ListenEntry { listener: Mutex::new(Some(listener)), stop });
+    with(&LISTENERS, |m| m.insert(fd, entry.clone()));
     set_flag(fd, LISTENING);
-    let _ = std::thread::Builder::new().name("nc-listen".into()).spawn(move || {
-        inside(|| {
-            while !stop.load(Ordering::Acquire) {
-                match listener.accept_timeout(Some(Duration::from_millis(100))) {
+    let _ = std::thread::Builder::new()
+        .name("nc-listen".into())
+        .spawn(move || inside(|| acceptor(entry, weak, ready, target)));
+}
+
+struct ListenEntry {
+    listener: Mutex<Option<Arc<netchannel::Listener>>>,
+    /// eventfd signalled when the application closes its listening fd.
+    stop: c_int,
+}
+
+impl ListenEntry {
+    fn close(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our own eventfd.
+        unsafe { libc::write(self.stop, &one as *const u64 as *const _, 8) };
+        drop(self.listener.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
+}
+
+impl Drop for ListenEntry {
+    fn drop(&mut self) {
+        let real = real!(close, CloseFn);
+        // SAFETY: closing our own eventfd, once.
+        unsafe { real(self.stop) };
+    }
+}
+
+fn acceptor(
+    entry: Arc<ListenEntry>,
+    weak: std::sync::Weak<netchannel::Listener>,
+    ready: c_int,
+    target: SocketAddr,
+) {
+    loop {
+        let mut fds = [
+            libc::pollfd { fd: entry.stop, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: ready, events: libc::POLLIN, revents: 0 },
+        ];
+        // The listener (and its readiness fd) lives as long as `weak` upgrades; check the stop
+        // flag first, so a closed listener's fd number is never waited on alone.
+        {
+            let Some(l) = weak.upgrade() else { return };
+            l.clear_readiness();
+            loop {
+                match l.accept() {
                     Ok(vs) => {
                         let peer = same_family(vs.peer_engine_addr(), &target);
                         if let Some(s) = inject(target, peer) {
@@ -714,13 +794,18 @@ fn add_engine_listener(fd: c_int) {
                             pump(s, vs);
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::TimedOut => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return,
                 }
             }
-        })
-    });
+        }
+        // SAFETY: two valid pollfd entries.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+        if n > 0 && fds[0].revents != 0 {
+            return;
+        }
+    }
 }
 
 /// Connects a loopback TCP socket into the application's listener on behalf of a virtual
@@ -763,7 +848,7 @@ fn inject(target: SocketAddr, peer: SocketAddr) -> Option<TcpStream> {
 /// # Safety
 /// `addr`/`len` as passed by the application.
 unsafe fn accepted(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) {
-    if fd < 0 || INJECTED_COUNT.load(Ordering::Acquire) == 0 {
+    if fd < 0 || INJECTED_COUNT.load(Ordering::Acquire) == 0 || !in_owner() {
         return;
     }
     let Some(peer) = sock_peer(fd) else { return };
@@ -825,7 +910,7 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
     let real = real!(getpeername, AcceptFn);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { real(fd, addr, len) };
-    if rc == 0 && flag(fd) == CARRIED {
+    if rc == 0 && flag(fd) == CARRIED && in_owner() {
         if let Ok(Some(p)) = std::panic::catch_unwind(|| with(&PEERS, |m| m.get(&fd).copied())) {
             // SAFETY: forwarded from the caller.
             unsafe { write_addr(p, addr, len) };
@@ -837,6 +922,7 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
 fn forget(fd: c_int) {
     match flag(fd) {
         0 => {}
+        _ if !in_owner() => set_flag(fd, 0),
         CARRIED => {
             set_flag(fd, 0);
             let _ = std::panic::catch_unwind(|| with(&PEERS, |m| m.remove(&fd)));
@@ -844,8 +930,8 @@ fn forget(fd: c_int) {
         _ => {
             set_flag(fd, 0);
             let _ = std::panic::catch_unwind(|| {
-                if let Some(stop) = with(&LISTENERS, |m| m.remove(&fd)) {
-                    stop.store(true, Ordering::Release);
+                if let Some(entry) = with(&LISTENERS, |m| m.remove(&fd)) {
+                    entry.close();
                 }
             });
         }

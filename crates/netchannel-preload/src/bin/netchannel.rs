@@ -67,7 +67,7 @@ fn main() {
     let lib = lib.unwrap_or_else(default_lib);
     if !lib.is_file() {
         fail(&format!(
-            "interposition library {} not found (build -p netchannel-preload)",
+            "interposition library {} not found (cargo build -p netchannel-preload)",
             lib.display()
         ));
     }
@@ -89,8 +89,8 @@ fn main() {
 fn default_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    // Cargo puts the cdylib beside the binary; `cargo test` binaries live one level down.
-    for d in [dir.clone(), dir.join(".."), dir.join("../..")] {
+    // Cargo puts the cdylib beside the binary, or (built for `cargo test`) in deps/.
+    for d in [dir.clone(), dir.join("deps"), dir.join("..")] {
         let p = d.join("libnetchannel_preload.so");
         if p.is_file() {
             return p;

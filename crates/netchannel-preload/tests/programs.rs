@@ -1,0 +1,193 @@
+//! Real, unmodified programs under `netchannel run`, on loopback and between two network
+//! namespaces, with their results checked and the `--stats` summaries proving that the
+//! connections went over netchannel (or, for fallback, over kernel TCP).
+
+#[path = "../../netchannel/tests/common/mod.rs"]
+mod common;
+mod util;
+
+use std::time::{Duration, Instant};
+
+use common::{Hosts, Testbed};
+use util::*;
+
+const T: Duration = Duration::from_secs(60);
+
+fn assert_carried(p: &Pair, min_client: u64, min_server: u64) {
+    let (c, s) =
+        (stat(&p.client.stats, "virtual sockets"), stat(&p.server.stats, "virtual sockets"));
+    assert!(
+        c >= min_client && s >= min_server,
+        "expected virtual sockets (client {c} >= {min_client}, server {s} >= {min_server})\n\
+         client: {}server: {}",
+        stats_text(&p.client.stats),
+        stats_text(&p.server.stats)
+    );
+}
+
+/// `redis-benchmark --csv` lines: "SET","123456.78",... -> requests per second.
+fn rps(csv: &str, test: &str) -> f64 {
+    csv.lines()
+        .find(|l| l.starts_with(&format!("\"{test}\"")))
+        .and_then(|l| l.split(',').nth(1))
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .unwrap_or_else(|| panic!("no {test} result in redis-benchmark output:\n{csv}"))
+}
+
+fn redis(hosts: Hosts) {
+    if !have("redis-server") || !have("redis-benchmark") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let p = Pair::new(tb, &format!("redis-{hosts:?}"), true, true);
+    let port = ports(1).to_string();
+    let h = p.server.addr.clone();
+    let dir = p.dir.display().to_string();
+    let server = p.server.spawn(
+        "redis-server",
+        &["--port", &port, "--bind", &h, "--protected-mode", "no", "--save", "", "--appendonly"]
+            .into_iter()
+            .chain(["no", "--dir", &dir, "--dbfilename", "dump.rdb", "--daemonize", "no"])
+            .collect::<Vec<_>>(),
+    );
+    p.server.wait_listening(port.parse().unwrap());
+    let cli = |args: &[&str]| {
+        let mut a = vec!["-h", &h, "-p", &port, "--raw"];
+        a.extend_from_slice(args);
+        p.client.run("redis-cli", &a, T)
+    };
+    for size in [16usize, 4096] {
+        let d = size.to_string();
+        let out = p.client.run(
+            "redis-benchmark",
+            &["-h", &h, "-p", &port, "-c", "50", "-P", "16", "-t", "set,get", "-n", "40000"]
+                .into_iter()
+                .chain(["-d", &d, "--csv"])
+                .collect::<Vec<_>>(),
+            T,
+        );
+        assert!(rps(&out, "SET") > 1000.0 && rps(&out, "GET") > 1000.0, "{out}");
+        // redis-benchmark's SET writes `size` bytes under this key.
+        assert_eq!(cli(&["strlen", "key:__rand_int__"]).trim(), d);
+    }
+
+    // Known values, then a BGSAVE while 50 connections keep writing: the forked child closes
+    // its inherited copies of the carried sockets, which must not disturb the parent's.
+    let kv: Vec<(String, String)> =
+        (0..200).map(|i| (format!("k{i}"), format!("{i}-{}", "v".repeat(i * 7 % 900)))).collect();
+    let mut mset = vec!["mset"];
+    for (k, v) in &kv {
+        mset.push(k);
+        mset.push(v);
+    }
+    assert_eq!(cli(&mset).trim(), "OK");
+    let load = p
+        .client
+        .command(
+            "redis-benchmark",
+            &["-h", &h, "-p", &port, "-c", "50", "-P", "16", "-t", "set", "-n", "300000", "-d"]
+                .into_iter()
+                .chain(["64", "--csv"])
+                .collect::<Vec<_>>(),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-benchmark");
+    std::thread::sleep(Duration::from_millis(300));
+    let saves = |info: &str, key: &str| -> String {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}:")))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let reply = cli(&["bgsave"]);
+    assert!(reply.contains("Background saving started"), "{reply}");
+    let deadline = Instant::now() + T;
+    loop {
+        let info = cli(&["info", "persistence"]);
+        if saves(&info, "rdb_bgsave_in_progress") == "0" {
+            assert_eq!(saves(&info, "rdb_last_bgsave_status"), "ok", "{info}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "BGSAVE did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = load.wait_with_output().expect("redis-benchmark");
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "benchmark during BGSAVE failed: {csv}");
+    assert!(rps(&csv, "SET") > 1000.0, "{csv}");
+    let dump = std::fs::read(p.dir.join("dump.rdb")).expect("dump.rdb written by BGSAVE");
+    assert!(dump.windows(4).any(|w| w == b"k199"), "dump.rdb lacks the keys written");
+    let mut mget = vec!["mget"];
+    mget.extend(kv.iter().map(|(k, _)| k.as_str()));
+    let values: Vec<String> = cli(&mget).lines().map(String::from).collect();
+    let want: Vec<String> = kv.iter().map(|(_, v)| v.clone()).collect();
+    assert_eq!(values, want, "values read back differ from those written");
+    server.stop();
+    assert_carried(&p, 100, 100);
+}
+
+/// iperf3 --json: the received bits per second of the summary `key`.
+fn iperf_bps(json: &str, key: &str) -> f64 {
+    let v: serde_json::Value = serde_json::from_str(json).expect("iperf3 --json output");
+    v["end"][key]["bits_per_second"].as_f64().unwrap_or_else(|| panic!("no end.{key} in {json}"))
+}
+
+fn iperf3(hosts: Hosts) {
+    if !have("iperf3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let p = Pair::new(tb, &format!("iperf3-{hosts:?}"), true, true);
+    let port = ports(1).to_string();
+    let h = p.server.addr.clone();
+    let server = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
+    p.server.wait_listening(port.parse().unwrap());
+    let base = ["-c", &h, "-p", &port, "-t", "1", "--json"];
+    let run = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        p.client.run("iperf3", &a, T)
+    };
+    let out = run(&["-P", "8"]);
+    assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
+    let out = run(&["-R"]);
+    assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
+    let out = run(&["--bidir"]);
+    assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
+    assert!(iperf_bps(&out, "sum_received_bidir_reverse") > 1e6, "{out}");
+    server.stop();
+    // -P 8: 1 control + 8 data; -R: 1 + 1; --bidir: 1 + 2.
+    assert_carried(&p, 14, 14);
+}
+
+/// A carried client and a kernel server (no engine there), and a kernel client of a carried
+/// server: both work, over kernel TCP, and the stats say why.
+fn fallback(hosts: Hosts) {
+    if !have("iperf3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let p = Pair::new(tb, &format!("fallback-{hosts:?}"), true, false);
+    let port = ports(1).to_string();
+    let h = p.server.addr.clone();
+    let server = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
+    p.server.wait_listening(port.parse().unwrap());
+    let out = p.client.run("iperf3", &["-c", &h, "-p", &port, "-t", "1", "--json"], T);
+    assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
+    assert_eq!(stat(&p.client.stats, "virtual sockets"), 0);
+    assert!(stat(&p.client.stats, "no engine at peer") >= 2, "{}", stats_text(&p.client.stats));
+    drop(server);
+
+    let p = Pair::new(p.tb, &format!("fallback2-{hosts:?}"), false, true);
+    let server = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
+    p.server.wait_listening(port.parse().unwrap());
+    let out = p.client.run("iperf3", &["-c", &h, "-p", &port, "-t", "1", "--json", "-R"], T);
+    assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
+    server.stop();
+    assert_eq!(stat(&p.server.stats, "virtual sockets"), 0, "{}", stats_text(&p.server.stats));
+}
+
+crate::both_testbeds!(redis, iperf3, fallback);
