@@ -284,8 +284,7 @@ fn server_engine() -> Option<&'static Engine> {
         inside(|| {
             let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
             let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
-            Engine::new(Config::new(v6))
-                .or_else(|_| Engine::new(Config::new(v4)))
+            fds_high(|| Engine::new(Config::new(v6)).or_else(|_| Engine::new(Config::new(v4))))
                 .ok()
                 .map(|engine| ProcEngine { engine, pid: std::process::id() })
         })
@@ -300,7 +299,7 @@ fn client_engine() -> Option<&'static Engine> {
     }
     live(CLIENT_ENGINE.get_or_init(|| {
         inside(|| {
-            Engine::new(Config::default())
+            fds_high(|| Engine::new(Config::default()))
                 .ok()
                 .map(|engine| ProcEngine { engine, pid: std::process::id() })
         })
@@ -323,6 +322,8 @@ static LISTENERS: Mutex<Option<HashMap<c_int, Arc<ListenEntry>>>> = Mutex::new(N
 /// Destinations refused by the peer's engine (none there, or no listener on that port): left
 /// to kernel TCP without asking again for a while.
 static NO_ENGINE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None);
+/// Peer engines this process has connected to (their channels exist).
+static CONTACTED: Mutex<Option<HashMap<SocketAddr, ()>>> = Mutex::new(None);
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
 
 fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {
@@ -337,6 +338,75 @@ fn errno() -> c_int {
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };
+}
+
+// ---------------------------------------------------------------------------------------------
+// File descriptor numbers. Programs expect their own fds to be numbered from the lowest free
+// slot, and some size tables by their connection count (wrk's event loop holds
+// 10 + 3 x connections fds). The library's and engine's fds therefore live high: ours are moved
+// above `fd_base()`, and while the engine creates its fds (start, first contact with a peer)
+// the free slots below are held, so the kernel's lowest-free rule places them above too.
+
+fn fd_base() -> c_int {
+    static BASE: OnceLock<c_int> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        // SAFETY: zeroed rlimit is valid; getrlimit writes it.
+        let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+            rl.rlim_cur.min(1 << 20) as c_int
+        } else {
+            1024
+        };
+        (cur / 2).clamp(64, 8192)
+    })
+}
+
+/// Moves one of our fds above `fd_base()` (close-on-exec), returning its new number.
+fn relocate(fd: c_int) -> c_int {
+    // SAFETY: duplicating an fd we own.
+    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, fd_base()) };
+    if n < 0 {
+        return fd;
+    }
+    let real = real!(close, CloseFn);
+    // SAFETY: closing the original of an fd we own, now duplicated.
+    unsafe { real(fd) };
+    n
+}
+
+fn relocate_stream(s: TcpStream) -> TcpStream {
+    use std::os::fd::IntoRawFd;
+    // SAFETY: the relocated fd is the only owner of the socket.
+    unsafe { TcpStream::from_raw_fd(relocate(s.into_raw_fd())) }
+}
+
+/// Runs `f` with the free fd slots below `fd_base()` held, so fds it creates land above.
+fn fds_high<T>(f: impl FnOnce() -> T) -> T {
+    let base = fd_base();
+    // SAFETY: opening /dev/null read-only as a placeholder we close below.
+    let ph = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let mut held = Vec::new();
+    if ph >= 0 && ph < base {
+        loop {
+            // SAFETY: duplicating our placeholder into the lowest free slot.
+            let n = unsafe { libc::fcntl(ph, libc::F_DUPFD_CLOEXEC, 0) };
+            if n < 0 {
+                break;
+            }
+            held.push(n);
+            if n >= base {
+                break;
+            }
+        }
+    }
+    let out = f();
+    let real = real!(close, CloseFn);
+    for fd in held.into_iter().chain((ph >= 0).then_some(ph)) {
+        // SAFETY: closing the placeholders opened above.
+        unsafe { real(fd) };
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,7 +543,7 @@ fn same_family(a: SocketAddr, like: &SocketAddr) -> SocketAddr {
 fn pump(stream: TcpStream, vs: VSocket) {
     let vs = Arc::new(vs);
     let _ = stream.set_nodelay(true);
-    let Ok(up_stream) = stream.try_clone() else { return };
+    let Ok(up_stream) = stream.try_clone().map(relocate_stream) else { return };
     let up_vs = vs.clone();
     let spawned = std::thread::Builder::new().name("nc-relay-up".into()).spawn(move || {
         inside(|| {
@@ -558,6 +628,9 @@ fn relay_addr(v6: bool) -> Option<SocketAddr> {
     *cell.get_or_init(|| {
         inside(|| {
             let l = TcpListener::bind((ip, 0)).ok()?;
+            use std::os::fd::IntoRawFd;
+            // SAFETY: the relocated fd is the only owner of the listening socket.
+            let l = unsafe { TcpListener::from_raw_fd(relocate(l.into_raw_fd())) };
             let addr = l.local_addr().ok()?;
             std::thread::Builder::new()
                 .name("nc-relay".into())
@@ -571,6 +644,7 @@ fn relay_addr(v6: bool) -> Option<SocketAddr> {
 fn relay_loop(l: TcpListener) {
     loop {
         let Ok((s, peer)) = l.accept() else { continue };
+        let s = relocate_stream(s);
         if let Some(vs) = with(&PENDING, |p| p.remove(&peer.port())) {
             pump(s, vs);
         }
@@ -628,8 +702,15 @@ fn try_carry(fd: c_int, dest: SocketAddr) -> Option<c_int> {
         return None;
     };
     let saved = errno();
-    let vs = match inside(|| engine.connect(SocketAddr::new(host, s.channel_port), dest.port())) {
-        Ok(vs) => vs,
+    let engine_addr = SocketAddr::new(host, s.channel_port);
+    // The first connect to a peer dials its channels in this thread.
+    let first = !with(&CONTACTED, |m| m.contains_key(&engine_addr));
+    let connect = || inside(|| engine.connect(engine_addr, dest.port()));
+    let vs = match if first { fds_high(connect) } else { connect() } {
+        Ok(vs) => {
+            with(&CONTACTED, |m| m.insert(engine_addr, ()));
+            vs
+        }
         Err(e) => {
             if e.kind() == io::ErrorKind::ConnectionRefused {
                 with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
@@ -817,6 +898,7 @@ fn inject(target: SocketAddr, peer: SocketAddr) -> Option<TcpStream> {
     if fd < 0 {
         return None;
     }
+    let fd = relocate(fd);
     // SAFETY: `fd` is a fresh socket we own.
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
     let (ss, l) = from_socketaddr(SocketAddr::new(target.ip(), 0));
