@@ -11,6 +11,13 @@ have iperf3 || need_apt+=(iperf3)
 have sockperf || need_apt+=(sockperf)
 have cc || need_apt+=(gcc)
 have ethtool || need_apt+=(ethtool)
+# Real programs run under `netchannel run` by the interposition tests (issue 10).
+have redis-server || need_apt+=(redis-server)
+have redis-benchmark || need_apt+=(redis-tools)
+have memcached || need_apt+=(memcached)
+have memcslap || need_apt+=(libmemcached-tools)
+have nginx || need_apt+=(nginx-light)
+have wrk || need_apt+=(wrk)
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 
 if ((${#need_apt[@]})); then
@@ -21,7 +28,14 @@ if ((${#need_apt[@]})); then
   echo "setup: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
+  # No service autostart: the tests run their own servers on their own ports.
+  own_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  if ((own_policy)); then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 if ! have cargo; then
