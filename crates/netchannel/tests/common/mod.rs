@@ -226,7 +226,9 @@ pub struct EchoProcess {
 impl EchoProcess {
     pub fn start(tb: &Testbed, extra: &[&str]) -> EchoProcess {
         use std::io::BufRead;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nc-echo"));
+        // Defined for this crate's tests only (other crates include this module too).
+        let exe = option_env!("CARGO_BIN_EXE_nc-echo").expect("nc-echo is built with netchannel");
+        let mut cmd = Command::new(exe);
         cmd.args(["--listen", &SocketAddr::new(tb.addr_b, 0).to_string(), "--port", "7"]);
         cmd.args(extra);
         if let Some(ns) = &tb.b {
