@@ -227,7 +227,9 @@ impl EchoProcess {
     pub fn start(tb: &Testbed, extra: &[&str]) -> EchoProcess {
         use std::io::BufRead;
         // Defined for this crate's tests only (other crates include this module too).
-        let exe = option_env!("CARGO_BIN_EXE_nc-echo").expect("nc-echo is built with netchannel");
+        let Some(exe) = option_env!("CARGO_BIN_EXE_nc-echo") else {
+            panic!("nc-echo is built only for netchannel's own tests")
+        };
         let mut cmd = Command::new(exe);
         cmd.args(["--listen", &SocketAddr::new(tb.addr_b, 0).to_string(), "--port", "7"]);
         cmd.args(extra);
