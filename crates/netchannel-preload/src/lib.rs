@@ -952,6 +952,17 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
     let real = real!(accept, AcceptFn);
     // SAFETY: forwarding the caller's arguments unchanged.
     let nfd = unsafe { real(fd, addr, len) };
+    // SAFETY: the caller's arguments, as the real accept just used them.
+    unsafe { after_accept(fd, nfd, addr, len) }
+}
+
+/// What `accept` and `accept4` do after the real call: a connection accepted on a listener
+/// that also takes netchannel clients may be one of them (its peer address is rewritten).
+/// errno is kept as the real call left it.
+///
+/// # Safety
+/// `addr` and `len` as the caller passed them to the real accept.
+unsafe fn after_accept(fd: c_int, nfd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if nfd >= 0 && flag(fd) == LISTENING {
         let saved = errno();
         // SAFETY: forwarded from the caller.
@@ -973,13 +984,8 @@ pub unsafe extern "C" fn accept4(
     let real = real!(accept4, Accept4Fn);
     // SAFETY: forwarding the caller's arguments unchanged.
     let nfd = unsafe { real(fd, addr, len, flags) };
-    if nfd >= 0 && flag(fd) == LISTENING {
-        let saved = errno();
-        // SAFETY: forwarded from the caller.
-        let _ = std::panic::catch_unwind(|| unsafe { accepted(nfd, addr, len) });
-        set_errno(saved);
-    }
-    nfd
+    // SAFETY: the caller's arguments, as the real accept4 just used them.
+    unsafe { after_accept(fd, nfd, addr, len) }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -152,7 +152,12 @@ impl SessionRt {
             } else {
                 "reading paused: a peer holds max_peer_buffered unread bytes"
             });
-            self.ctx.rx_paused.lock().push(Arc::downgrade(self));
+            // Listed once: a session paused, resumed on its own and paused again is not
+            // added twice (the list stays within the number of sessions).
+            let mut list = self.ctx.rx_paused.lock();
+            if !list.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(self))) {
+                list.push(Arc::downgrade(self));
+            }
         } else if !over && paused {
             self.resume_rx();
         }
