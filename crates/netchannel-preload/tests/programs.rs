@@ -345,7 +345,7 @@ fn nginx(hosts: Hosts) {
     assert!(stat(&p.client.stats, "virtual sockets") >= 33, "{}", stats_text(&p.client.stats));
 }
 
-crate::both_testbeds!(redis, iperf3, fallback, sockperf, memcached, nginx);
+crate::both_testbeds!(redis, iperf3, fallback, sockperf, memcached, nginx, conformance);
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.
 #[test]
@@ -375,4 +375,38 @@ fn refuses_static_and_setuid() {
     let out = std::process::Command::new(NETCHANNEL).args(["run", "--", "true"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// tests/c/conform.c (non-blocking connect and SO_ERROR, FIONREAD, MSG_PEEK, LT/ET/one-shot
+/// and nested epoll, select at fd 1000, fork-then-close, EPOLLRDHUP, partial writes to EAGAIN,
+/// refused connect, UDP and DNS) prints the same lines carried and on kernel TCP.
+fn conformance(hosts: Hosts) {
+    if !have("cc") {
+        return;
+    }
+    let mut outputs = Vec::new();
+    for carried in [false, true] {
+        let Some(tb) = Testbed::of(hosts) else { return };
+        let p = Pair::new(tb, &format!("conform-{hosts:?}-{carried}"), carried, carried);
+        let bin = p.dir.join("conform");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/conform.c");
+        let ok = std::process::Command::new("cc").args(["-O1", "-o"]).arg(&bin).arg(src).status();
+        assert!(ok.is_ok_and(|s| s.success()), "cc conform.c");
+        let bin = bin.display().to_string();
+        let port = ports(2);
+        let server = p.server.spawn(&bin, &["server", &port.to_string()]);
+        p.server.wait_listening(port);
+        let out = p.client.run(&bin, &["client", &p.server.addr, &port.to_string()], T);
+        drop(server);
+        if carried {
+            assert!(
+                stat(&p.client.stats, "virtual sockets") >= 3,
+                "{}",
+                stats_text(&p.client.stats)
+            );
+        }
+        outputs.push(out);
+    }
+    assert!(!outputs[0].contains("FAIL"), "{}", outputs[0]);
+    assert_eq!(outputs[0], outputs[1], "carried output differs from kernel TCP");
 }
