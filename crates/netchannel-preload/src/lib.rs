@@ -4,8 +4,8 @@
 //! Scheme ("relay", see docs/ARCHITECTURE.md, "Interposition layer"): the application's fd
 //! stays a real kernel TCP socket for its whole life. A carried `connect` opens a virtual
 //! socket to the peer engine and then connects the application's fd to a loopback relay
-//! listener owned by this library; two pump threads move bytes between the relay end and the
-//! `VSocket`. A carried `listen` also opens an engine `Listener` on the same port; each
+//! listener owned by this library; relay loops (`relay.rs`: a few threads, each an epoll set
+//! over many connections) move bytes between the relay end and the `VSocket`. A carried `listen` also opens an engine `Listener` on the same port; each
 //! virtual connection it accepts is turned into a loopback connection to the application's own
 //! listening socket, so `accept`, `poll`, `select` and `epoll` see it like any kernel client.
 //! Because every fd is a kernel socket, all data-path calls (read, write, *msg, poll, select,
@@ -20,7 +20,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_int;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use libc::{sockaddr, socklen_t};
 use netchannel::{Config, Engine, VSocket};
+
+mod relay;
 
 /// Highest fd number tracked; above it sockets are left to kernel TCP (counted).
 const MAX_FD: usize = 65536;
@@ -129,10 +131,34 @@ extern "C" fn init() {
     resolve(&REAL.close, b"close\0");
     resolve(&REAL.dup2, b"dup2\0");
     resolve(&REAL.dup3, b"dup3\0");
-    if std::env::var_os("NETCHANNEL_STATS").is_some() {
-        // SAFETY: registering a plain extern "C" fn with no arguments.
-        unsafe { libc::atexit(print_stats) };
-    }
+    // SAFETY: registering a plain extern "C" fn with no arguments.
+    unsafe { libc::atexit(at_exit) };
+}
+
+/// io_uring instances the process holds: a socket driven through one bypasses the socket
+/// calls this library interposes, so its bytes go over kernel TCP.
+fn io_uring_rings() -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("io_uring"))
+        .count()
+}
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let rings = io_uring_rings();
+        if rings > 0 {
+            let _ = writeln!(
+                io::stderr(),
+                "netchannel: pid {} holds {rings} io_uring instance(s): sockets it drives through \
+                 io_uring are not carried (they use kernel TCP); see docs/ARCHITECTURE.md, limits",
+                std::process::id()
+            );
+        }
+        if std::env::var_os("NETCHANNEL_STATS").is_some() {
+            print_stats(rings);
+        }
+    });
 }
 
 #[used]
@@ -197,46 +223,44 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-extern "C" fn print_stats() {
-    let _ = std::panic::catch_unwind(|| {
-        let c = &COUNTERS;
-        let mut channels = 0;
-        for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
-            if e.pid == std::process::id() {
-                channels += e.engine.stats().channels.len();
-            }
+fn print_stats(io_uring_rings: usize) {
+    let c = &COUNTERS;
+    let mut channels = 0;
+    for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
+        if e.pid == std::process::id() {
+            channels += e.engine.stats().channels.len();
         }
-        let line = format!(
-            "netchannel: pid {} virtual sockets {} (connect {}, accept {}), kernel tcp {} \
+    }
+    let line = format!(
+        "netchannel: pid {} virtual sockets {} (connect {}, accept {}), kernel tcp {} \
              (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
-             bytes out {} in {}, channels {}\n",
-            std::process::id(),
-            c.carried_connects.load(Ordering::Relaxed) + c.carried_accepts.load(Ordering::Relaxed),
-            c.carried_connects.load(Ordering::Relaxed),
-            c.carried_accepts.load(Ordering::Relaxed),
-            c.kernel_no_engine.load(Ordering::Relaxed)
-                + c.kernel_not_selected.load(Ordering::Relaxed)
-                + c.kernel_other.load(Ordering::Relaxed),
-            c.kernel_no_engine.load(Ordering::Relaxed),
-            c.kernel_not_selected.load(Ordering::Relaxed),
-            c.kernel_other.load(Ordering::Relaxed),
-            c.kernel_listen_only.load(Ordering::Relaxed),
-            c.bytes_out.load(Ordering::Relaxed),
-            c.bytes_in.load(Ordering::Relaxed),
-            channels,
-        );
-        match std::env::var("NETCHANNEL_STATS").as_deref() {
-            Ok("stderr") | Ok("") | Err(_) => {
-                let _ = io::stderr().write_all(line.as_bytes());
-            }
-            Ok(path) => {
-                if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
-                {
-                    let _ = f.write_all(line.as_bytes());
-                }
+             bytes out {} in {}, channels {}, io_uring instances {}\n",
+        std::process::id(),
+        c.carried_connects.load(Ordering::Relaxed) + c.carried_accepts.load(Ordering::Relaxed),
+        c.carried_connects.load(Ordering::Relaxed),
+        c.carried_accepts.load(Ordering::Relaxed),
+        c.kernel_no_engine.load(Ordering::Relaxed)
+            + c.kernel_not_selected.load(Ordering::Relaxed)
+            + c.kernel_other.load(Ordering::Relaxed),
+        c.kernel_no_engine.load(Ordering::Relaxed),
+        c.kernel_not_selected.load(Ordering::Relaxed),
+        c.kernel_other.load(Ordering::Relaxed),
+        c.kernel_listen_only.load(Ordering::Relaxed),
+        c.bytes_out.load(Ordering::Relaxed),
+        c.bytes_in.load(Ordering::Relaxed),
+        channels,
+        io_uring_rings,
+    );
+    match std::env::var("NETCHANNEL_STATS").as_deref() {
+        Ok("stderr") | Ok("") | Err(_) => {
+            let _ = io::stderr().write_all(line.as_bytes());
+        }
+        Ok(path) => {
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                let _ = f.write_all(line.as_bytes());
             }
         }
-    });
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,9 +308,13 @@ fn server_engine() -> Option<&'static Engine> {
         inside(|| {
             let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
             let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
-            fds_high(|| Engine::new(Config::new(v6)).or_else(|_| Engine::new(Config::new(v4))))
-                .ok()
-                .map(|engine| ProcEngine { engine, pid: std::process::id() })
+            fds_high(|| {
+                let e = Engine::new(Config::new(v6)).or_else(|_| Engine::new(Config::new(v4)));
+                relay::loops();
+                e
+            })
+            .ok()
+            .map(|engine| ProcEngine { engine, pid: std::process::id() })
         })
     }))
 }
@@ -299,9 +327,13 @@ fn client_engine() -> Option<&'static Engine> {
     }
     live(CLIENT_ENGINE.get_or_init(|| {
         inside(|| {
-            fds_high(|| Engine::new(Config::default()))
-                .ok()
-                .map(|engine| ProcEngine { engine, pid: std::process::id() })
+            fds_high(|| {
+                let e = Engine::new(Config::default());
+                relay::loops();
+                e
+            })
+            .ok()
+            .map(|engine| ProcEngine { engine, pid: std::process::id() })
         })
     }))
 }
@@ -538,66 +570,7 @@ fn same_family(a: SocketAddr, like: &SocketAddr) -> SocketAddr {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pumps between a kernel relay socket and a virtual socket.
-
-fn pump(stream: TcpStream, vs: VSocket) {
-    let vs = Arc::new(vs);
-    let _ = stream.set_nodelay(true);
-    let Ok(up_stream) = stream.try_clone().map(relocate_stream) else { return };
-    let up_vs = vs.clone();
-    let spawned = std::thread::Builder::new().name("nc-relay-up".into()).spawn(move || {
-        inside(|| {
-            let mut s = up_stream;
-            let mut buf = vec![0u8; 256 * 1024];
-            loop {
-                match s.read(&mut buf) {
-                    Ok(0) => {
-                        let _ = up_vs.shutdown();
-                        break;
-                    }
-                    Ok(n) => {
-                        if (&*up_vs).write_all(&buf[..n]).is_err() {
-                            let _ = s.shutdown(Shutdown::Read);
-                            break;
-                        }
-                        COUNTERS.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-        })
-    });
-    if spawned.is_err() {
-        return;
-    }
-    let _ = std::thread::Builder::new().name("nc-relay-down".into()).spawn(move || {
-        inside(|| {
-            let mut s = stream;
-            let mut buf = vec![0u8; 256 * 1024];
-            loop {
-                match vs.recv(&mut buf) {
-                    Ok(0) => {
-                        let _ = s.shutdown(Shutdown::Write);
-                        break;
-                    }
-                    Ok(n) => {
-                        if s.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                        COUNTERS.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        // The virtual connection was reset: reset the application's too.
-                        reset(&s);
-                        break;
-                    }
-                }
-            }
-        })
-    });
-}
+// The kernel end of a carried connection: reset like TCP when its virtual connection was.
 
 fn reset(s: &TcpStream) {
     let l = libc::linger { l_onoff: 1, l_linger: 0 };
@@ -646,7 +619,7 @@ fn relay_loop(l: TcpListener) {
         let Ok((s, peer)) = l.accept() else { continue };
         let s = relocate_stream(s);
         if let Some(vs) = with(&PENDING, |p| p.remove(&peer.port())) {
-            pump(s, vs);
+            relay::relay(s, vs);
         }
     }
 }
@@ -872,7 +845,7 @@ fn acceptor(
                         let peer = same_family(vs.peer_engine_addr(), &target);
                         if let Some(s) = inject(target, peer) {
                             bump(&COUNTERS.carried_accepts);
-                            pump(s, vs);
+                            relay::relay(s, vs);
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

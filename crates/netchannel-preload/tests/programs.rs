@@ -377,6 +377,67 @@ fn refuses_static_and_setuid() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A program linked with liburing is refused (its io_uring sockets would bypass netchannel)
+/// unless `--allow-io-uring`; one that sets up io_uring by system call is reported at exit.
+#[test]
+fn reports_io_uring() {
+    if !have("cc") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ncpre-uring-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cc = |args: &[&str]| {
+        let ok = std::process::Command::new("cc").current_dir(&dir).args(args).status();
+        assert!(ok.is_ok_and(|s| s.success()), "cc {args:?}");
+    };
+    // A stand-in liburing: the launcher goes by the dependency, not by what is called.
+    std::fs::write(dir.join("empty.c"), "int liburing_stand_in;\n").unwrap();
+    cc(&["-shared", "-fPIC", "-Wl,-soname,liburing.so.2", "-o", "liburing.so.2", "empty.c"]);
+    std::fs::write(dir.join("main.c"), "int main(void) { return 0; }\n").unwrap();
+    cc(&["-o", "linked", "main.c", "-Wl,--no-as-needed", "./liburing.so.2"]);
+    let run = |args: &[&str]| {
+        std::process::Command::new(NETCHANNEL)
+            .args(args)
+            .env("LD_LIBRARY_PATH", &dir)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["run", "--", "./linked"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("liburing"), "{out:?}");
+    let out = run(&["run", "--allow-io-uring", "--", "./linked"]);
+    assert!(out.status.success(), "{out:?}");
+
+    std::fs::write(
+        dir.join("ring.c"),
+        r#"#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    unsigned char params[120];
+    memset(params, 0, sizeof params);
+    long fd = syscall(__NR_io_uring_setup, 4, params);
+    puts(fd >= 0 ? "ring" : "no ring");
+    return 0; /* the ring stays open until exit */
+}
+"#,
+    )
+    .unwrap();
+    cc(&["-o", "ring", "ring.c"]);
+    let out = run(&["run", "--stats", "--", "./ring"]);
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if String::from_utf8_lossy(&out.stdout).trim() == "ring" {
+        assert!(stderr.contains("holds 1 io_uring instance"), "{stderr}");
+        assert!(stderr.contains("io_uring instances 1"), "{stderr}");
+    } else {
+        eprintln!("skipping the ring check: io_uring is disabled in this kernel");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// tests/c/conform.c (non-blocking connect and SO_ERROR, FIONREAD, MSG_PEEK, LT/ET/one-shot
 /// and nested epoll, select at fd 1000, fork-then-close, EPOLLRDHUP, partial writes to EAGAIN,
 /// refused connect, UDP and DNS) prints the same lines carried and on kernel TCP.

@@ -35,5 +35,5 @@ pub use engine::{Config, Engine, EngineStats, Isolation, PeerChannelStats};
 pub use scheduler::Policy;
 pub use sys::{enter_netns, ThreadPolicy};
 pub use vns::poller::Poller;
-pub use vns::socket::{Listener, SocketStats, VSocket};
+pub use vns::socket::{flush_sends, Listener, SocketStats, VSocket};
 pub use wire::Class;

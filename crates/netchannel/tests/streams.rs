@@ -305,6 +305,45 @@ fn ipv6_loopback() {
     assert_eq!(reader.join().unwrap(), 5 << 20);
 }
 
+/// `Poller::wake_on`: a loop sleeping in the poller is woken by its own kernel fd too, and
+/// then still gets its sockets' tokens.
+#[test]
+fn poller_wakes_on_a_companion_fd() {
+    let tb = Testbed::of(Hosts::Loopback).unwrap();
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(11).unwrap();
+    let c = a.connect(b.local_addr(), 11).unwrap();
+    let s = l.accept().unwrap();
+    s.set_nonblocking(true);
+    let poller = netchannel::Poller::new().unwrap();
+    poller.register(&s, 5).unwrap();
+    let mut tokens = Vec::new();
+    poller.wait(&mut tokens, Some(Duration::ZERO)).unwrap(); // the registration's report
+                                                             // SAFETY: plain eventfd creation; closed below.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK) };
+    assert!(efd >= 0);
+    poller.wake_on(efd);
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to the eventfd.
+        unsafe { libc::write(efd, &one as *const u64 as *const _, 8) };
+    });
+    // Without the companion this would sleep the whole minute: nothing happens on `s`.
+    let started = Instant::now();
+    poller.wait(&mut tokens, Some(Duration::from_secs(60))).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30), "the companion fd did not wake the wait");
+    writer.join().unwrap();
+    c.send(b"ping").unwrap();
+    poller.wait(&mut tokens, Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(tokens, [5]);
+    let mut buf = [0u8; 8];
+    assert_eq!(s.recv(&mut buf).unwrap(), 4);
+    drop(poller);
+    // SAFETY: closing our own eventfd after the poller is gone.
+    unsafe { libc::close(efd) };
+}
+
 fn one_poller_drives_many_sockets(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});

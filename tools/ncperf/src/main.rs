@@ -6,6 +6,7 @@ mod metrics;
 mod net;
 mod orchestrate;
 mod profile;
+mod programs;
 mod suite;
 mod testbed;
 
@@ -94,6 +95,24 @@ enum Cmd {
         title: String,
         #[arg(required = true)]
         inputs: Vec<String>,
+    },
+    /// Unmodified programs' own benchmark clients (redis-benchmark, memcslap, iperf3,
+    /// sockperf) between the namespaces, over kernel TCP and under `netchannel run`.
+    Programs {
+        /// Which programs (default: all).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        only: Vec<programs::Program>,
+        #[arg(long, default_value_t = 3)]
+        repetitions: usize,
+        /// Multiplies request counts and durations (e.g. 0.1 for a smoke run).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+        /// The `netchannel` launcher (default: beside ncperf).
+        #[arg(long)]
+        netchannel: Option<PathBuf>,
+        /// Also write every run and the summary as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// Manage the two-namespace testbed.
     Testbed {
@@ -275,6 +294,20 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 );
                 profile::stacked_bars(&out, &reports, &title)?;
                 eprintln!("wrote {}", out.display());
+            }
+        }
+        Cmd::Programs { only, repetitions, scale, netchannel, json } => {
+            let opts = programs::Options {
+                programs: if only.is_empty() { programs::Program::ALL.to_vec() } else { only },
+                repetitions: repetitions.max(1),
+                scale,
+                netchannel: netchannel.unwrap_or_else(programs::default_netchannel),
+            };
+            let report = programs::run(&opts)?;
+            programs::print(&report);
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+                std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
             }
         }
         Cmd::Testbed { action, mtu, gro, tso } => match action {

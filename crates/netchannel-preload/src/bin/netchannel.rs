@@ -9,12 +9,14 @@ use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
 const USAGE: &str = "usage: netchannel run [--port PORT] [--ports P1,P2,...] [--stats] \
-[--stats-file PATH] [--lib PATH] -- COMMAND [ARGS...]
+[--stats-file PATH] [--lib PATH] [--allow-io-uring] -- COMMAND [ARGS...]
   --port PORT       channel port of the engines (default 7450; env NETCHANNEL_PORT)
   --ports LIST      carry only TCP connections to / listeners on these ports (default: all)
   --stats           print a one-line summary per process at exit (stderr)
   --stats-file PATH append the summary to PATH instead
-  --lib PATH        the interposition library (default: libnetchannel_preload.so beside this binary)";
+  --lib PATH        the interposition library (default: libnetchannel_preload.so beside this binary)
+  --allow-io-uring  run a program linked with liburing anyway (sockets it drives through
+                    io_uring stay on kernel TCP; a warning at exit counts its rings)";
 
 fn fail(msg: &str) -> ! {
     eprintln!("netchannel: {msg}");
@@ -33,6 +35,7 @@ fn main() {
     }
     let mut envs: Vec<(&str, OsString)> = Vec::new();
     let mut lib: Option<PathBuf> = None;
+    let mut allow_io_uring = false;
     let mut command: Vec<OsString> = Vec::new();
     while let Some(a) = args.next() {
         let mut value =
@@ -53,6 +56,7 @@ fn main() {
             Some("--stats") => envs.push(("NETCHANNEL_STATS", "stderr".into())),
             Some("--stats-file") => envs.push(("NETCHANNEL_STATS", value("--stats-file"))),
             Some("--lib") => lib = Some(value("--lib").into()),
+            Some("--allow-io-uring") => allow_io_uring = true,
             _ => {
                 // No `--`: the first non-option starts the command.
                 command.push(a);
@@ -75,6 +79,14 @@ fn main() {
         .unwrap_or_else(|| fail(&format!("{}: command not found", command[0].to_string_lossy())));
     if let Err(why) = carriable(&program) {
         fail(&format!("cannot carry {}: {why}; run it without netchannel", program.display()));
+    }
+    if !allow_io_uring && links_liburing(&program) {
+        fail(&format!(
+            "cannot carry {}: it is linked with liburing, and sockets it drives through \
+             io_uring bypass the socket calls netchannel interposes (they would silently use \
+             kernel TCP); --allow-io-uring runs it anyway",
+            program.display()
+        ));
     }
     let mut preload = lib.into_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -115,13 +127,10 @@ fn carriable(program: &Path) -> Result<(), String> {
     if meta.permissions().mode() & 0o6000 != 0 {
         return Err("it is setuid/setgid, so the dynamic loader ignores LD_PRELOAD".into());
     }
-    let data = std::fs::read(program).map_err(|e| e.to_string())?;
-    if data.starts_with(b"#!") {
-        let line = data.split(|&b| b == b'\n').next().unwrap_or_default();
-        let interp = String::from_utf8_lossy(&line[2..]);
-        let interp = interp.split_whitespace().next().unwrap_or_default();
-        return carriable(Path::new(interp));
+    if let Some(interp) = script_interpreter(program) {
+        return carriable(&interp);
     }
+    let data = std::fs::read(program).map_err(|e| e.to_string())?;
     match elf_interp(&data) {
         Some(true) => Ok(()),
         Some(false) => {
@@ -129,6 +138,28 @@ fn carriable(program: &Path) -> Result<(), String> {
         }
         None => Err("it is not an ELF executable".into()),
     }
+}
+
+/// Whether the program (or a library it loads) is linked with liburing, by the dynamic
+/// loader's own account (`ldd`); without ldd, by the program's own dependency names.
+fn links_liburing(program: &Path) -> bool {
+    let program = script_interpreter(program).unwrap_or_else(|| program.to_path_buf());
+    match Command::new("ldd").arg(&program).output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim_start().starts_with("liburing")),
+        _ => std::fs::read(&program)
+            .is_ok_and(|d| d.windows(b"liburing.so".len()).any(|w| w == b"liburing.so")),
+    }
+}
+
+/// A script's interpreter (`#!` line), which is what the loader runs.
+fn script_interpreter(program: &Path) -> Option<PathBuf> {
+    let mut head = [0u8; 256];
+    let n = std::io::Read::read(&mut std::fs::File::open(program).ok()?, &mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?.split(|&b| b == b'\n').next()?;
+    let interp = String::from_utf8_lossy(line);
+    interp.split_whitespace().next().map(PathBuf::from)
 }
 
 /// Whether a 64- or 32-bit little-endian ELF file has a PT_INTERP program header.

@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -34,6 +34,8 @@ const IDLE: u8 = 0;
 const SLEEPING: u8 = 1;
 const NOTIFIED: u8 = 2;
 const TOKEN_WAKE: u64 = 0;
+/// A poller's companion fd (`Poller::wake_on`): an event on it ends the poller's wait.
+const TOKEN_COMPANION: u64 = u64::MAX;
 
 /// A channel event a waiting thread received and must handle.
 pub(crate) struct ChannelEvent {
@@ -55,6 +57,8 @@ pub(crate) struct Waiter {
     event: EventFd,
     state: AtomicU8,
     watched: Mutex<Watched>,
+    /// The companion fd in this thread's epoll set, if any, and its registration's key.
+    companion: Mutex<Option<(RawFd, u64)>>,
 }
 
 impl Waiter {
@@ -63,7 +67,13 @@ impl Waiter {
         let event = EventFd::new()?;
         // Edge-triggered: every notify is a new edge, so the counter never needs reading.
         epoll.add(event.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
-        Ok(Arc::new(Waiter { epoll, event, state: AtomicU8::new(IDLE), watched: Mutex::default() }))
+        Ok(Arc::new(Waiter {
+            epoll,
+            event,
+            state: AtomicU8::new(IDLE),
+            watched: Mutex::default(),
+            companion: Mutex::new(None),
+        }))
     }
 
     /// Wakes the thread if it sleeps; otherwise makes its next sleep return at once.
@@ -78,13 +88,18 @@ impl Waiter {
         self.state.store(IDLE, Ordering::SeqCst);
     }
 
-    /// Sleeps until notified (since `begin`), a watched channel has an event, or `deadline`.
-    /// Channel events are appended to `out` for the caller to handle.
-    pub fn sleep(&self, deadline: Option<Instant>, out: &mut Vec<ChannelEvent>) -> io::Result<()> {
+    /// Sleeps until notified (since `begin`), a watched channel has an event, the companion
+    /// fd has one, or `deadline`. Channel events are appended to `out` for the caller to
+    /// handle; returns whether the companion fd had an event.
+    pub fn sleep(
+        &self,
+        deadline: Option<Instant>,
+        out: &mut Vec<ChannelEvent>,
+    ) -> io::Result<bool> {
         if self.state.compare_exchange(IDLE, SLEEPING, Ordering::SeqCst, Ordering::SeqCst).is_err()
         {
             self.state.store(IDLE, Ordering::SeqCst);
-            return Ok(());
+            return Ok(false);
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let mut raw = Vec::new();
@@ -92,8 +107,13 @@ impl Waiter {
         self.state.store(IDLE, Ordering::SeqCst);
         r?;
         let watched = self.watched.lock();
+        let mut companion = false;
         for (token, events) in raw {
             if token == TOKEN_WAKE {
+                continue;
+            }
+            if token == TOKEN_COMPANION {
+                companion = true;
                 continue;
             }
             let Some(Some((ch, s))) = watched.slots.get(token as usize - 1) else { continue };
@@ -101,7 +121,31 @@ impl Waiter {
                 out.push(ChannelEvent { channel, session, events });
             }
         }
-        Ok(())
+        Ok(companion)
+    }
+
+    /// Puts `fd` (edge-triggered) in this thread's epoll set as the companion, in place of any
+    /// other. It stays there after the wait (two system calls per wait otherwise): another wait
+    /// of this thread that sees its edge ignores it, which the poller's contract allows (its
+    /// owner polls `fd` itself before each wait). `key` tells a new registration from an old
+    /// one under a reused fd number.
+    pub fn set_companion(&self, fd: RawFd, key: u64) {
+        let mut c = self.companion.lock();
+        if *c == Some((fd, key)) {
+            return;
+        }
+        if let Some((old, _)) = c.take() {
+            // SAFETY: only used to deregister; a closed fd fails harmlessly.
+            let _ = self.epoll.delete(unsafe { BorrowedFd::borrow_raw(old) });
+        }
+        // SAFETY: the poller's owner promised `fd` stays open while it is the companion.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let flags = READABLE | EDGE;
+        let added = self.epoll.add(b, flags, TOKEN_COMPANION).is_ok()
+            || self.epoll.modify(b, flags, TOKEN_COMPANION).is_ok();
+        if added {
+            *c = Some((fd, key));
+        }
     }
 
     /// Sleeps until notified or `deadline` without serving channels: for waits no channel
@@ -242,6 +286,20 @@ pub(crate) fn send_now(session: &Arc<SessionRt>, bytes: usize) -> bool {
         }
         false
     })
+}
+
+/// Writes now the sends this thread deferred, without waiting (`VSocket`'s `Write::flush`):
+/// for a loop that sleeps somewhere the engine does not see, such as its own epoll set.
+pub(crate) fn flush_deferred() {
+    let dirty = THREAD.with(|t| {
+        let mut t = t.borrow_mut();
+        t.waited = true;
+        t.deferred = 0;
+        std::mem::take(&mut t.dirty)
+    });
+    for s in dirty {
+        s.transmit_all();
+    }
 }
 
 /// Writes the sends this thread deferred; called before it sleeps. `event_loop`: the wait is a

@@ -12,7 +12,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,8 @@ pub(crate) struct PollerShared {
     fd_used: AtomicBool,
     /// Sessions (and classes) of registered sockets: whose channels `wait` serves.
     sessions: Mutex<Vec<(Weak<SessionRt>, Class)>>,
+    /// A kernel fd whose events also end `wait` (`wake_on`), with a key unique to this call.
+    companion: Mutex<Option<(RawFd, u64)>>,
 }
 
 /// A socket's membership in a poller.
@@ -89,6 +91,7 @@ impl Poller {
                 fd: EventFd::new()?,
                 fd_used: AtomicBool::new(false),
                 sessions: Mutex::new(Vec::new()),
+                companion: Mutex::new(None),
             }),
         })
     }
@@ -148,15 +151,32 @@ impl Poller {
                 w.watch(s, *c);
             }
             drop(sessions);
-            if let Err(e) = w.sleep(deadline, &mut events) {
-                break Err(e);
+            if let Some((fd, key)) = *self.shared.companion.lock() {
+                w.set_companion(fd, key);
             }
+            let companion = match w.sleep(deadline, &mut events) {
+                Ok(c) => c,
+                Err(e) => break Err(e),
+            };
             waiter::set_polling(Arc::as_ptr(&self.shared) as usize);
             waiter::handle(&mut events);
             waiter::set_polling(0);
+            if companion {
+                break Ok(());
+            }
         };
         *self.shared.waiter.lock() = None;
         result
+    }
+
+    /// Makes `wait` also return (possibly with no tokens) when `fd` gets an event: for example
+    /// the loop's own epoll set over kernel sockets, so that one thread sleeps on both kinds
+    /// and still serves its virtual sockets' channels itself. Edge-triggered, and an edge may
+    /// be spent by another wait of the same thread: poll `fd` without blocking before each
+    /// `wait`. `fd` must stay open while it is the companion (until the poller is dropped).
+    pub fn wake_on(&self, fd: RawFd) {
+        static KEYS: AtomicU64 = AtomicU64::new(1);
+        *self.shared.companion.lock() = Some((fd, KEYS.fetch_add(1, Ordering::Relaxed)));
     }
 
     /// An eventfd readable while tokens are pending (for nesting in epoll).

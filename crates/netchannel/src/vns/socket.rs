@@ -720,9 +720,20 @@ impl io::Write for &VSocket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.send(buf)
     }
+    /// Writes now what this thread's recent sends left for a moment (a burst of small sends
+    /// is coalesced until the thread waits in the engine, or for at most one worker tick).
     fn flush(&mut self) -> io::Result<()> {
+        flush_sends();
         Ok(())
     }
+}
+
+/// Writes now every send the calling thread deferred (on any socket). Sends made in a burst
+/// (closer together than 20 us, with no wait in the engine between them) are coalesced until the
+/// thread next waits in the engine or for at most one worker tick (1 ms); an event loop that
+/// sleeps in its own epoll set calls this before it sleeps. Same as `Write::flush` on a socket.
+pub fn flush_sends() {
+    waiter::flush_deferred();
 }
 
 impl io::Read for VSocket {
@@ -735,7 +746,10 @@ impl io::Write for VSocket {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.send(buf)
     }
+    /// Writes now what this thread's recent sends left for a moment (a burst of small sends
+    /// is coalesced until the thread waits in the engine, or for at most one worker tick).
     fn flush(&mut self) -> io::Result<()> {
+        flush_sends();
         Ok(())
     }
 }

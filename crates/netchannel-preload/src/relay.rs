@@ -1,0 +1,274 @@
+//! Relay loops: move bytes between the kernel end of each carried connection (the loopback
+//! socket the application's fd is connected to) and its virtual socket.
+//!
+//! A few threads (one per CPU, at most 4) each run one epoll set over the kernel ends of their
+//! connections, with one `Poller` over the virtual sockets nested in it. Against two blocking
+//! pump threads per connection (the first design), a loaded program's many connections are
+//! served in batches, one wake-up for many of them, and the sends one iteration makes leave
+//! together: they are flushed once, before the loop sleeps.
+//!
+//! Each connection holds at most one read's worth (`CHUNK`) of bytes per direction that the
+//! other side has not taken yet; while it does, the loop stops reading that direction, so a slow
+//! receiver holds the sender back through both kernels' windows (backpressure, nothing dropped).
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use netchannel::{Poller, VSocket};
+
+use crate::{inside, relocate, reset, COUNTERS};
+
+/// Bytes moved per read.
+const CHUNK: usize = 64 * 1024;
+/// epoll tokens of the loop's own fds (connection ids count up from 0).
+const WAKE: u64 = u64::MAX;
+
+pub(crate) struct Loop {
+    /// Connections handed over, not yet registered.
+    inbox: Mutex<Vec<(TcpStream, VSocket)>>,
+    /// eventfd: the inbox has something.
+    wake: c_int,
+}
+
+/// The relay loops, started on first use. Called where the process's engine is created, with
+/// the low fd slots held (`fds_high`), so the loops' own fds land above the application's: a
+/// loop started later from one of our threads would hold those slots while the application
+/// accepts, and push its fds past select's 1024.
+pub(crate) fn loops() -> &'static [Arc<Loop>] {
+    static LOOPS: OnceLock<Vec<Arc<Loop>>> = OnceLock::new();
+    LOOPS.get_or_init(|| {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+        (0..n).filter_map(|_| start()).collect()
+    })
+}
+
+fn start() -> Option<Arc<Loop>> {
+    // SAFETY: plain eventfd and epoll creation; the fds are owned by the loop, which lives as
+    // long as the process.
+    let (wake, ep) = unsafe {
+        (
+            libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK),
+            libc::epoll_create1(libc::EPOLL_CLOEXEC),
+        )
+    };
+    if wake < 0 || ep < 0 {
+        return None;
+    }
+    let poller = Poller::new().ok()?;
+    let lp = Arc::new(Loop { inbox: Mutex::new(Vec::new()), wake: relocate(wake) });
+    let ep = relocate(ep);
+    if !epoll_add(ep, lp.wake, libc::EPOLLIN as u32, WAKE) {
+        return None;
+    }
+    let run_lp = lp.clone();
+    std::thread::Builder::new()
+        .name("nc-relay-loop".into())
+        .spawn(move || inside(|| run(&run_lp, ep, poller)))
+        .ok()?;
+    Some(lp)
+}
+
+/// Hands a connection to a relay loop (round robin).
+pub(crate) fn relay(app: TcpStream, vs: VSocket) {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let all = loops();
+    if all.is_empty() {
+        // No thread could be started: the connection cannot be served; dropping both ends
+        // closes them, so the application sees its connection end rather than hang.
+        return;
+    }
+    let lp = &all[NEXT.fetch_add(1, Ordering::Relaxed) % all.len()];
+    lp.inbox.lock().unwrap_or_else(|e| e.into_inner()).push((app, vs));
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes to the loop's eventfd.
+    unsafe { libc::write(lp.wake, &one as *const u64 as *const _, 8) };
+}
+
+struct Conn {
+    app: TcpStream,
+    vs: VSocket,
+    /// Read from the application, not yet taken by the virtual socket.
+    up: Vec<u8>,
+    /// Received from the virtual socket, not yet written to the application.
+    down: Vec<u8>,
+    up_done: bool,
+    down_done: bool,
+}
+
+fn epoll_add(ep: c_int, fd: c_int, events: u32, token: u64) -> bool {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: `ev` is a valid epoll_event; both fds are open.
+    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) == 0 }
+}
+
+fn run(lp: &Loop, ep: c_int, poller: Poller) {
+    // The loop sleeps in the poller (so it serves its virtual sockets' channels itself, one
+    // wake-up per message as an application thread blocked in recv would), woken also by its
+    // epoll set of kernel ends, which it polls without blocking each round.
+    poller.wake_on(ep);
+    let mut conns: HashMap<u64, Conn> = HashMap::new();
+    let mut next_id: u64 = 0;
+    let mut scratch = vec![0u8; CHUNK];
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    let mut tokens = Vec::new();
+    let mut due: Vec<u64> = Vec::new();
+    let mut sleep = false;
+    loop {
+        due.clear();
+        if sleep {
+            let _ = poller.wait(&mut tokens, None);
+        } else {
+            let _ = poller.wait(&mut tokens, Some(Duration::ZERO));
+        }
+        due.extend_from_slice(&tokens);
+        // SAFETY: `events` has room for its length in entries.
+        let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as c_int, 0) };
+        if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return;
+        }
+        for ev in &events[..n.max(0) as usize] {
+            if ev.u64 != WAKE {
+                due.push(ev.u64);
+                continue;
+            }
+            let mut v: u64 = 0;
+            // SAFETY: reading 8 bytes from our eventfd into `v`.
+            unsafe { libc::read(lp.wake, &mut v as *mut u64 as *mut _, 8) };
+            let arrived = std::mem::take(&mut *lp.inbox.lock().unwrap_or_else(|e| e.into_inner()));
+            for (app, vs) in arrived {
+                let id = next_id;
+                next_id += 1;
+                let _ = app.set_nonblocking(true);
+                let _ = app.set_nodelay(true);
+                vs.set_nonblocking(true);
+                let flags = libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET;
+                if !epoll_add(ep, app.as_raw_fd(), flags as u32, id)
+                    || poller.register(&vs, id).is_err()
+                {
+                    reset(&app);
+                    continue;
+                }
+                let c = Conn {
+                    app,
+                    vs,
+                    up: Vec::new(),
+                    down: Vec::new(),
+                    up_done: false,
+                    down_done: false,
+                };
+                conns.insert(id, c);
+                due.push(id);
+            }
+        }
+        // A full batch of kernel events may have left more: go round without sleeping.
+        sleep = due.is_empty() && (n as usize) < events.len();
+        due.sort_unstable();
+        due.dedup();
+        for id in &due {
+            let Some(c) = conns.get_mut(id) else { continue };
+            drive(c, &mut scratch);
+            if c.up_done && c.down_done {
+                // Closing the kernel end takes it out of the epoll set; dropping the virtual
+                // socket closes it (delivering what is queued, or resetting if bytes were
+                // left unread, as TCP does).
+                conns.remove(id);
+            }
+        }
+        // What this batch sent leaves now, together (a burst is otherwise held until the
+        // loop sleeps, and under steady load it may not).
+        netchannel::flush_sends();
+    }
+}
+
+/// Moves what can move in both directions until each would block.
+fn drive(c: &mut Conn, scratch: &mut [u8]) {
+    // Application -> virtual socket.
+    while !c.up_done {
+        if !c.up.is_empty() {
+            match c.vs.send(&c.up) {
+                Ok(n) => {
+                    c.up.drain(..n);
+                    COUNTERS.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    // The virtual connection is gone: what the application writes goes nowhere.
+                    let _ = c.app.shutdown(Shutdown::Read);
+                    c.up.clear();
+                    c.up_done = true;
+                }
+            }
+            continue;
+        }
+        match (&c.app).read(scratch) {
+            Ok(0) => {
+                let _ = c.vs.shutdown();
+                c.up_done = true;
+            }
+            // Straight on when the virtual socket takes it; the rest waits in `up`.
+            Ok(n) => match c.vs.send(&scratch[..n]) {
+                Ok(m) => {
+                    COUNTERS.bytes_out.fetch_add(m as u64, Ordering::Relaxed);
+                    c.up.extend_from_slice(&scratch[m..n]);
+                }
+                Err(_) => c.up.extend_from_slice(&scratch[..n]),
+            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                // The application reset its connection: so does the virtual one (dropped with
+                // the connection, its unread bytes make it a reset).
+                c.up_done = true;
+                c.down_done = true;
+            }
+        }
+    }
+    // Virtual socket -> application.
+    while !c.down_done {
+        if !c.down.is_empty() {
+            match (&c.app).write(&c.down) {
+                Ok(n) => {
+                    c.down.drain(..n);
+                    COUNTERS.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    c.down.clear();
+                    c.down_done = true;
+                }
+            }
+            continue;
+        }
+        match c.vs.recv(scratch) {
+            Ok(0) => {
+                let _ = c.app.shutdown(Shutdown::Write);
+                c.down_done = true;
+            }
+            Ok(n) => match (&c.app).write(&scratch[..n]) {
+                Ok(m) => {
+                    COUNTERS.bytes_in.fetch_add(m as u64, Ordering::Relaxed);
+                    c.down.extend_from_slice(&scratch[m..n]);
+                }
+                Err(_) => c.down.extend_from_slice(&scratch[..n]),
+            },
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                // The virtual connection was reset: reset the application's too.
+                reset(&c.app);
+                c.down.clear();
+                c.down_done = true;
+                c.up_done = true;
+            }
+        }
+    }
+}
