@@ -46,8 +46,8 @@ impl Program {
 
     fn name(self) -> &'static str {
         match self {
-            Program::Redis16 => "redis-16",
-            Program::Redis4k => "redis-4k",
+            Program::Redis16 => "redis16",
+            Program::Redis4k => "redis4k",
             Program::Memcached => "memcached",
             Program::Iperf3 => "iperf3",
             Program::Sockperf => "sockperf",

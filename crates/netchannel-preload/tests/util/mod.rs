@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -116,6 +117,9 @@ impl Side {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            // A group of its own: a server's forked workers (nginx) go with it, even when a
+            // failing test kills the server without ceremony.
+            .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"));
         Server(child)
@@ -166,6 +170,8 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // SAFETY: signalling the process group our child leads (see `spawn`).
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
