@@ -440,7 +440,10 @@ int main(void) {
 
 /// tests/c/conform.c (non-blocking connect and SO_ERROR, FIONREAD, MSG_PEEK, LT/ET/one-shot
 /// and nested epoll, select at fd 1000, fork-then-close, EPOLLRDHUP, partial writes to EAGAIN,
-/// refused connect, UDP and DNS) prints the same lines carried and on kernel TCP.
+/// refused connect, UDP and DNS; accept4 flags with a connection accepted in one thread and
+/// served in another, writev/readv, sendmsg/recvmsg, ppoll/pselect, dup/dup3, getsockname,
+/// TCP_INFO, EINTR, a carried fd used after exec, shutdown of the write half, SIGPIPE) prints
+/// the same lines carried and on kernel TCP.
 fn conformance(hosts: Hosts) {
     if !have("cc") {
         return;
