@@ -309,7 +309,7 @@ fn server_engine() -> Option<&'static Engine> {
             let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
             let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
             fds_high(|| {
-                let e = Engine::new(Config::new(v6)).or_else(|_| Engine::new(Config::new(v4)));
+                let e = Engine::new(engine_config(v6)).or_else(|_| Engine::new(engine_config(v4)));
                 relay::loops();
                 e
             })
@@ -328,7 +328,7 @@ fn client_engine() -> Option<&'static Engine> {
     live(CLIENT_ENGINE.get_or_init(|| {
         inside(|| {
             fds_high(|| {
-                let e = Engine::new(Config::default());
+                let e = Engine::new(engine_config(Config::default().listen_addr));
                 relay::loops();
                 e
             })
@@ -357,6 +357,16 @@ static NO_ENGINE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None)
 /// Peer engines this process has connected to (their channels exist).
 static CONTACTED: Mutex<Option<HashMap<SocketAddr, ()>>> = Mutex::new(None);
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
+/// How long a connect waits for the peer's channel port to answer on first contact (the
+/// engine's default is 1 s per channel): the program's own `connect` waits that long, even a
+/// non-blocking one, before it falls back to kernel TCP.
+const DIAL_TIMEOUT: Duration = Duration::from_millis(250);
+
+fn engine_config(channel_listener: SocketAddr) -> Config {
+    let mut c = Config::new(channel_listener);
+    c.dial_timeout = DIAL_TIMEOUT;
+    c
+}
 
 fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {
     let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -685,11 +695,19 @@ fn try_carry(fd: c_int, dest: SocketAddr) -> Option<c_int> {
             vs
         }
         Err(e) => {
-            if e.kind() == io::ErrorKind::ConnectionRefused {
-                with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
-                bump(&COUNTERS.kernel_no_engine);
-            } else {
-                bump(&COUNTERS.kernel_other);
+            match e.kind() {
+                io::ErrorKind::ConnectionRefused => {
+                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
+                    bump(&COUNTERS.kernel_no_engine);
+                }
+                // Nothing answered at the channel port within `DIAL_TIMEOUT` (a host that
+                // drops packets): not asked again for a while either, so that the program's
+                // next connects there do not wait again.
+                io::ErrorKind::TimedOut => {
+                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
+                    bump(&COUNTERS.kernel_other);
+                }
+                _ => bump(&COUNTERS.kernel_other),
             }
             set_errno(saved);
             return None;

@@ -1,5 +1,6 @@
 /* Socket semantics that programs rely on, printed as lines that must be identical under
- * `netchannel run` and on plain kernel TCP. `conform server PORT` / `conform client HOST PORT`. */
+ * `netchannel run` and on plain kernel TCP. `conform server PORT` / `conform client HOST PORT`
+ * / `conform unreachable HOST PORT`. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static void die(const char *what) { printf("FAIL %s: %s\n", what, strerror(errno)); exit(1); }
@@ -293,10 +295,22 @@ static void client(const char *host, int port) {
     close(s);
 }
 
+/* A non-blocking connect to an address nobody answers (no ARP reply) returns at once. */
+static void unreachable(const char *host, int port) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int s = dial(host, port, 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    printf("unreachable: in progress=%d returned within 1 s=%d\n", s >= 0, secs < 1.0);
+    if (s >= 0) close(s);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 3 && !strcmp(argv[1], "server")) server(atoi(argv[2]));
     else if (argc == 4 && !strcmp(argv[1], "client")) client(argv[2], atoi(argv[3]));
+    else if (argc == 4 && !strcmp(argv[1], "unreachable")) unreachable(argv[2], atoi(argv[3]));
     else if (argc == 3 && !strcmp(argv[1], "exec-child")) exec_child(atoi(argv[2]));
     else { fprintf(stderr, "usage: conform server PORT | client HOST PORT\n"); return 2; }
     return 0;
