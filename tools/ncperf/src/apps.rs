@@ -520,7 +520,10 @@ pub fn run_client(
         let (client, gate, ready, failed) =
             (client.clone(), gate.clone(), ready_tx.clone(), failed.clone());
         let (stack, server, rate, idle) = (args.stack, args.server, args.rate, args.idle);
-        handles.push(std::thread::spawn(move || {
+        // Named by class, so that traces (perf sched, ps) tell L-apps from T-apps.
+        let name = if specs.iter().any(|f| f.latency) { "ncperf-lat-app" } else { "ncperf-app" };
+        let spawn = std::thread::Builder::new().name(name.into());
+        handles.push(spawn.spawn(move || {
             let setup = || -> io::Result<(Vec<ClientFlow>, Waiter)> {
                 let waiter = Waiter::new(stack)?;
                 let mut flows = Vec::with_capacity(specs.len());
@@ -561,7 +564,7 @@ pub fn run_client(
                     None
                 }
             }
-        }));
+        })?);
     }
     drop(ready_tx);
     let mut first_error = None;
@@ -757,7 +760,12 @@ pub fn run_server(
                         counters: Arc::new(Counters::default()),
                     });
                     let (a, s) = (app.clone(), stop.clone());
-                    std::thread::spawn(move || receiver_loop(a, s));
+                    let name = format!("ncperf-rx{}", apps.len());
+                    let spawned =
+                        std::thread::Builder::new().name(name).spawn(move || receiver_loop(a, s));
+                    if spawned.is_err() {
+                        return;
+                    }
                     apps.push(app);
                 }
                 apps[header.receiver_app as usize].clone()

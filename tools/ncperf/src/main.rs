@@ -148,6 +148,9 @@ enum Cmd {
         /// netchannel: to what throughput-class work is demoted.
         #[arg(long, value_enum, default_value_t = DemoteTo::Idle)]
         demote_to: DemoteTo,
+        /// netchannel: nice value of the latency-class worker (`Config::latency_policy`).
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        latency_nice: i8,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -226,6 +229,10 @@ pub struct RunArgs {
     /// netchannel: to what throughput-class work is demoted (`Config::throughput_policy`).
     #[arg(long, value_enum, default_value_t = DemoteTo::Idle)]
     pub demote_to: DemoteTo,
+    /// netchannel: nice value of the latency-class worker (`Config::latency_policy`; below 0
+    /// needs CAP_SYS_NICE).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub latency_nice: i8,
 }
 
 fn main() {
@@ -331,10 +338,11 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             netns,
             isolation,
             demote_to,
+            latency_nice,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
-            let opts = EngineOpts { channels, policy, isolation, demote_to };
+            let opts = EngineOpts { channels, policy, isolation, demote_to, latency_nice };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
         }
@@ -370,6 +378,7 @@ fn client(
             policy: run.policy,
             isolation: run.isolation,
             demote_to: run.demote_to,
+            latency_nice: run.latency_nice,
         },
         plan,
         rate: run.rate,

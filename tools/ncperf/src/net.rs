@@ -164,6 +164,8 @@ pub struct EngineOpts {
     pub policy: Policy,
     pub isolation: IsolationOpt,
     pub demote_to: DemoteTo,
+    /// `Config::latency_policy`: the latency-class worker's nice value (0: SCHED_OTHER nice 0).
+    pub latency_nice: i8,
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -212,6 +214,9 @@ fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
         DemoteTo::Idle => netchannel::ThreadPolicy::Idle,
         DemoteTo::Nice19 => netchannel::ThreadPolicy::Nice(19),
     };
+    if opts.latency_nice != 0 {
+        config.latency_policy = netchannel::ThreadPolicy::Nice(opts.latency_nice);
+    }
     config.isolation = match opts.isolation {
         IsolationOpt::Auto => netchannel::Isolation::Auto,
         IsolationOpt::Always => netchannel::Isolation::Always,

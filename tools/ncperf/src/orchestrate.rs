@@ -244,6 +244,7 @@ pub fn run_with(
         v.extend(["--policy".into(), args.policy.to_string()]);
         v.extend(["--isolation".into(), isolation_of(i).name().into()]);
         v.extend(["--demote-to".into(), args.demote_to.name().into()]);
+        v.push(format!("--latency-nice={}", args.latency_nice));
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

@@ -41,6 +41,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         split_processes: false,
         isolation: crate::net::IsolationOpt::Auto,
         demote_to: crate::net::DemoteTo::Idle,
+        latency_nice: 0,
     }
 }
 

@@ -1,8 +1,12 @@
 //! Isolation by *when* work runs: an application thread that does throughput-class work (writes a
-//! bulk backlog to a channel, reads a payload, or waits while serving channels) does it at the
-//! throughput workers' scheduling policy, and is put back to its own the moment it returns to
-//! the application. So bulk kernel-TCP work never delays a latency-class thread on a shared core,
-//! whoever carries it; latency-class work always runs at the thread's own priority.
+//! bulk backlog to a channel, reads a payload straight from one, or blocks in `recv`/`send` of a
+//! throughput socket while serving channels) does it at the throughput workers' scheduling
+//! policy, and is put back to its own the moment it returns to the application; latency-class
+//! work always runs at the thread's own priority. Not demoted: the thread's copies into and out
+//! of the engine and the channel work inside a `Poller::wait`. Demoting those too was measured
+//! (docs/BENCHMARKS.md, "Isolation") and lengthened the latency tail: every return to the
+//! thread's own policy re-queues it as a fresh competitor, so more toggling costs more than the
+//! demoted work saves.
 //!
 //! Putting a thread back needs the right to raise its priority again (CAP_SYS_NICE, or an
 //! RLIMIT_NICE that allows it). Without it the engine never demotes application threads (it
