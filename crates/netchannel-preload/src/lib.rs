@@ -206,6 +206,9 @@ struct Counters {
     kernel_listen_only: AtomicU64,
     bytes_out: AtomicU64,
     bytes_in: AtomicU64,
+    /// Interposed socket calls made by the library's or the engine's own threads: there should
+    /// be none (both use raw system calls), and the stats line says so.
+    reentered: AtomicU64,
 }
 
 static COUNTERS: Counters = Counters {
@@ -217,6 +220,7 @@ static COUNTERS: Counters = Counters {
     kernel_listen_only: AtomicU64::new(0),
     bytes_out: AtomicU64::new(0),
     bytes_in: AtomicU64::new(0),
+    reentered: AtomicU64::new(0),
 };
 
 fn bump(c: &AtomicU64) {
@@ -234,7 +238,7 @@ fn print_stats(io_uring_rings: usize) {
     let line = format!(
         "netchannel: pid {} virtual sockets {} (connect {}, accept {}), kernel tcp {} \
              (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
-             bytes out {} in {}, channels {}, io_uring instances {}\n",
+             bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}\n",
         std::process::id(),
         c.carried_connects.load(Ordering::Relaxed) + c.carried_accepts.load(Ordering::Relaxed),
         c.carried_connects.load(Ordering::Relaxed),
@@ -250,6 +254,7 @@ fn print_stats(io_uring_rings: usize) {
         c.bytes_in.load(Ordering::Relaxed),
         channels,
         io_uring_rings,
+        c.reentered.load(Ordering::Relaxed),
     );
     match std::env::var("NETCHANNEL_STATS").as_deref() {
         Ok("stderr") | Ok("") | Err(_) => {
@@ -610,7 +615,7 @@ fn relay_addr(v6: bool) -> Option<SocketAddr> {
     };
     *cell.get_or_init(|| {
         inside(|| {
-            let l = TcpListener::bind((ip, 0)).ok()?;
+            let l = netchannel::sys::tcp_listen(&SocketAddr::new(ip, 0)).ok()?;
             use std::os::fd::IntoRawFd;
             // SAFETY: the relocated fd is the only owner of the listening socket.
             let l = unsafe { TcpListener::from_raw_fd(relocate(l.into_raw_fd())) };
@@ -626,7 +631,8 @@ fn relay_addr(v6: bool) -> Option<SocketAddr> {
 
 fn relay_loop(l: TcpListener) {
     loop {
-        let Ok((s, peer)) = l.accept() else { continue };
+        let Ok(s) = netchannel::sys::tcp_accept(&l) else { continue };
+        let Ok(peer) = s.peer_addr() else { continue };
         let s = relocate_stream(s);
         if let Some(vs) = with(&PENDING, |p| p.remove(&peer.port())) {
             relay::relay(s, vs);
@@ -643,6 +649,7 @@ fn relay_loop(l: TcpListener) {
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let real = real!(connect, ConnectFn);
     if is_inside() {
+        bump(&COUNTERS.reentered);
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { real(fd, addr, len) };
     }
@@ -759,7 +766,11 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
     let real = real!(listen, ListenFn);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { real(fd, backlog) };
-    if rc != 0 || is_inside() || flag(fd) == LISTENING {
+    if is_inside() {
+        bump(&COUNTERS.reentered);
+        return rc;
+    }
+    if rc != 0 || flag(fd) == LISTENING {
         return rc;
     }
     let saved = errno();
@@ -954,6 +965,9 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
 /// # Safety
 /// `addr` and `len` as the caller passed them to the real accept.
 unsafe fn after_accept(fd: c_int, nfd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if is_inside() {
+        bump(&COUNTERS.reentered);
+    }
     if nfd >= 0 && flag(fd) == LISTENING {
         let saved = errno();
         // SAFETY: forwarded from the caller.

@@ -161,6 +161,12 @@ fn iperf3(hosts: Hosts) {
     server.stop();
     // -P 8: 1 control + 8 data; -R: 1 + 1; --bidir: 1 + 2.
     assert_carried(&p, 14, 14);
+    // The engine's and the library's own socket calls never came back into the library.
+    for side in [&p.client, &p.server] {
+        let text = stats_text(&side.stats);
+        assert!(text.contains("re-entered "), "{text}");
+        assert_eq!(stat(&side.stats, "re-entered"), 0, "{text}");
+    }
 }
 
 /// A carried client and a kernel server (no engine there), and a kernel client of a carried

@@ -113,7 +113,7 @@ pub fn dial(
     timeout: Duration,
     opts: &TcpOptions,
 ) -> io::Result<(TcpStream, u64)> {
-    let mut sock = TcpStream::connect_timeout(&addr, timeout)?;
+    let mut sock = sys::tcp_connect(&addr, timeout)?;
     configure(&sock, class, opts)?;
     sock.set_read_timeout(Some(timeout))?;
     sock.set_write_timeout(Some(timeout))?;

@@ -49,8 +49,8 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
             match token {
                 TOKEN_STOP => return Ok(()),
                 TOKEN_LISTENER => loop {
-                    let sock = match listener.accept() {
-                        Ok((s, _)) => s,
+                    let sock = match crate::sys::tcp_accept(listener) {
+                        Ok(s) => s,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         // Out of fds or memory: leave the rest in the backlog for a moment.

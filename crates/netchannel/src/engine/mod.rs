@@ -15,7 +15,7 @@ pub(crate) mod worker;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -153,8 +153,8 @@ impl Engine {
     pub fn new(config: Config) -> io::Result<Engine> {
         config.validate()?;
         let addr = config.listen_addr;
-        let listener =
-            in_netns(config.netns.clone(), move || TcpListener::bind(addr)).map_err(|e| {
+        let listener = in_netns(config.netns.clone(), move || crate::sys::tcp_listen(&addr))
+            .map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}"))
             })?;
         let local_addr = listener.local_addr()?;

@@ -111,6 +111,63 @@ impl AsFd for Epoll {
     }
 }
 
+// The engine's own TCP sockets are made with raw system calls (rustix's linux_raw backend), not
+// libc's: in a program run under `netchannel run`, libc's `connect`, `listen` and `accept` are
+// the interposition library's, and the engine's calls must never come back into it.
+
+fn tcp_socket(addr: &std::net::SocketAddr, flags: rustix::net::SocketFlags) -> io::Result<OwnedFd> {
+    let family = if addr.is_ipv4() {
+        rustix::net::AddressFamily::INET
+    } else {
+        rustix::net::AddressFamily::INET6
+    };
+    let flags = flags | rustix::net::SocketFlags::CLOEXEC;
+    Ok(rustix::net::socket_with(family, rustix::net::SocketType::STREAM, flags, None)?)
+}
+
+/// `TcpStream::connect_timeout`, by raw system calls: connects within `timeout` (a refusal is
+/// `ConnectionRefused`, silence `TimedOut`). The stream is returned in blocking mode.
+pub fn tcp_connect(
+    addr: &std::net::SocketAddr,
+    timeout: Duration,
+) -> io::Result<std::net::TcpStream> {
+    let fd = tcp_socket(addr, rustix::net::SocketFlags::NONBLOCK)?;
+    match rustix::net::connect(&fd, addr) {
+        Ok(()) => {}
+        Err(e) if e == rustix::io::Errno::INPROGRESS => {
+            let deadline = std::time::Instant::now() + timeout;
+            // A signal ends a poll early (false): wait out the rest.
+            while !poll_writable(
+                fd.as_fd(),
+                Some(deadline.saturating_duration_since(std::time::Instant::now())),
+            )? {
+                if std::time::Instant::now() >= deadline {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "connection timed out"));
+                }
+            }
+            rustix::net::sockopt::socket_error(&fd)??;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    rustix::io::ioctl_fionbio(&fd, false)?;
+    Ok(std::net::TcpStream::from(fd))
+}
+
+/// `TcpListener::bind`, by raw system calls (SO_REUSEADDR, as std sets it).
+pub fn tcp_listen(addr: &std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
+    let fd = tcp_socket(addr, rustix::net::SocketFlags::empty())?;
+    rustix::net::sockopt::set_socket_reuseaddr(&fd, true)?;
+    rustix::net::bind(&fd, addr)?;
+    rustix::net::listen(&fd, 1024)?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
+/// `TcpListener::accept`, by raw system calls (close-on-exec, as std makes it).
+pub fn tcp_accept(listener: &std::net::TcpListener) -> io::Result<std::net::TcpStream> {
+    let fd = rustix::net::accept_with(listener, rustix::net::SocketFlags::CLOEXEC)?;
+    Ok(std::net::TcpStream::from(fd))
+}
+
 /// Waits up to `timeout` (None: forever) for `fd` to become readable.
 pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
     poll_one(fd, rustix::event::PollFlags::IN, timeout)
