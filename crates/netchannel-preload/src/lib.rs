@@ -5,9 +5,10 @@
 //! stays a real kernel TCP socket for its whole life. A carried `connect` opens a virtual
 //! socket to the peer engine and then connects the application's fd to a loopback relay
 //! listener owned by this library; relay loops (`relay.rs`: a few threads, each an epoll set
-//! over many connections) move bytes between the relay end and the `VSocket`. A carried `listen` also opens an engine `Listener` on the same port; each
-//! virtual connection it accepts is turned into a loopback connection to the application's own
-//! listening socket, so `accept`, `poll`, `select` and `epoll` see it like any kernel client.
+//! over many connections) move bytes between the relay end and the `VSocket`. A carried
+//! `listen` also opens an engine `Listener` on the same port; each virtual connection it
+//! accepts is turned into a loopback connection to the application's own listening socket, so
+//! `accept`, `poll`, `select` and `epoll` see it like any kernel client.
 //! Because every fd is a kernel socket, all data-path calls (read, write, *msg, poll, select,
 //! epoll in every mode, fcntl, ioctl, dup, fork, close-on-exec) keep exact kernel semantics and
 //! are not interposed at all. Interposed: `connect`, `listen`, `accept`, `accept4`,
