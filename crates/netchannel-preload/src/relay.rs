@@ -16,7 +16,7 @@ use std::ffi::c_int;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -187,85 +187,105 @@ fn run(lp: &Loop, ep: c_int, poller: Poller) {
     }
 }
 
-/// Moves what can move in both directions until each would block.
-fn drive(c: &mut Conn, scratch: &mut [u8]) {
-    // Application -> virtual socket.
-    while !c.up_done {
-        if !c.up.is_empty() {
-            match c.vs.send(&c.up) {
+/// How one direction of a connection stopped moving.
+enum Stop {
+    /// Either side would block: wait for its next event.
+    Blocked,
+    /// The reading side ended (EOF).
+    Ended,
+    /// The reading side failed (reset).
+    ReadFailed,
+    /// The writing side failed (gone); what is pending is dropped.
+    WriteFailed,
+}
+
+/// Moves bytes from `read` to `write` until one of them stops: straight through while `write`
+/// takes everything, with what it leaves in `pending` (then nothing more is read until it is
+/// taken: backpressure).
+fn forward(
+    pending: &mut Vec<u8>,
+    scratch: &mut [u8],
+    moved: &AtomicU64,
+    mut read: impl FnMut(&mut [u8]) -> io::Result<usize>,
+    mut write: impl FnMut(&[u8]) -> io::Result<usize>,
+) -> Stop {
+    let blocked = |e: &io::Error| e.kind() == io::ErrorKind::WouldBlock;
+    let interrupted = |e: &io::Error| e.kind() == io::ErrorKind::Interrupted;
+    loop {
+        if !pending.is_empty() {
+            match write(pending) {
                 Ok(n) => {
-                    c.up.drain(..n);
-                    COUNTERS.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+                    pending.drain(..n);
+                    moved.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if blocked(&e) => return Stop::Blocked,
+                Err(e) if interrupted(&e) => {}
                 Err(_) => {
-                    // The virtual connection is gone: what the application writes goes nowhere.
-                    let _ = c.app.shutdown(Shutdown::Read);
-                    c.up.clear();
-                    c.up_done = true;
+                    pending.clear();
+                    return Stop::WriteFailed;
                 }
             }
             continue;
         }
-        match (&c.app).read(scratch) {
-            Ok(0) => {
+        match read(scratch) {
+            Ok(0) => return Stop::Ended,
+            Ok(n) => match write(&scratch[..n]) {
+                Ok(m) => {
+                    moved.fetch_add(m as u64, Ordering::Relaxed);
+                    pending.extend_from_slice(&scratch[m..n]);
+                }
+                // Kept: the pending branch above retries it and sees the error again, if any.
+                Err(_) => pending.extend_from_slice(&scratch[..n]),
+            },
+            Err(e) if blocked(&e) => return Stop::Blocked,
+            Err(e) if interrupted(&e) => {}
+            Err(_) => return Stop::ReadFailed,
+        }
+    }
+}
+
+/// Moves what can move in both directions until each would block.
+fn drive(c: &mut Conn, scratch: &mut [u8]) {
+    if !c.up_done {
+        let (app, vs) = (&c.app, &c.vs);
+        match forward(&mut c.up, scratch, &COUNTERS.bytes_out, |b| (&*app).read(b), |b| vs.send(b))
+        {
+            Stop::Blocked => {}
+            Stop::Ended => {
                 let _ = c.vs.shutdown();
                 c.up_done = true;
             }
-            // Straight on when the virtual socket takes it; the rest waits in `up`.
-            Ok(n) => match c.vs.send(&scratch[..n]) {
-                Ok(m) => {
-                    COUNTERS.bytes_out.fetch_add(m as u64, Ordering::Relaxed);
-                    c.up.extend_from_slice(&scratch[m..n]);
-                }
-                Err(_) => c.up.extend_from_slice(&scratch[..n]),
-            },
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                // The application reset its connection: so does the virtual one (dropped with
-                // the connection, its unread bytes make it a reset).
+            // The virtual connection is gone: what the application writes goes nowhere.
+            Stop::WriteFailed => {
+                let _ = c.app.shutdown(Shutdown::Read);
+                c.up_done = true;
+            }
+            // The application reset its connection: so does the virtual one (dropped with the
+            // connection, its unread bytes make it a reset).
+            Stop::ReadFailed => {
                 c.up_done = true;
                 c.down_done = true;
             }
         }
     }
-    // Virtual socket -> application.
-    while !c.down_done {
-        if !c.down.is_empty() {
-            match (&c.app).write(&c.down) {
-                Ok(n) => {
-                    c.down.drain(..n);
-                    COUNTERS.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    c.down.clear();
-                    c.down_done = true;
-                }
-            }
-            continue;
-        }
-        match c.vs.recv(scratch) {
-            Ok(0) => {
+    if !c.down_done {
+        let (app, vs) = (&c.app, &c.vs);
+        match forward(
+            &mut c.down,
+            scratch,
+            &COUNTERS.bytes_in,
+            |b| vs.recv(b),
+            |b| (&*app).write(b),
+        ) {
+            Stop::Blocked => {}
+            Stop::Ended => {
                 let _ = c.app.shutdown(Shutdown::Write);
                 c.down_done = true;
             }
-            Ok(n) => match (&c.app).write(&scratch[..n]) {
-                Ok(m) => {
-                    COUNTERS.bytes_in.fetch_add(m as u64, Ordering::Relaxed);
-                    c.down.extend_from_slice(&scratch[m..n]);
-                }
-                Err(_) => c.down.extend_from_slice(&scratch[..n]),
-            },
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                // The virtual connection was reset: reset the application's too.
+            Stop::WriteFailed => c.down_done = true,
+            // The virtual connection was reset: reset the application's too.
+            Stop::ReadFailed => {
                 reset(&c.app);
-                c.down.clear();
                 c.down_done = true;
                 c.up_done = true;
             }
