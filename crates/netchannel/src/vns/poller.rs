@@ -8,7 +8,9 @@
 //! The thread in `wait` serves the channels of the registered sockets' sessions itself (reads,
 //! dispatches, writes), so an event loop's own bytes usually need no other thread. Sends an
 //! event loop makes are written once per iteration, when it comes back to `wait`. For nesting in
-//! another epoll set, `fd()` is an eventfd readable while tokens are pending.
+//! another epoll set, `fd()` is an eventfd readable while tokens are pending; the other way round,
+//! `wake_on(fd)` makes `wait` return when the loop's own epoll set (kernel sockets) has events,
+//! so the loop can sleep in `wait` and keep serving channels itself.
 
 use std::io;
 use std::os::fd::RawFd;
