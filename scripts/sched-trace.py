@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads a `perf record` of sched_switch/sched_wakeup/softirq_entry/softirq_exit (system-wide)
-and prints: each thread's wake-up latency (wake-up to running), the softirq run durations, and
-what ran on the CPU while the named threads waited more than 300 us for it.
+and prints: each thread's wake-up latency (wake-up to running), the softirq run durations, what
+ran on the CPU while the named threads waited more than 300 us for it, and (for a client and a
+server thread, the first two named) each round trip between them split into its parts.
 
     sched-trace.py PERF_DATA THREAD[,THREAD...]
 """
@@ -80,3 +81,80 @@ total = sum(blame.values()) or 1.0
 print(f"while {', '.join(sorted(targets))} waited > 300 us for a CPU ({slow} times), it ran:")
 for who, us in blame.most_common(10):
     print(f"  {who:24s} {us / 1e3:8.2f} ms {us / total * 100:5.1f}%")
+
+# Round trips between the first two named threads (client, server): each one split into the
+# server's wake-up latency, the server's time from running to waking the client with the reply
+# (on CPU, preempted, blocked), and the client's wake-up latency.
+names = sys.argv[2].split(",")
+if len(names) >= 2:
+    client, server = names[0], names[1]
+    rpcs = []
+    cur = None
+    on_since = off_since = None
+    off_why = None
+    preempted_by = collections.Counter()
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if not m:
+            continue
+        comm, t, event, trace = m.group(1), float(m.group(4)), m.group(5), m.group(6)
+        if event == "sched:sched_wakeup":
+            w = re.search(r"comm=(.*?) pid=", trace)
+            if not w:
+                continue
+            if w.group(1) == server and comm == client:
+                cur = {"woken": t, "on": 0.0, "preempted": 0.0, "blocked": 0.0}
+                on_since = None
+            elif cur and w.group(1) == server and "ran" in cur and off_why == "S":
+                cur["blocked"] += t - off_since
+                off_since, off_why = t, "woken"
+            elif cur and w.group(1) == client and comm == server and "ran" in cur:
+                if on_since is not None:
+                    cur["on"] += t - on_since
+                cur["replied"] = t
+        elif event == "sched:sched_switch":
+            s = re.search(r"prev_comm=(.*?) prev_pid=\d+ prev_prio=\d+ prev_state=(\S+) ==> "
+                          r"next_comm=(.*?) next_pid=", trace)
+            if not s or not cur:
+                continue
+            if s.group(3) == server and "replied" not in cur:
+                if "ran" not in cur:
+                    cur["ran"] = t
+                elif off_why == "R":
+                    cur["preempted"] += t - off_since
+                on_since = t
+            elif s.group(1) == server and "ran" in cur and "replied" not in cur:
+                if on_since is not None:
+                    cur["on"] += t - on_since
+                on_since, off_since = None, t
+                off_why = "R" if s.group(2).startswith("R") else "S"
+                if off_why == "R":
+                    preempted_by[s.group(3)] += 1
+            elif s.group(3) == client and "replied" in cur:
+                cur["client_ran"] = t
+                rpcs.append(cur)
+                cur = None
+    if rpcs:
+        parts = {
+            "server wake-up latency": [r["ran"] - r["woken"] for r in rpcs],
+            "server run to reply": [r["replied"] - r["ran"] for r in rpcs],
+            "  of which preempted": [r["preempted"] for r in rpcs],
+            "  of which blocked": [r["blocked"] for r in rpcs],
+            "client wake-up latency": [r["client_ran"] - r["replied"] for r in rpcs],
+        }
+        print(f"round trips {client} -> {server} -> {client} ({len(rpcs)}):")
+        print("  us                                  p50      p99    p99.9      max")
+        for name, v in parts.items():
+            v = [x * 1e6 for x in v]
+            print(f"  {name:26s} {pct(v, .5):8.1f} {pct(v, .99):8.1f} {pct(v, .999):8.1f} "
+                  f"{max(v):8.1f}")
+        slow = [r for r in rpcs if r["client_ran"] - r["woken"] > 0.0008]
+
+        def mean(key):
+            return sum(r[key] for r in slow) / len(slow) * 1e6
+
+        if slow:
+            print(f"  the {len(slow)} slower than 0.8 ms: server preempted {mean('preempted'):.0f}"
+                  f" us, blocked {mean('blocked'):.0f} us, on CPU {mean('on'):.0f} us on average")
+        print("  the server thread was preempted by:",
+              ", ".join(f"{who} {n}" for who, n in preempted_by.most_common(6)))
