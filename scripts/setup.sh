@@ -18,6 +18,8 @@ have memcached || need_apt+=(memcached)
 have memcslap || need_apt+=(libmemcached-tools)
 have nginx || need_apt+=(nginx-light)
 have wrk || need_apt+=(wrk)
+have curl || need_apt+=(curl) # the nginx test fetches its file with it
+have python3 || need_apt+=(python3) # scripts/sched-trace.py
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 
 if ((${#need_apt[@]})); then

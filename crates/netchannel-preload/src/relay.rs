@@ -2,10 +2,11 @@
 //! socket the application's fd is connected to) and its virtual socket.
 //!
 //! A few threads (one per CPU, at most 4) each run one epoll set over the kernel ends of their
-//! connections, with one `Poller` over the virtual sockets nested in it. Against two blocking
-//! pump threads per connection (the first design), a loaded program's many connections are
-//! served in batches, one wake-up for many of them, and the sends one iteration makes leave
-//! together: they are flushed once, before the loop sleeps.
+//! connections and one `Poller` over their virtual sockets, and sleep in the poller (which the
+//! epoll set also wakes: `Poller::wake_on`). Against two blocking pump threads per connection
+//! (the first design), a loaded program's many connections are served in batches, one wake-up
+//! for many of them, and the sends one round makes leave together: they are flushed once, at
+//! the end of the round.
 //!
 //! Each connection holds at most one read's worth (`CHUNK`) of bytes per direction that the
 //! other side has not taken yet; while it does, the loop stops reading that direction, so a slow
@@ -122,11 +123,7 @@ fn run(lp: &Loop, ep: c_int, poller: Poller) {
     let mut sleep = false;
     loop {
         due.clear();
-        if sleep {
-            let _ = poller.wait(&mut tokens, None);
-        } else {
-            let _ = poller.wait(&mut tokens, Some(Duration::ZERO));
-        }
+        let _ = poller.wait(&mut tokens, (!sleep).then_some(Duration::ZERO));
         due.extend_from_slice(&tokens);
         // SAFETY: `events` has room for its length in entries.
         let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as c_int, 0) };

@@ -305,16 +305,8 @@ pub(crate) fn flush_deferred() {
 /// Writes the sends this thread deferred; called before it sleeps. `event_loop`: the wait is a
 /// poller's.
 pub(crate) fn before_wait(event_loop: bool) {
-    let dirty = THREAD.with(|t| {
-        let mut t = t.borrow_mut();
-        t.event_loop = event_loop;
-        t.waited = true;
-        t.deferred = 0;
-        std::mem::take(&mut t.dirty)
-    });
-    for s in dirty {
-        s.transmit_all();
-    }
+    THREAD.with(|t| t.borrow_mut().event_loop = event_loop);
+    flush_deferred();
 }
 
 /// Handles channel events a waiting thread received.
