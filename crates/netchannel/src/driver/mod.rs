@@ -4,12 +4,13 @@
 //! - `create`: a transport's constructors (`tcp::dial`, `tcp::Incoming` on the accepting side);
 //! - `destroy`: [`Channel::close`];
 //! - `enqueue`: the session core's queues, pulled by [`Channel::write`] when the socket has room;
-//! - `dequeue`: [`Channel::read`] into the channel's [`framing::FrameReader`].
+//! - `dequeue`: [`Channel::read`] into the channel's frame reader (`proto::framing`).
 //!
 //! A new transport implements [`Transport`] (a non-blocking byte stream with a pollable fd) and
-//! its constructors; framing, batching and the execution model are shared.
+//! its constructors; framing, batching and the execution model are shared. `pool` holds the
+//! reused large buffers bulk bytes travel in.
 
-pub mod framing;
+pub mod pool;
 pub mod tcp;
 
 use std::collections::VecDeque;
@@ -21,11 +22,11 @@ use parking_lot::Mutex;
 
 use std::sync::Arc;
 
-use crate::proto::pool::BufPool;
+use crate::proto::framing::{FrameReader, Parsed, Target};
 use crate::proto::OutFrame;
 use crate::sys;
 use crate::wire::Class;
-use framing::{FrameReader, Parsed, Target};
+use pool::BufPool;
 
 /// What a channel needs from its transport.
 pub trait Transport: Send + Sync + 'static {
@@ -123,7 +124,7 @@ impl RunLock {
 
 /// The receiving half: what was read and not yet handed to the session.
 pub struct RxState {
-    pub reader: FrameReader,
+    pub reader: FrameReader<Arc<BufPool>>,
     pub parsed: Vec<Parsed>,
 }
 
@@ -203,10 +204,7 @@ impl Channel {
             transport,
             hangup,
             rx_run: RunLock::default(),
-            rx: Mutex::new(RxState {
-                reader: FrameReader::new(large).with_pool(pool),
-                parsed: Vec::new(),
-            }),
+            rx: Mutex::new(RxState { reader: FrameReader::new(large, pool), parsed: Vec::new() }),
             tx_run: RunLock::default(),
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),

@@ -99,7 +99,7 @@ struct Sessions {
 pub(crate) struct EngineCtx {
     pub config: Config,
     /// Large buffers for bulk bytes (send chunks, staged payloads).
-    pub pool: Arc<crate::proto::pool::BufPool>,
+    pub pool: Arc<crate::driver::pool::BufPool>,
     pub id: u64,
     pub local_addr: SocketAddr,
     pub listeners: Mutex<HashMap<u16, Arc<ListenerShared>>>,
@@ -165,7 +165,7 @@ impl Engine {
             .map(|i| Worker::new(i, class_of(i)))
             .collect::<io::Result<Vec<_>>>()?;
         let ctx = Arc::new(EngineCtx {
-            pool: crate::proto::pool::BufPool::new(config.max_frame_payload.max(64 * 1024), 64),
+            pool: crate::driver::pool::BufPool::new(config.max_frame_payload.max(64 * 1024), 64),
             id: crate::sys::random_u64(),
             local_addr,
             listeners: Mutex::new(HashMap::new()),

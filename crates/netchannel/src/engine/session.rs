@@ -16,9 +16,9 @@ use std::time::Instant;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use super::EngineCtx;
-use crate::driver::framing::{Parsed, Verdict};
 use crate::driver::{Channel, ChannelError};
-use crate::proto::{HeaderVerdict, Input, OutFrame, Session};
+use crate::proto::framing::Verdict;
+use crate::proto::{OutFrame, Session};
 use crate::sys::{HANGUP, READABLE, WRITABLE};
 use crate::vns::socket::Offer;
 use crate::vns::{StreamUser, Wakes};
@@ -288,21 +288,12 @@ impl SessionRt {
         for _ in 0..RX_READS_PER_RUN {
             if st.reader.is_deferred() {
                 let mut core = self.lock();
-                match core.deferred(ch.meta.index) {
-                    None => st.reader.resume(),
-                    Some(d) => {
-                        let wanted = core.deferred_wanted(ch.meta.index);
-                        if wanted && !d.taken && d.since.elapsed() < grace {
-                            // Its reader reads it; bytes may have arrived for it.
-                            core.channel_readable(ch.meta.index);
-                            self.settle(&mut core, wakes);
-                            self.ctx.workers[ch.worker].demand_tick();
-                            return Ok(true);
-                        }
-                        if let Some(d) = core.take_over_deferred(ch.meta.index) {
-                            st.reader.take_over_deferred(d.remaining, wanted);
-                        }
-                    }
+                if !core.reader_may_read(ch.meta.index, &mut st.reader, Instant::now(), grace) {
+                    // Its reader reads the payload (woken now: bytes may have arrived for it);
+                    // the tick takes it over if the reader does not come within the grace.
+                    self.settle(&mut core, wakes);
+                    self.ctx.workers[ch.worker].demand_tick();
+                    return Ok(true);
                 }
             }
             if st.reader.want() == 0 {
@@ -354,57 +345,24 @@ impl SessionRt {
             let mut core = self.lock();
             let mut result = Ok(());
             for item in parsed.drain(..) {
-                let r = match item {
-                    Parsed::Control(f) => {
-                        frames += 1;
-                        core.handle_frame(index, Input::Control(f), now)
-                    }
-                    Parsed::Data { stream, offset, payload } => {
-                        frames += 1;
-                        core.handle_frame(index, Input::Data { stream, offset, payload }, now)
-                    }
-                    Parsed::Header { stream, offset, len, prefix } => {
-                        frames += 1;
-                        // Left in the socket only when its reader will read it soon: it is at
-                        // hand, or reads this stream's payloads straight from channels (one is
-                        // waiting, or it read one a moment ago).
-                        let defer = defer_ok
-                            && (core
-                                .stream(stream)
-                                .is_some_and(|s| s.user.reader_at_hand() || s.rx.has_deferred())
-                                || core.read_directly_within(stream, now, ACTIVE_READER));
-                        match core.data_header(index, stream, offset, len, prefix, defer, now) {
-                            Ok(v) => {
-                                st.reader.verdict(match v {
-                                    HeaderVerdict::Defer => Verdict::Defer,
-                                    HeaderVerdict::Stage => Verdict::Stage,
-                                    HeaderVerdict::Discard => Verdict::Discard,
-                                });
-                                if v == HeaderVerdict::Defer {
-                                    self.ctx.workers[ch.worker].demand_tick();
-                                }
-                                Ok(())
-                            }
-                            Err(v) => Err(v),
-                        }
-                    }
-                    Parsed::Piece { stream, offset, data } => {
-                        core.data_piece(index, stream, offset, data);
-                        Ok(())
-                    }
-                    Parsed::StagedDeferred(data) => {
-                        core.stage_deferred(index, data);
-                        Ok(())
-                    }
-                    Parsed::Discarded { bytes, deferred: true } => {
-                        core.discard_deferred(index, bytes);
-                        Ok(())
-                    }
-                    Parsed::Discarded { bytes, deferred: false } => {
-                        core.discard(index, bytes);
-                        Ok(())
-                    }
+                frames += usize::from(item.is_frame());
+                // Left in the socket only when its reader will read it soon: it is at hand, or
+                // reads this stream's payloads straight from channels (one is waiting, or it
+                // read one a moment ago).
+                let reader_at_hand = |core: &Core, stream: u64| {
+                    defer_ok
+                        && (core
+                            .stream(stream)
+                            .is_some_and(|s| s.user.reader_at_hand() || s.rx.has_deferred())
+                            || core.read_directly_within(stream, now, ACTIVE_READER))
                 };
+                let r = core.receive(index, item, now, reader_at_hand);
+                if let Ok(Some(v)) = r {
+                    st.reader.verdict(v);
+                    if v == Verdict::Defer {
+                        self.ctx.workers[ch.worker].demand_tick();
+                    }
+                }
                 if let Err(v) = r {
                     result = Err(ChannelError::Protocol(v.to_string()));
                     break;
@@ -464,12 +422,7 @@ impl SessionRt {
         if !ch.rx_run.try_acquire() {
             return false;
         }
-        {
-            let mut core = self.lock();
-            if let Some(d) = core.take_over_deferred(index) {
-                ch.rx.lock().reader.take_over_deferred(d.remaining, true);
-            }
-        }
+        self.lock().take_over_reader(index, &mut ch.rx.lock().reader);
         self.rx_owned(&ch);
         true
     }

@@ -8,11 +8,11 @@
 //!
 //! - [`table`]: dense stream ids with 40-bit generations.
 //! - [`sendbuf`] / [`recvbuf`]: a stream's unsent bytes and its reorder buffer.
-//! - [`pool`]: reusable large buffers for bulk bytes.
+//! - [`framing`]: splitting a channel's byte stream into frames (the reader feeding `receive`).
 //! - [`stream`]: per-stream offsets, credit, FIN and RST rules.
 //! - [`session`]: the session state machine, channel retention and acknowledgements.
 
-pub mod pool;
+pub mod framing;
 pub mod recvbuf;
 pub mod sendbuf;
 pub mod session;
@@ -22,8 +22,5 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
-pub use session::{
-    CoreConfig, CoreStats, HeaderVerdict, Input, OpenError, OutFrame, Recv, Session, EV_READ,
-    EV_WRITE,
-};
+pub use session::{CoreConfig, CoreStats, OpenError, OutFrame, Recv, Session, EV_READ, EV_WRITE};
 pub use stream::{Phase, ResetCause, SendError, Stream, Violation};

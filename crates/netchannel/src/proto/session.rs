@@ -1,8 +1,7 @@
 //! The session state machine: every stream between this engine and one peer engine, and the
 //! protocol state of every channel between them.
 //!
-//! Inputs: frames by channel ([`Session::handle_frame`], [`Session::data_header`] for a DATA
-//! frame whose payload is still in the socket), application calls (`open`, `send`, `recv`,
+//! Inputs: what each channel's frame reader parsed ([`Session::receive`]), application calls (`open`, `send`, `recv`,
 //! `shutdown_write`, `close`), channel arrival and loss, and time (`handle_timeout`). Outputs:
 //! the frames a channel sends next ([`Session::poll_transmit`]) and events
 //! ([`Session::poll_event`], [`Session::poll_incoming`]).
@@ -20,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::framing::{Buffers, FrameReader, Parsed, Verdict};
 use super::recvbuf::{TooManySegments, COMPACT_BELOW};
 use super::stream::*;
 use super::table::{Lookup, Table};
@@ -94,26 +94,6 @@ impl OutFrame {
         let n = frame.encode_header(&mut header);
         OutFrame { header, header_len: n as u8, payload: Bytes::new() }
     }
-}
-
-/// A whole frame from a channel.
-pub enum Input<'a> {
-    /// Anything but DATA.
-    Control(Frame<'a>),
-    /// A whole DATA frame; `payload` usually shares the buffer the channel was read into.
-    Data { stream: u64, offset: u64, payload: Bytes },
-}
-
-/// What to do with the payload of a DATA frame whose header was parsed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeaderVerdict {
-    /// Leave it in the socket: the stream's reader reads it straight into its own buffer.
-    /// The channel carries nothing else until it has been read (or staged).
-    Defer,
-    /// Read it into user space and hand it over with `data_piece`.
-    Stage,
-    /// Read and drop it (reporting with `discard`): its stream is gone.
-    Discard,
 }
 
 /// The outcome of `recv`.
@@ -348,9 +328,9 @@ impl<U: Default> Session<U> {
 
     /// Whether the application read a payload of `id` straight from a channel within
     /// `window` before `now` (it is reading this stream right now).
-    pub fn read_directly_within(&mut self, id: u64, now: Instant, window: Duration) -> bool {
-        self.observe(now);
-        let now_us = (self.ticks(now) / 1000) as u32;
+    pub fn read_directly_within(&self, id: u64, now: Instant, window: Duration) -> bool {
+        let Some(epoch) = self.epoch else { return false };
+        let now_us = ((now.saturating_duration_since(epoch).as_nanos() as u64 + 1) / 1000) as u32;
         self.streams.get(id).is_some_and(|s| {
             s.direct_read_us != 0
                 && (now_us.wrapping_sub(s.direct_read_us) as u128) < window.as_micros()
@@ -710,7 +690,7 @@ impl<U: Default> Session<U> {
 
     /// The engine reads the payload deferred in `channel` itself from now on (its reader did
     /// not come in time, or is gone): it arrives with `stage_deferred` or `discard_deferred`.
-    pub fn take_over_deferred(&mut self, channel: u16) -> Option<DeferredRx> {
+    fn take_over_deferred(&mut self, channel: u16) -> Option<DeferredRx> {
         let st = self.channels.get_mut(channel as usize)?.as_mut()?;
         let d = st.deferred.as_mut()?;
         d.taken = true;
@@ -727,7 +707,7 @@ impl<U: Default> Session<U> {
 
     /// The next `data.len()` bytes of the payload deferred in `channel` were read into user
     /// space by the engine (the reader did not come for them in time).
-    pub fn stage_deferred(&mut self, channel: u16, data: Bytes) {
+    fn stage_deferred(&mut self, channel: u16, data: Bytes) {
         let now = self.clock();
         let Some(st) = self.channels.get_mut(channel as usize).and_then(Option::as_mut) else {
             return;
@@ -753,7 +733,7 @@ impl<U: Default> Session<U> {
     }
 
     /// `n` bytes of the payload deferred in `channel` were read and dropped.
-    pub fn discard_deferred(&mut self, channel: u16, n: u64) {
+    fn discard_deferred(&mut self, channel: u16, n: u64) {
         let now = self.clock();
         let Some(st) = self.channels.get_mut(channel as usize).and_then(Option::as_mut) else {
             return;
@@ -897,20 +877,99 @@ impl<U: Default> Session<U> {
         v
     }
 
-    /// A whole frame arrived on channel `ch`. An `Err` is a protocol violation: the caller
-    /// closes the channel (and counts it).
-    pub fn handle_frame(
+    /// The one entry point for what a channel read: each item its frame reader parsed, in
+    /// order. An `Err` is a protocol violation: the caller closes the channel (and counts it).
+    /// For a `Header` (a large payload whose rest is still in the socket) `may_defer` says
+    /// whether the stream's reader is at hand to read the rest straight into its own buffer;
+    /// the verdict returned must be handed to the reader (`FrameReader::verdict`).
+    pub fn receive(
         &mut self,
         ch: u16,
-        input: Input<'_>,
+        item: Parsed,
+        now: Instant,
+        may_defer: impl FnOnce(&Self, u64) -> bool,
+    ) -> Result<Option<Verdict>, Violation> {
+        match item {
+            Parsed::Control(f) => self.on_frame(ch, f, None, now).map(|()| None),
+            Parsed::Data { stream, offset, payload } => {
+                let f = Frame::Data { stream, offset, payload: &[] };
+                self.on_frame(ch, f, Some(payload), now).map(|()| None)
+            }
+            Parsed::Header { stream, offset, len, prefix } => {
+                let defer = may_defer(self, stream);
+                self.data_header(ch, stream, offset, len, prefix, defer, now).map(Some)
+            }
+            Parsed::Piece { stream, offset, data } => {
+                self.data_piece(ch, stream, offset, data);
+                Ok(None)
+            }
+            Parsed::StagedDeferred(data) => {
+                self.stage_deferred(ch, data);
+                Ok(None)
+            }
+            Parsed::Discarded { bytes, deferred: true } => {
+                self.discard_deferred(ch, bytes);
+                Ok(None)
+            }
+            Parsed::Discarded { bytes, deferred: false } => {
+                self.discard(ch, bytes);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether channel `ch`'s reader may read now. While a payload is deferred in the socket
+    /// for its stream's reader, the channel waits (false) for at most `grace`; then, or when
+    /// the stream no longer wants it, the reader takes the rest over itself (staged, or
+    /// dropped) and goes on.
+    pub fn reader_may_read<B: Buffers>(
+        &mut self,
+        ch: u16,
+        reader: &mut FrameReader<B>,
+        now: Instant,
+        grace: Duration,
+    ) -> bool {
+        if !reader.is_deferred() {
+            return true;
+        }
+        let Some(d) = self.deferred(ch) else {
+            reader.resume();
+            return true;
+        };
+        let wanted = self.deferred_wanted(ch);
+        if wanted && !d.taken && now.saturating_duration_since(d.since) < grace {
+            // Its reader reads it; bytes may have arrived for it.
+            self.channel_readable(ch);
+            return false;
+        }
+        if let Some(d) = self.take_over_deferred(ch) {
+            reader.take_over_deferred(d.remaining, wanted);
+        }
+        true
+    }
+
+    /// The engine reads the payload deferred in `ch` itself from now on, into user space (for
+    /// `MSG_PEEK`, which cannot read from the socket without consuming it).
+    pub fn take_over_reader<B: Buffers>(&mut self, ch: u16, reader: &mut FrameReader<B>) {
+        if let Some(d) = self.take_over_deferred(ch) {
+            reader.take_over_deferred(d.remaining, true);
+        }
+    }
+
+    /// A whole frame (DATA with its `payload`).
+    fn on_frame(
+        &mut self,
+        ch: u16,
+        frame: Frame<'_>,
+        payload: Option<Bytes>,
         now: Instant,
     ) -> Result<(), Violation> {
-        let wire_len = match &input {
-            Input::Control(f) => f.wire_len(),
-            Input::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
+        let wire_len = match &payload {
+            Some(p) => DATA_HEADER_LEN + p.len(),
+            None => frame.wire_len(),
         } as u64;
         self.observe(now);
-        let is_ack = matches!(input, Input::Control(Frame::Ack { .. }));
+        let is_ack = matches!(frame, Frame::Ack { .. });
         match self.channel_mut(ch) {
             // An ACK is not retained by its sender: it needs no acknowledgement of its own (an
             // ACK for an ACK would ping-pong forever).
@@ -921,14 +980,10 @@ impl<U: Default> Session<U> {
             Some(st) => st.received(wire_len, now),
             None => return Ok(()),
         }
-        let frame = match input {
-            Input::Data { stream, offset, payload } => {
-                return self.on_data(stream, offset, payload);
-            }
-            Input::Control(f) => f,
-        };
         match frame {
-            Frame::Data { .. } => unreachable!("DATA arrives as Input::Data"),
+            Frame::Data { stream, offset, .. } => {
+                self.on_data(stream, offset, payload.expect("DATA comes with its payload"))
+            }
             Frame::Syn { src, port, class, window } => {
                 self.on_syn(src, port, class, window);
                 Ok(())
@@ -1056,7 +1111,7 @@ impl<U: Default> Session<U> {
     /// The header of a DATA frame arrived on `ch` with only `prefix` of its `len`-byte payload.
     /// Validates the whole frame, keeps the prefix, and says where the rest should go.
     #[allow(clippy::too_many_arguments)]
-    pub fn data_header(
+    fn data_header(
         &mut self,
         ch: u16,
         stream: u64,
@@ -1065,7 +1120,7 @@ impl<U: Default> Session<U> {
         prefix: Bytes,
         may_defer: bool,
         now: Instant,
-    ) -> Result<HeaderVerdict, Violation> {
+    ) -> Result<Verdict, Violation> {
         let got = DATA_HEADER_LEN as u64 + prefix.len() as u64;
         self.observe(now);
         let can_defer = match self.channel_mut(ch) {
@@ -1073,9 +1128,9 @@ impl<U: Default> Session<U> {
                 st.received(got, now);
                 st.deferred.is_none()
             }
-            None => return Ok(HeaderVerdict::Discard),
+            None => return Ok(Verdict::Discard),
         };
-        let Some(id) = self.resolve(stream)? else { return Ok(HeaderVerdict::Discard) };
+        let Some(id) = self.resolve(stream)? else { return Ok(Verdict::Discard) };
         let max_ooo = self.cfg.max_out_of_order;
         let s = self.streams.get_mut(id).expect("live");
         s.frames_received += 1;
@@ -1086,11 +1141,11 @@ impl<U: Default> Session<U> {
             return Err(self.violated(id, v));
         }
         if s.reset.is_some() {
-            return Ok(HeaderVerdict::Discard);
+            return Ok(Verdict::Discard);
         }
         if s.app_closed {
             self.reset_stream(id, ResetCause::LocalAbort, true);
-            return Ok(HeaderVerdict::Discard);
+            return Ok(Verdict::Discard);
         }
         let n = prefix.len() as u64;
         if n > 0 {
@@ -1103,7 +1158,7 @@ impl<U: Default> Session<U> {
         let s = self.streams.get_mut(id).expect("live");
         let (rest_off, rest_len) = (offset + n, len - n);
         if !(may_defer && can_defer && s.rx.is_new(rest_off, rest_len)) {
-            return Ok(HeaderVerdict::Stage);
+            return Ok(Verdict::Stage);
         }
         let before = s.rx.held_bytes();
         if s.rx.insert_deferred(rest_off, ch, rest_len, max_ooo).is_err() {
@@ -1123,11 +1178,11 @@ impl<U: Default> Session<U> {
         if front {
             self.emit(id, EV_READ);
         }
-        Ok(HeaderVerdict::Defer)
+        Ok(Verdict::Defer)
     }
 
-    /// A piece of a staged payload (after `HeaderVerdict::Stage`).
-    pub fn data_piece(&mut self, ch: u16, stream: u64, offset: u64, data: Bytes) {
+    /// A piece of a staged payload (after `Verdict::Stage`).
+    fn data_piece(&mut self, ch: u16, stream: u64, offset: u64, data: Bytes) {
         let now = self.clock();
         match self.channel_mut(ch) {
             Some(st) => st.received(data.len() as u64, now),
@@ -1148,7 +1203,7 @@ impl<U: Default> Session<U> {
     }
 
     /// `n` bytes of a discarded payload were read and dropped.
-    pub fn discard(&mut self, ch: u16, n: u64) {
+    fn discard(&mut self, ch: u16, n: u64) {
         let now = self.clock();
         if let Some(st) = self.channel_mut(ch) {
             st.received(n, now);

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
+use super::framing::{FrameReader, Heap, Parsed};
 use super::*;
-use crate::driver::framing::{FrameReader, Parsed, Verdict};
 use crate::scheduler::Policy;
 use crate::wire::{Class, RstReason};
 
@@ -101,8 +101,8 @@ impl Pair {
             index,
             alive: true,
             dirs: [
-                Dir { pipe: VecDeque::new(), reader: FrameReader::new(LARGE) },
-                Dir { pipe: VecDeque::new(), reader: FrameReader::new(LARGE) },
+                Dir { pipe: VecDeque::new(), reader: FrameReader::new(LARGE, Heap(256 * 1024)) },
+                Dir { pipe: VecDeque::new(), reader: FrameReader::new(LARGE, Heap(256 * 1024)) },
             ],
         });
     }
@@ -144,18 +144,8 @@ impl Pair {
         let ch = l.index;
         let dir = &mut l.dirs[1 - side];
         let session = &mut self.sides[side];
-        if dir.reader.is_deferred() {
-            if session.deferred(ch).is_none() {
-                dir.reader.resume();
-            } else if !session.deferred_wanted(ch)
-                || self.now.duration_since(session.deferred(ch).unwrap().since) >= self.grace
-            {
-                let keep = session.deferred_wanted(ch);
-                let d = session.take_over_deferred(ch).unwrap();
-                dir.reader.take_over_deferred(d.remaining, keep);
-            } else if !dir.pipe.is_empty() {
-                session.channel_readable(ch);
-            }
+        if !session.reader_may_read(ch, &mut dir.reader, self.now, self.grace) {
+            return;
         }
         let want = dir.reader.want();
         if want == 0 || dir.pipe.is_empty() {
@@ -181,43 +171,11 @@ impl Pair {
                 break;
             }
             for item in parsed.drain(..) {
-                let r = match item {
-                    Parsed::Control(f) => session.handle_frame(ch, Input::Control(f), self.now),
-                    Parsed::Data { stream, offset, payload } => {
-                        session.handle_frame(ch, Input::Data { stream, offset, payload }, self.now)
-                    }
-                    Parsed::Header { stream, offset, len, prefix } => {
-                        let defer = self.rng.chance(self.defer_percent);
-                        match session.data_header(ch, stream, offset, len, prefix, defer, self.now)
-                        {
-                            Ok(v) => {
-                                dir.reader.verdict(match v {
-                                    HeaderVerdict::Defer => Verdict::Defer,
-                                    HeaderVerdict::Stage => Verdict::Stage,
-                                    HeaderVerdict::Discard => Verdict::Discard,
-                                });
-                                Ok(())
-                            }
-                            Err(v) => Err(v),
-                        }
-                    }
-                    Parsed::Piece { stream, offset, data } => {
-                        session.data_piece(ch, stream, offset, data);
-                        Ok(())
-                    }
-                    Parsed::StagedDeferred(data) => {
-                        session.stage_deferred(ch, data);
-                        Ok(())
-                    }
-                    Parsed::Discarded { bytes, deferred: true } => {
-                        session.discard_deferred(ch, bytes);
-                        Ok(())
-                    }
-                    Parsed::Discarded { bytes, deferred: false } => {
-                        session.discard(ch, bytes);
-                        Ok(())
-                    }
-                };
+                let defer = self.rng.chance(self.defer_percent);
+                let r = session.receive(ch, item, self.now, |_, _| defer);
+                if let Ok(Some(v)) = r {
+                    dir.reader.verdict(v);
+                }
                 if let Err(v) = r {
                     assert!(self.hostile, "no protocol violation between honest peers: {v}");
                     if side == 0 {
@@ -732,8 +690,8 @@ fn feed_tiny_frames(p: &mut Pair, id: u64, offsets: impl Iterator<Item = u64>) {
     let read_buffer = Bytes::from(vec![1u8; 256 * 1024]);
     for (i, off) in offsets.enumerate() {
         let payload = read_buffer.slice(i % 1024..i % 1024 + 1);
-        let r = p.sides[1].handle_frame(0, Input::Data { stream: id, offset: off, payload }, p.now);
-        r.expect("valid frame");
+        let item = Parsed::Data { stream: id, offset: off, payload };
+        p.sides[1].receive(0, item, p.now, |_, _| false).expect("valid frame");
     }
 }
 

@@ -10,13 +10,31 @@
 //! large payload the reader asks for just one header's worth of bytes, so the next large payload
 //! is not half-read into the staging buffer.
 
-use std::sync::Arc;
-
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::proto::pool::{BufPool, PoolBuf};
 use crate::wire::frame::{self, DATA_HEADER_LEN, MAX_HEADER_LEN};
 use crate::wire::{Decoded, Frame, WireError};
+
+/// Where the reader gets memory of its own for a payload it stages (reads whole into user
+/// space): a pool of reused buffers at run time, plain allocations in tests. The reader never
+/// owns a pool or a lock; it only asks for a buffer.
+pub trait Buffers {
+    /// A buffer with room for at least one piece; `Bytes::from_owner` shares it once full.
+    type Buf: AsMut<Vec<u8>> + AsRef<[u8]> + Send + 'static;
+    /// An empty buffer.
+    fn get(&self) -> Self::Buf;
+}
+
+/// Plain heap buffers of a fixed capacity (tests, and readers without a pool).
+#[derive(Debug, Clone, Copy)]
+pub struct Heap(pub usize);
+
+impl Buffers for Heap {
+    type Buf = Vec<u8>;
+    fn get(&self) -> Vec<u8> {
+        Vec::with_capacity(self.0)
+    }
+}
 
 /// Bytes asked of one read when frames are small.
 pub const READ_SIZE: usize = 256 * 1024;
@@ -41,11 +59,22 @@ pub enum Parsed {
     Discarded { bytes: u64, deferred: bool },
 }
 
-/// What the session decided for a large payload (see `proto::HeaderVerdict`).
+impl Parsed {
+    /// A frame began here (counted as a received frame); the rest are pieces of payloads.
+    pub fn is_frame(&self) -> bool {
+        matches!(self, Parsed::Control(_) | Parsed::Data { .. } | Parsed::Header { .. })
+    }
+}
+
+/// What the session decided for the rest of a large payload whose header was parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// Leave it in the socket: the stream's reader reads it straight into its own buffer.
+    /// The channel carries nothing else until it has been read (or taken over).
     Defer,
+    /// Read it into user space (it arrives as `Parsed::Piece`).
     Stage,
+    /// Read and drop it (reported as `Parsed::Discarded`): its stream is gone.
     Discard,
 }
 
@@ -72,18 +101,19 @@ struct Payload {
 pub enum Target<'a> {
     /// The staging buffer, where frames are parsed in place.
     Staging(&'a mut BytesMut),
-    /// A pooled buffer of its own, for a payload being staged.
+    /// A buffer of its own, for a payload being staged.
     Payload(&'a mut Vec<u8>),
 }
 
-pub struct FrameReader {
+/// Splits one channel's byte stream into [`Parsed`] items (see the module doc).
+pub struct FrameReader<B: Buffers = Heap> {
     buf: BytesMut,
     /// A payload being read in pieces.
     payload: Option<Payload>,
-    /// Where a staged payload's bytes are read (pooled memory, not the staging buffer, so the
-    /// staging buffer is not re-allocated per payload).
-    pool: Option<Arc<BufPool>>,
-    piece: Option<PoolBuf>,
+    /// Where a staged payload's bytes are read (memory of its own, not the staging buffer, so
+    /// the staging buffer is not re-allocated per payload).
+    buffers: B,
+    piece: Option<B::Buf>,
     /// Header parsed, verdict pending: `(stream, offset of the rest, bytes left)`.
     pending: Option<(u64, u64, u64)>,
     /// A payload is left in the socket for its reader; nothing is read until `resume`.
@@ -97,24 +127,20 @@ pub struct FrameReader {
     large: usize,
 }
 
-impl FrameReader {
-    pub fn new(large: usize) -> Self {
+impl<B: Buffers> FrameReader<B> {
+    /// A reader that hands payloads of at least `large` bytes to the session as `Header`
+    /// (the session decides where the rest goes), staging them into `buffers`.
+    pub fn new(large: usize, buffers: B) -> Self {
         FrameReader {
             buf: BytesMut::new(),
             payload: None,
-            pool: None,
+            buffers,
             piece: None,
             pending: None,
             deferred: false,
             defer_score: 3,
             large: large.max(1),
         }
-    }
-
-    /// Stages payloads into buffers from `pool`.
-    pub fn with_pool(mut self, pool: Arc<BufPool>) -> Self {
-        self.pool = Some(pool);
-        self
     }
 
     /// Bytes the next read should ask for; 0 when the reader must not read (a payload is
@@ -163,12 +189,14 @@ impl FrameReader {
             _ => false,
         };
         if staging_payload && self.buf.is_empty() {
-            if let Some(pool) = &self.pool {
-                if self.piece.as_ref().is_none_or(|p| p.len() == p.capacity()) {
-                    self.piece = Some(pool.get());
-                }
-                return Target::Payload(self.piece.as_mut().expect("set above"));
+            let full = |p: &mut B::Buf| {
+                let v = p.as_mut();
+                v.len() == v.capacity()
+            };
+            if self.piece.as_mut().is_none_or(full) {
+                self.piece = Some(self.buffers.get());
             }
+            return Target::Payload(self.piece.as_mut().expect("set above").as_mut());
         }
         Target::Staging(self.buffer(want))
     }
@@ -198,7 +226,7 @@ impl FrameReader {
                     self.buf.split_to(n).freeze()
                 } else {
                     match self.piece.take() {
-                        Some(piece) if !piece.is_empty() => piece.freeze(),
+                        Some(piece) if !piece.as_ref().is_empty() => Bytes::from_owner(piece),
                         other => {
                             self.piece = other;
                             return Ok(());
@@ -321,7 +349,7 @@ mod tests {
         Frame::Fin { dst: 5, final_offset: 1005 }.encode(&mut wire);
         let header_end = 20 + 29 + DATA_HEADER_LEN;
 
-        let mut r = FrameReader::new(100);
+        let mut r = FrameReader::new(100, Heap(1000));
         feed(&mut r, &wire[..header_end + 10]);
         let mut out = Vec::new();
         r.parse(&mut out, 64).unwrap();
@@ -347,7 +375,7 @@ mod tests {
 
     #[test]
     fn deferred_payloads_stop_the_reader_until_resumed() {
-        let mut r = FrameReader::new(100);
+        let mut r = FrameReader::new(100, Heap(1000));
         feed(&mut r, &frame::data_header(9, 0, 500));
         let mut out = Vec::new();
         r.parse(&mut out, 64).unwrap();
@@ -363,7 +391,7 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error() {
-        let mut r = FrameReader::new(100);
+        let mut r = FrameReader::new(100, Heap(1000));
         feed(&mut r, &[0xEE; 30]);
         assert_eq!(r.parse(&mut Vec::new(), 8), Err(WireError::UnknownType(0xEE)));
     }

@@ -65,6 +65,20 @@ impl DerefMut for PoolBuf {
     }
 }
 
+impl AsMut<Vec<u8>> for PoolBuf {
+    fn as_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+}
+
+/// Channel readers stage payloads into pooled buffers.
+impl crate::proto::framing::Buffers for Arc<BufPool> {
+    type Buf = PoolBuf;
+    fn get(&self) -> PoolBuf {
+        BufPool::get(self)
+    }
+}
+
 impl AsRef<[u8]> for PoolBuf {
     fn as_ref(&self) -> &[u8] {
         &self.buf
