@@ -364,7 +364,7 @@ static NO_ENGINE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None)
 static CONTACTED: Mutex<Option<HashMap<SocketAddr, ()>>> = Mutex::new(None);
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
 /// How long a connect waits for the peer's channel port to answer on first contact (the
-/// engine's default is 1 s per channel): the program's own `connect` waits that long, even a
+/// engine's default is 3 s per channel): the program's own `connect` waits that long, even a
 /// non-blocking one, before it falls back to kernel TCP.
 const DIAL_TIMEOUT: Duration = Duration::from_millis(250);
 

@@ -31,9 +31,9 @@ pub mod vns;
 pub mod wire;
 
 pub use engine::WorkerThread;
-pub use engine::{Config, Engine, EngineStats, Isolation, PeerChannelStats};
+pub use engine::{Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats};
 pub use scheduler::Policy;
 pub use sys::{enter_netns, ThreadPolicy};
 pub use vns::poller::Poller;
-pub use vns::socket::{flush_sends, Listener, SocketStats, VSocket};
+pub use vns::socket::{flush_sends, Listener, VSocket};
 pub use wire::Class;

@@ -274,17 +274,33 @@ fn nonblocking_with_epoll_readiness(hosts: Hosts) {
     p.clear_readiness();
     assert_eq!(p.recv(&mut buf).unwrap(), 4);
     assert_eq!(p.recv(&mut buf).unwrap_err().kind(), ErrorKind::WouldBlock);
-    // Non-blocking send until the peer's window is full: WouldBlock, never a hang.
+    // Non-blocking send until the peer's window is full: WouldBlock, never a hang. The full
+    // window granted at accept travels in a CREDIT that may arrive after the first WouldBlock
+    // (as a TCP window update would): send again whenever the socket turns writable, until it
+    // stays blocked.
     s.set_nonblocking(true);
+    let sfd = s.readiness_fd().unwrap();
+    // SAFETY: plain syscall; the fd is closed below.
+    let sep = unsafe { libc::epoll_create1(0) };
+    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLET) as u32, u64: 3 };
+    // SAFETY: registers a live fd with a live epoll instance.
+    assert_eq!(unsafe { libc::epoll_ctl(sep, libc::EPOLL_CTL_ADD, sfd, &mut ev) }, 0);
     let chunk = vec![0u8; 1 << 20];
     let mut total = 0usize;
     loop {
+        s.clear_readiness();
         match s.send(&chunk) {
             Ok(n) => total += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if epoll_wait_one(sep, 300) == 0 {
+                    break;
+                }
+            }
             Err(e) => panic!("{e}"),
         }
     }
+    // SAFETY: closes the epoll fd created above.
+    unsafe { libc::close(sep) };
     // The 4 bytes read above were consumed but are below the credit batching threshold.
     assert_eq!(total as u32, a.config().stream_window - 4, "send stops at the granted window");
     // SAFETY: closes the epoll fd created above.

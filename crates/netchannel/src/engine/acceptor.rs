@@ -64,7 +64,9 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
                         );
                         continue;
                     }
-                    let Ok(inc) = Incoming::new(sock, ctx.config.dial_timeout) else { continue };
+                    let Ok(inc) = Incoming::new(sock, ctx.config.handshake_timeout) else {
+                        continue;
+                    };
                     if epoll.add(inc.fd(), READABLE, next_token).is_ok() {
                         pending.insert(next_token, inc);
                         next_token += 1;

@@ -51,8 +51,12 @@ pub struct Config {
     /// Out-of-order segments held per virtual socket before the peer is deemed abusive.
     pub max_out_of_order_segments: usize,
     pub connect_timeout: Duration,
-    /// Timeout for one channel's TCP connect and handshake.
+    /// Timeout for dialing one channel: TCP connect and handshake. Above TCP's first SYN
+    /// retransmission (1 s), so that one lost SYN or ARP request does not fail a connect.
     pub dial_timeout: Duration,
+    /// How long the acceptor gives a dialer to complete a channel handshake once its TCP
+    /// connection is accepted (a silent dialer holds a handshake slot no longer).
+    pub handshake_timeout: Duration,
     pub accept_backlog: usize,
     /// Bytes a channel writes per run before another channel gets a turn.
     pub tx_batch_bytes: usize,
@@ -144,7 +148,8 @@ impl Default for Config {
             max_streams: 1 << 21,
             max_out_of_order_segments: 4096,
             connect_timeout: Duration::from_secs(5),
-            dial_timeout: Duration::from_secs(1),
+            dial_timeout: Duration::from_secs(3),
+            handshake_timeout: Duration::from_secs(1),
             accept_backlog: 4096,
             tx_batch_bytes: 512 * 1024,
             notsent_lowat: 1 << 20,

@@ -8,8 +8,11 @@
 
 pub(crate) mod acceptor;
 pub mod config;
+pub(crate) mod listener;
 pub(crate) mod priority;
+pub(crate) mod readiness;
 pub(crate) mod session;
+pub(crate) mod stats;
 pub(crate) mod waiter;
 pub(crate) mod worker;
 
@@ -23,64 +26,20 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 
 pub use config::{Config, Isolation};
+pub use stats::{EngineStats, PeerChannelStats, SocketStats};
 pub use worker::WorkerThread;
 
 use crate::driver::tcp::{self, Incoming, TcpOptions, TcpTransport};
 use crate::driver::{Channel, ChannelMeta, ChannelStats};
 use crate::proto::CoreConfig;
 use crate::sys::EventFd;
-use crate::vns::socket::{Listener, ListenerShared, SocketStats, VSocket};
-use crate::vns::Wakes;
 use crate::wire::{Class, Handshake, RejectReason};
+use listener::ListenerShared;
 use session::SessionRt;
 use worker::Worker;
 
 /// Closed channels remembered for `stats()`.
 const CLOSED_CHANNEL_HISTORY: usize = 256;
-
-/// Counters of the whole engine.
-#[derive(Debug, Clone, Default)]
-pub struct EngineStats {
-    pub engine_id: u64,
-    pub local_addr: Option<SocketAddr>,
-    /// Open channels, every peer.
-    pub channels: Vec<PeerChannelStats>,
-    /// The most recently closed channels, with why they closed.
-    pub closed_channels: Vec<PeerChannelStats>,
-    pub sockets: Vec<SocketStats>,
-    /// Virtual sockets holding state (open, or closed and still delivering).
-    pub open_sockets: usize,
-    /// Channels closed because the peer broke the protocol, handshakes included.
-    pub protocol_errors: u64,
-    pub handshake_failures: u64,
-    /// Frames for streams already closed here (normal after a reset; ignored).
-    pub stale_frames: u64,
-    /// Bytes sent again after a channel loss.
-    pub retransmitted_bytes: u64,
-    /// Sessions (peers) with at least one channel.
-    pub sessions: usize,
-    /// Refusals by reason ("handshakes in progress at the limit", ...).
-    pub refusals: Vec<(String, u64)>,
-    /// Lost channels this engine dialed again.
-    pub redialed_channels: u64,
-    /// Received bytes held for applications that have not read them, every peer.
-    pub held_bytes: u64,
-    /// The worker threads: which class each serves and how it is scheduled.
-    pub workers: Vec<WorkerThread>,
-    /// Application threads run their throughput-class work (channel writes and reads, waits)
-    /// at `throughput_policy` while isolating, and are put back after; false where the process
-    /// lacks the right to put them back (then only the workers are demoted).
-    pub app_threads_demoted: bool,
-    /// Throughput-class work runs demoted now (`Config::isolation`; with `Auto`, while a
-    /// latency-class socket is open).
-    pub isolating: bool,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct PeerChannelStats {
-    pub peer_addr: Option<SocketAddr>,
-    pub channel: ChannelStats,
-}
 
 #[derive(Default)]
 pub(crate) struct EngineCounters {
@@ -127,7 +86,7 @@ pub(crate) struct EngineCtx {
 /// A NetChannel engine embedded in this process. Dropping it shuts it down: every virtual socket
 /// still open fails with `ConnectionAborted`.
 pub struct Engine {
-    ctx: Arc<EngineCtx>,
+    pub(crate) ctx: Arc<EngineCtx>,
     acceptor: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<EventFd>,
 }
@@ -221,39 +180,6 @@ impl Engine {
         &self.ctx.config
     }
 
-    /// Listens for virtual sockets on a virtual `port` (its own namespace, not kernel ports).
-    pub fn listen(&self, port: u16) -> io::Result<Listener> {
-        Listener::bind(self.ctx.clone(), port)
-    }
-
-    /// Opens a virtual socket of `Config::default_class` to `port` on the engine at `peer`.
-    pub fn connect(&self, peer: SocketAddr, port: u16) -> io::Result<VSocket> {
-        self.connect_with_class(peer, port, self.ctx.config.default_class)
-    }
-
-    pub fn connect_with_class(
-        &self,
-        peer: SocketAddr,
-        port: u16,
-        class: Class,
-    ) -> io::Result<VSocket> {
-        let session = self.ctx.session_to(peer)?;
-        VSocket::connect(session, port, class, true)
-    }
-
-    /// Starts opening a virtual socket and returns at once (as a non-blocking TCP connect): the
-    /// socket becomes writable when the peer accepted, and `VSocket::take_error` reports a
-    /// refusal. Only the first socket to a peer waits, for the channels to be dialed.
-    pub fn connect_nonblocking(
-        &self,
-        peer: SocketAddr,
-        port: u16,
-        class: Class,
-    ) -> io::Result<VSocket> {
-        let session = self.ctx.session_to(peer)?;
-        VSocket::connect(session, port, class, false)
-    }
-
     pub fn stats(&self) -> EngineStats {
         self.ctx.stats()
     }
@@ -270,29 +196,17 @@ impl Engine {
         // As a process exit with SO_LINGER: what the applications sent is delivered, each
         // stream ends with FIN, and only what cannot go within `linger` is reset.
         for s in &sessions {
-            let mut wakes = Wakes::default();
-            {
-                let mut core = s.lock();
-                core.finish_all();
-                s.settle(&mut core, &mut wakes);
-            }
-            wakes.fire();
+            s.with_core(|core| core.finish_all());
             s.transmit_all();
         }
         let deadline = std::time::Instant::now() + self.ctx.config.linger;
         while std::time::Instant::now() < deadline
-            && !sessions.iter().all(|s| !s.is_alive() || s.lock().flushed())
+            && !sessions.iter().all(|s| !s.is_alive() || s.core().flushed())
         {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         for s in &sessions {
-            let mut wakes = Wakes::default();
-            {
-                let mut core = s.lock();
-                core.reset_all(crate::proto::ResetCause::EngineShutdown);
-                s.settle(&mut core, &mut wakes);
-            }
-            wakes.fire();
+            s.with_core(|core| core.reset_all(crate::proto::ResetCause::EngineShutdown));
             s.close_all("engine shut down");
         }
         for l in self.ctx.listeners.lock().values() {
@@ -321,6 +235,31 @@ impl Drop for Engine {
 }
 
 impl EngineCtx {
+    /// A listener for virtual `port`.
+    pub fn bind_listener(&self, port: u16) -> io::Result<Arc<ListenerShared>> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
+        }
+        let mut map = self.listeners.lock();
+        if map.contains_key(&port) {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("virtual port {port} already has a listener"),
+            ));
+        }
+        let shared = ListenerShared::new(self.config.accept_backlog);
+        map.insert(port, shared.clone());
+        Ok(shared)
+    }
+
+    /// Frees virtual `port` if `shared` still holds it.
+    pub fn unbind_listener(&self, port: u16, shared: &Arc<ListenerShared>) {
+        let mut map = self.listeners.lock();
+        if map.get(&port).is_some_and(|l| Arc::ptr_eq(l, shared)) {
+            map.remove(&port);
+        }
+    }
+
     /// Whether throughput-class work runs demoted now (`Config::isolation`).
     pub fn isolating(&self) -> bool {
         match self.config.isolation {
@@ -600,7 +539,7 @@ impl EngineCtx {
             }
             return;
         }
-        self.retired_stale.fetch_add(session.lock().stats().stale_frames, Ordering::Relaxed);
+        self.retired_stale.fetch_add(session.core().stats().stale_frames, Ordering::Relaxed);
         let mut s = self.sessions.lock();
         s.dialed.retain(|_, v| !Arc::ptr_eq(v, session));
         s.accepted.retain(|_, v| !Arc::ptr_eq(v, session));
@@ -631,7 +570,7 @@ impl EngineCtx {
                     .channels
                     .push(PeerChannelStats { peer_addr: Some(s.peer_addr), channel: c.stats() });
             }
-            let core = s.lock();
+            let core = s.core();
             let cs = core.stats();
             stats.stale_frames += cs.stale_frames;
             stats.retransmitted_bytes += cs.retransmitted_bytes;

@@ -5,7 +5,9 @@
 //! blocking: a thread that finds it busy leaves a note and the owner runs once more.
 //!
 //! Locking: the core lock is held for protocol decisions only, never across a system call or a
-//! payload copy; wake-ups are collected under it and delivered after.
+//! payload copy. The only way to the core is [`SessionRt::core`] (or `with_core`), whose guard
+//! settles the core's events when dropped, releases the lock, and only then wakes the threads
+//! and pollers concerned: no wake-up fires under the lock, by construction.
 
 use std::io;
 use std::net::SocketAddr;
@@ -15,13 +17,13 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
+use super::listener::Offer;
+use super::readiness::{StreamUser, Wakes};
 use super::EngineCtx;
 use crate::driver::{Channel, ChannelError};
 use crate::proto::framing::Verdict;
 use crate::proto::{OutFrame, Session};
 use crate::sys::{HANGUP, READABLE, WRITABLE};
-use crate::vns::socket::Offer;
-use crate::vns::{StreamUser, Wakes};
 use crate::wire::{Class, RstReason};
 
 /// Reads per rx run before the rest is handed to the worker (so one thread cannot be kept
@@ -37,9 +39,48 @@ const ACTIVE_READER: std::time::Duration = std::time::Duration::from_micros(200)
 
 pub(crate) type Core = Session<StreamUser>;
 
+/// The session core, locked. Dropping it delivers what the core decided meanwhile: the events
+/// are settled (listener decisions, wake-ups collected), the lock is released, and only then
+/// are the threads and pollers concerned woken.
+pub(crate) struct CoreGuard<'a> {
+    rt: &'a Arc<SessionRt>,
+    core: Option<MutexGuard<'a, Core>>,
+    wakes: Wakes,
+}
+
+impl CoreGuard<'_> {
+    /// Settles the core's events now (before a decision that depends on them, such as whether
+    /// an answer is due); the wake-ups still fire only after the lock is released.
+    pub fn settle(&mut self) {
+        let core = self.core.as_mut().expect("held until dropped");
+        self.rt.settle(core, &mut self.wakes);
+    }
+}
+
+impl std::ops::Deref for CoreGuard<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        self.core.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for CoreGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        self.core.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for CoreGuard<'_> {
+    fn drop(&mut self) {
+        self.settle();
+        drop(self.core.take());
+        self.wakes.fire();
+    }
+}
+
 pub(crate) struct SessionRt {
     pub ctx: Arc<EngineCtx>,
-    pub core: Mutex<Core>,
+    core: Mutex<Core>,
     /// Open channels.
     channels: RwLock<Vec<Arc<Channel>>>,
     pub peer_addr: SocketAddr,
@@ -84,8 +125,14 @@ impl SessionRt {
         })
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, Core> {
-        self.core.lock()
+    /// The core, locked (see [`CoreGuard`]).
+    pub fn core(self: &Arc<Self>) -> CoreGuard<'_> {
+        CoreGuard { rt: self, core: Some(self.core.lock()), wakes: Wakes::default() }
+    }
+
+    /// Runs `f` on the core; its events are settled and the wake-ups fired after the lock.
+    pub fn with_core<T>(self: &Arc<Self>, f: impl FnOnce(&mut Core) -> T) -> T {
+        f(&mut self.core())
     }
 
     pub fn channels(&self) -> Vec<Arc<Channel>> {
@@ -114,13 +161,11 @@ impl SessionRt {
     /// Adds an open channel: to the core, to the session, and to its worker's epoll set.
     pub fn add_channel(self: &Arc<Self>, ch: Arc<Channel>) -> bool {
         {
-            let mut core = self.lock();
+            let mut core = self.core();
             if core.has_channel(ch.meta.index) {
                 return false;
             }
             core.add_channel(ch.meta.index, ch.meta.class);
-            let mut wakes = Wakes::default();
-            self.settle(&mut core, &mut wakes);
             self.channels.write().push(ch.clone());
         }
         self.ctx.workers[ch.worker].add(ch, self.clone());
@@ -129,12 +174,14 @@ impl SessionRt {
 
     /// Brings the engine's count of unread bytes up to date with this session's (the caller
     /// holds the core lock), and pauses or resumes reading the peer at the memory bounds.
-    pub fn account_held(self: &Arc<Self>, core: &Core) {
+    fn account_held(self: &Arc<Self>, core: &Core) {
         let held = core.rx_held();
-        let last = self.held_seen.swap(held, Ordering::Relaxed);
+        // Written only under the core lock: a load and a store, not a read-modify-write.
+        let last = self.held_seen.load(Ordering::Relaxed);
         if held == last && !self.rx_paused.load(Ordering::Relaxed) {
             return;
         }
+        self.held_seen.store(held, Ordering::Relaxed);
         let total = &self.ctx.rx_held;
         let total = if held >= last {
             total.fetch_add(held - last, Ordering::AcqRel) + (held - last)
@@ -203,9 +250,10 @@ impl SessionRt {
         false
     }
 
-    /// Delivers the core's events: wake-ups of waiting threads and pollers, and the listener's
-    /// decision for streams the peer opened.
-    pub fn settle(self: &Arc<Self>, core: &mut Core, wakes: &mut Wakes) {
+    /// Delivers the core's events: wake-ups of waiting threads and pollers (collected in
+    /// `wakes`, fired by the guard after it unlocks), and the listener's decision for streams
+    /// the peer opened.
+    fn settle(self: &Arc<Self>, core: &mut Core, wakes: &mut Wakes) {
         self.account_held(core);
         while let Some((id, port)) = core.poll_incoming() {
             let listener = self.ctx.listeners.lock().get(&port).cloned();
@@ -254,10 +302,7 @@ impl SessionRt {
             return;
         }
         loop {
-            let mut wakes = Wakes::default();
-            let r = self.rx_run(ch, &mut wakes);
-            wakes.fire();
-            match r {
+            match self.rx_run(ch) {
                 Ok(drained) => {
                     if !drained {
                         // Budget spent with bytes left: the worker goes on.
@@ -278,20 +323,16 @@ impl SessionRt {
 
     /// Reads and dispatches until the socket is drained (true), the channel waits on a
     /// deferred payload (true: its reader goes on), or the budget is spent (false).
-    fn rx_run(
-        self: &Arc<Self>,
-        ch: &Arc<Channel>,
-        wakes: &mut Wakes,
-    ) -> Result<bool, ChannelError> {
+    fn rx_run(self: &Arc<Self>, ch: &Arc<Channel>) -> Result<bool, ChannelError> {
         let mut st = ch.rx.lock();
         let grace = self.ctx.config.defer_grace;
         for _ in 0..RX_READS_PER_RUN {
             if st.reader.is_deferred() {
-                let mut core = self.lock();
+                let mut core = self.core();
                 if !core.reader_may_read(ch.meta.index, &mut st.reader, Instant::now(), grace) {
                     // Its reader reads the payload (woken now: bytes may have arrived for it);
                     // the tick takes it over if the reader does not come within the grace.
-                    self.settle(&mut core, wakes);
+                    drop(core);
                     self.ctx.workers[ch.worker].demand_tick();
                     return Ok(true);
                 }
@@ -314,7 +355,7 @@ impl SessionRt {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(ChannelError::Io(e)),
             };
-            self.dispatch(ch, &mut st, wakes)?;
+            self.dispatch(ch, &mut st)?;
             if n < asked && !ch.hung_up.load(Ordering::Acquire) {
                 return Ok(true); // a short read: the socket is drained
             }
@@ -327,7 +368,6 @@ impl SessionRt {
         self: &Arc<Self>,
         ch: &Arc<Channel>,
         st: &mut crate::driver::RxState,
-        wakes: &mut Wakes,
     ) -> Result<(), ChannelError> {
         let index = ch.meta.index;
         loop {
@@ -342,7 +382,7 @@ impl SessionRt {
             let now = Instant::now();
             let defer_ok = self.ctx.config.defer_min > 0;
             let mut frames = 0;
-            let mut core = self.lock();
+            let mut core = self.core();
             let mut result = Ok(());
             for item in parsed.drain(..) {
                 frames += usize::from(item.is_frame());
@@ -368,7 +408,8 @@ impl SessionRt {
                     break;
                 }
             }
-            self.settle(&mut core, wakes);
+            // Settled now: the listener's answers to new streams are part of what is due.
+            core.settle();
             let control_due = core.has_transmit(index) || core.ack_due(None);
             if core.owes_ack() {
                 // Carried by the next frames out; if none go, the worker's tick sends it.
@@ -395,10 +436,7 @@ impl SessionRt {
     pub fn rx_owned(self: &Arc<Self>, ch: &Arc<Channel>) {
         loop {
             if ch.is_open() {
-                let mut wakes = Wakes::default();
-                let r = self.rx_run(ch, &mut wakes);
-                wakes.fire();
-                match r {
+                match self.rx_run(ch) {
                     Ok(true) => {}
                     Ok(false) => self.ctx.workers[ch.worker].service(ch.uid),
                     Err(e) => self.channel_failed(ch, e),
@@ -413,16 +451,13 @@ impl SessionRt {
     /// Makes the engine read the deferred payload at the front of stream `id` into user space
     /// (for `MSG_PEEK`, which cannot read from the socket without consuming). True if it did.
     pub fn stage_front(self: &Arc<Self>, id: u64) -> bool {
-        let front = {
-            let core = self.lock();
-            core.stream(id).and_then(|s| s.rx.front_deferred())
-        };
+        let front = self.core().stream(id).and_then(|s| s.rx.front_deferred());
         let Some((index, _)) = front else { return false };
         let Some(ch) = self.channel(index) else { return false };
         if !ch.rx_run.try_acquire() {
             return false;
         }
-        self.lock().take_over_reader(index, &mut ch.rx.lock().reader);
+        self.core().take_over_reader(index, &mut ch.rx.lock().reader);
         self.rx_owned(&ch);
         true
     }
@@ -462,10 +497,7 @@ impl SessionRt {
         }
         let mut more;
         loop {
-            let mut wakes = Wakes::default();
-            let r = self.tx_run(ch, force_ack, &mut wakes);
-            wakes.fire();
-            match r {
+            match self.tx_run(ch, force_ack) {
                 Ok(m) => more = m,
                 Err(e) => {
                     self.channel_failed(ch, ChannelError::Io(e));
@@ -484,12 +516,7 @@ impl SessionRt {
     /// batch budget is spent. Frames already pulled are always written before the run ends
     /// unless the socket is full (then EPOLLOUT resumes them): pulled frames never wait for a
     /// trigger that might not come. Returns whether the core still has bytes for the channel.
-    fn tx_run(
-        self: &Arc<Self>,
-        ch: &Arc<Channel>,
-        force_ack: bool,
-        wakes: &mut Wakes,
-    ) -> io::Result<bool> {
+    fn tx_run(self: &Arc<Self>, ch: &Arc<Channel>, force_ack: bool) -> io::Result<bool> {
         let mut st = ch.tx.lock();
         let budget = self.ctx.config.tx_batch_bytes;
         let mut written = 0;
@@ -497,9 +524,9 @@ impl SessionRt {
         loop {
             if st.frames.is_empty() {
                 if written >= budget {
-                    return Ok(self.lock().has_transmit(ch.meta.index));
+                    return Ok(self.core().has_transmit(ch.meta.index));
                 }
-                let mut core = self.lock();
+                let mut core = self.core();
                 let n = core.poll_transmit(
                     ch.meta.index,
                     budget - written,
@@ -507,7 +534,6 @@ impl SessionRt {
                     force_ack,
                     &mut pulled,
                 );
-                self.settle(&mut core, wakes);
                 drop(core);
                 if n == 0 {
                     return Ok(false);
@@ -548,7 +574,7 @@ impl SessionRt {
             if self.tx_once(ch, false) {
                 left = Some(ch);
             }
-            let core = self.lock();
+            let core = self.core();
             if !channels.iter().any(|c| core.has_transmit(c.meta.index)) {
                 return;
             }
@@ -571,7 +597,7 @@ impl SessionRt {
     pub fn transmit_all(self: &Arc<Self>) {
         for class in [Class::Latency, Class::Throughput] {
             let pending = {
-                let core = self.lock();
+                let core = self.core();
                 self.serving_channels(class).iter().any(|c| core.has_transmit(c.meta.index))
             };
             if pending {
@@ -582,17 +608,15 @@ impl SessionRt {
 
     /// Runs the core's timers (connect and linger deadlines).
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
-        let mut wakes = Wakes::default();
-        let mut core = self.lock();
-        if core.poll_timeout().is_some_and(|t| t <= now) {
-            core.handle_timeout(now);
-            self.settle(&mut core, &mut wakes);
-            let pending = core.control_backlog() > 0;
-            drop(core);
-            wakes.fire();
-            if pending {
-                self.transmit_all();
+        let pending = self.with_core(|core| {
+            if !core.poll_timeout().is_some_and(|t| t <= now) {
+                return false;
             }
+            core.handle_timeout(now);
+            core.control_backlog() > 0
+        });
+        if pending {
+            self.transmit_all();
         }
     }
 
@@ -606,13 +630,7 @@ impl SessionRt {
         }
         self.channels.write().retain(|c| !Arc::ptr_eq(c, ch));
         self.ctx.workers[ch.worker].remove(ch.uid);
-        let mut wakes = Wakes::default();
-        {
-            let mut core = self.lock();
-            core.channel_lost(ch.meta.index);
-            self.settle(&mut core, &mut wakes);
-        }
-        wakes.fire();
+        self.with_core(|core| core.channel_lost(ch.meta.index));
         self.ctx.channel_closed(self, ch);
         // What was queued again leaves on the channels that remain.
         self.transmit_all();

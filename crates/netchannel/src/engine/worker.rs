@@ -229,7 +229,7 @@ impl Worker {
                 timeout = Some(next_tick.saturating_duration_since(Instant::now()));
             }
             for (_, s) in channels.values() {
-                if let Some(t) = s.lock().poll_timeout() {
+                if let Some(t) = s.core().poll_timeout() {
                     let d = t.saturating_duration_since(Instant::now());
                     timeout = Some(timeout.map_or(d, |x: Duration| x.min(d)));
                 }
@@ -310,7 +310,7 @@ impl Worker {
 fn tick(channels: &HashMap<u64, (Arc<Channel>, Arc<SessionRt>)>, now: Instant) {
     for (ch, s) in channels.values() {
         let (deferred, transmit, ack) = {
-            let core = s.lock();
+            let core = s.core();
             let deferred = core
                 .deferred(ch.meta.index)
                 .is_some_and(|d| now.duration_since(d.since) >= s.ctx.config.defer_grace);

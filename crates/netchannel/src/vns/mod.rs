@@ -5,92 +5,53 @@
 //! - [`socket`]: the application API (`VSocket`, `Listener`).
 //! - [`poller`]: readiness of many sockets through one waiter (tokens, edge-triggered).
 //!
-//! This module also holds what the runtime keeps with each stream in the core: who waits on it.
+//! VNS sits on top of the engine: it calls the engine's runtime (sessions, waiters, listeners),
+//! never the other way round.
 
 pub mod poller;
 pub mod socket;
 
-use std::sync::Arc;
+use std::io;
+use std::net::SocketAddr;
 
-use crate::engine::waiter::Waiter;
-use crate::proto::{EV_READ, EV_WRITE};
-use poller::PollEntry;
+use crate::engine::Engine;
+use crate::wire::Class;
+use socket::{Listener, VSocket};
 
-/// What the runtime keeps with each stream in the session core: the threads blocked on it and
-/// its poller registration. An idle stream with neither costs 32 bytes here.
-#[derive(Default)]
-pub(crate) struct StreamUser {
-    /// Threads blocked on the stream, with the `EV_*` bits they wait for.
-    waiters: Vec<(Arc<Waiter>, u8)>,
-    pub poll: Option<Arc<PollEntry>>,
-}
-
-impl StreamUser {
-    pub fn add_waiter(&mut self, w: &Arc<Waiter>, interest: u8) {
-        match self.waiters.iter_mut().find(|(x, _)| Arc::ptr_eq(x, w)) {
-            Some((_, i)) => *i |= interest,
-            None => self.waiters.push((w.clone(), interest)),
-        }
+/// The application's entry points into an engine. They live here, beside the types they
+/// return, so that the engine never depends on VNS.
+impl Engine {
+    /// Listens for virtual sockets on a virtual `port` (its own namespace, not kernel ports).
+    pub fn listen(&self, port: u16) -> io::Result<Listener> {
+        Listener::bind(self.ctx.clone(), port)
     }
 
-    pub fn remove_waiter(&mut self, w: &Arc<Waiter>) {
-        self.waiters.retain(|(x, _)| !Arc::ptr_eq(x, w));
-        if self.waiters.is_empty() {
-            self.waiters = Vec::new(); // give the memory back: idle streams stay small
-        }
+    /// Opens a virtual socket of `Config::default_class` to `port` on the engine at `peer`.
+    pub fn connect(&self, peer: SocketAddr, port: u16) -> io::Result<VSocket> {
+        self.connect_with_class(peer, port, self.ctx.config.default_class)
     }
 
-    /// Whether a large payload for this stream should stay in the socket for its reader to read
-    /// straight into its buffer: only when the reader is at hand (the current thread is it, in
-    /// `recv` or in `wait` on the stream's poller) or is blocked in `recv` on this stream. A
-    /// deferred payload holds up its channel until read: left for an event loop elsewhere, even
-    /// one that sleeps and would come within a wake-up, it stalls every other stream of the
-    /// channel meanwhile (measured: all-to-all over 64 streams lost a fifth of its goodput).
-    pub fn reader_at_hand(&self) -> bool {
-        self.waiters.iter().any(|(_, interest)| interest & EV_READ != 0)
-            || self.poll.as_ref().is_some_and(|p| p.polled_by_current_thread())
+    /// Opens a virtual socket of `class` to `port` on the engine at `peer`.
+    pub fn connect_with_class(
+        &self,
+        peer: SocketAddr,
+        port: u16,
+        class: Class,
+    ) -> io::Result<VSocket> {
+        let session = self.ctx.session_to(peer)?;
+        VSocket::connect(session, port, class, true)
     }
 
-    /// Collects who must be told about `bits`.
-    pub fn wakes(&self, bits: u8, wakes: &mut Wakes) {
-        for (w, interest) in &self.waiters {
-            if interest & bits != 0 {
-                wakes.threads.push(w.clone());
-            }
-        }
-        if bits & (EV_READ | EV_WRITE) != 0 {
-            if let Some(p) = &self.poll {
-                wakes.polls.push(p.clone());
-            }
-        }
-    }
-}
-
-/// Wake-ups collected under the session lock and delivered after it is released (a wake-up is
-/// a system call; none is made while holding the lock).
-#[derive(Default)]
-pub(crate) struct Wakes {
-    pub threads: Vec<Arc<Waiter>>,
-    pub polls: Vec<Arc<PollEntry>>,
-    pub listeners: Vec<Arc<socket::ListenerShared>>,
-}
-
-impl Wakes {
-    pub fn fire(&mut self) {
-        for w in self.threads.drain(..) {
-            w.notify();
-        }
-        for p in self.polls.drain(..) {
-            p.notify();
-        }
-        for l in self.listeners.drain(..) {
-            l.notify();
-        }
-    }
-}
-
-impl Drop for Wakes {
-    fn drop(&mut self) {
-        self.fire();
+    /// Starts opening a virtual socket and returns at once (as a non-blocking TCP connect): the
+    /// socket becomes writable when the peer accepted, and `VSocket::take_error` reports a
+    /// refusal. Only the first socket to a peer waits, for the channels to be dialed.
+    pub fn connect_nonblocking(
+        &self,
+        peer: SocketAddr,
+        port: u16,
+        class: Class,
+    ) -> io::Result<VSocket> {
+        let session = self.ctx.session_to(peer)?;
+        VSocket::connect(session, port, class, false)
     }
 }

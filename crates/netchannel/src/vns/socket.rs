@@ -12,7 +12,6 @@
 //! the channel was read into; large payloads are read by the kernel straight into the caller's
 //! buffer (direct placement: no user-space copy).
 
-use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -21,15 +20,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 
-use super::poller::{PollEntry, Poller};
-use super::{StreamUser, Wakes};
+use super::poller::Poller;
+use crate::engine::listener::ListenerShared;
+use crate::engine::readiness::{PollEntry, StreamUser};
 use crate::engine::session::{Core, SessionRt};
-use crate::engine::waiter::{self, Waiter};
-use crate::engine::EngineCtx;
-use crate::proto::{OpenError, Phase, Recv, ResetCause, SendError, Stream, EV_READ, EV_WRITE};
-use crate::sys::EventFd;
+use crate::engine::waiter;
+use crate::engine::{EngineCtx, SocketStats};
+use crate::proto::{OpenError, Phase, Recv, ResetCause, SendError, EV_READ, EV_WRITE};
 use crate::wire::{Class, RstReason};
 
 /// Writes at least this large are copied into the send buffer outside the session lock.
@@ -95,47 +93,6 @@ fn store_timeout(ns: &AtomicU64, t: Option<Duration>) -> io::Result<()> {
     }
 }
 
-/// Per-socket counters (a snapshot).
-#[derive(Debug, Clone)]
-pub struct SocketStats {
-    pub id: u64,
-    pub port: u16,
-    pub class: Class,
-    pub peer_engine_addr: SocketAddr,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-    pub frames_sent: u64,
-    pub frames_received: u64,
-    /// Received bytes the application has not read yet.
-    pub unread_bytes: u64,
-    /// Accepted from the application and not yet on a channel.
-    pub unsent_bytes: u64,
-    /// Sent bytes the peer application has not read yet.
-    pub unacked_bytes: u64,
-    pub protocol_errors: u32,
-    pub state: &'static str,
-}
-
-impl SocketStats {
-    pub(crate) fn of(id: u64, s: &Stream<StreamUser>, peer: SocketAddr) -> SocketStats {
-        SocketStats {
-            id,
-            port: s.port,
-            class: s.class,
-            peer_engine_addr: peer,
-            bytes_sent: s.bytes_sent(),
-            bytes_received: s.bytes_received(),
-            frames_sent: s.frames_sent as u64,
-            frames_received: s.frames_received as u64,
-            unread_bytes: s.unread_bytes(),
-            unsent_bytes: s.unsent_bytes(),
-            unacked_bytes: s.unacked_bytes(),
-            protocol_errors: s.protocol_errors as u32,
-            state: s.state_name(),
-        }
-    }
-}
-
 /// A virtual stream socket. Usable from several threads at once (`&self` methods).
 pub struct VSocket {
     session: Arc<SessionRt>,
@@ -194,7 +151,7 @@ impl VSocket {
     ) -> io::Result<VSocket> {
         let now = Instant::now();
         let id = {
-            let mut core = session.lock();
+            let mut core = session.core();
             core.open(port, class, StreamUser::default(), now).map_err(|e| match e {
                 OpenError::Limit => io::Error::other(format!(
                     "virtual socket limit reached ({} open to {})",
@@ -245,7 +202,7 @@ impl VSocket {
 
     /// The virtual port this socket was opened to (or accepted on).
     pub fn port(&self) -> u16 {
-        self.session.lock().stream(self.id).map_or(0, |s| s.port)
+        self.session.core().stream(self.id).map_or(0, |s| s.port)
     }
 
     pub fn peer_engine_addr(&self) -> SocketAddr {
@@ -253,12 +210,12 @@ impl VSocket {
     }
 
     pub fn class(&self) -> Class {
-        self.session.lock().stream(self.id).map_or(Class::Throughput, |s| s.class)
+        self.session.core().stream(self.id).map_or(Class::Throughput, |s| s.class)
     }
 
     /// Moves the socket to another class: its next chunks use that class's channels.
     pub fn set_class(&self, class: Class) {
-        self.session.lock().set_class(self.id, class);
+        self.session.core().set_class(self.id, class);
         if !self.closed.load(Ordering::Acquire) {
             self.count_class(class);
         }
@@ -292,12 +249,12 @@ impl VSocket {
         let mut events = Vec::new();
         let mut registered = false;
         // Waiting serves channels (reads, writes): throughput-class work, done demoted.
-        let class = self.session.lock().stream(self.id).map_or(Class::Throughput, |s| s.class);
+        let class = self.session.core().stream(self.id).map_or(Class::Throughput, |s| s.class);
         let _demoted = self.session.ctx.demote_for(class);
         let result = loop {
             w.begin();
             let class = {
-                let mut core = self.session.lock();
+                let mut core = self.session.core();
                 if let Some(r) = check(&mut core) {
                     break r;
                 }
@@ -319,7 +276,7 @@ impl VSocket {
             waiter::handle(&mut events);
         };
         if registered {
-            if let Some(s) = self.session.lock().stream_mut(self.id) {
+            if let Some(s) = self.session.core().stream_mut(self.id) {
                 s.user.remove_waiter(&w);
             }
         }
@@ -332,7 +289,7 @@ impl VSocket {
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             // Like TCP: nothing to send, but a dead or shut-down socket still says so.
-            let core = self.session.lock();
+            let core = self.session.core();
             let Some(s) = core.stream(self.id) else { return Err(closed()) };
             if let Some(cause) = s.reset {
                 return Err(reset_error(cause));
@@ -378,7 +335,7 @@ impl VSocket {
     fn try_send(&self, data: &[u8]) -> io::Result<usize> {
         let s = &self.session;
         let (n, class, congested) = {
-            let mut core = s.lock();
+            let mut core = s.core();
             let r = if data.len() < COPY_OUTSIDE_LOCK {
                 core.send(self.id, data)
             } else {
@@ -393,7 +350,7 @@ impl VSocket {
                             b.extend_from_slice(piece);
                             chunks.push(b.freeze());
                         }
-                        core = s.lock();
+                        core = s.core();
                         let mut at = offset;
                         for c in chunks {
                             let len = c.len() as u64;
@@ -407,10 +364,7 @@ impl VSocket {
             };
             let class = core.stream(self.id).map_or(Class::Throughput, |st| st.class);
             let congested = core.take_congestion(class);
-            let mut wakes = Wakes::default();
-            s.settle(&mut core, &mut wakes);
             drop(core);
-            wakes.fire();
             match r {
                 Ok(n) => (n, class, congested),
                 Err(e) => {
@@ -455,9 +409,8 @@ impl VSocket {
         }
         let mut slices: Vec<Bytes> = Vec::new();
         let (r, owes, class) = {
-            let mut core = self.session.lock();
+            let mut core = self.session.core();
             let r = core.recv(self.id, buf.len() as u64, &mut slices);
-            self.session.account_held(&core);
             let owes = core.owes_control(self.id);
             let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
             (r, owes, class)
@@ -495,12 +448,12 @@ impl VSocket {
         let ch = s.channel(index)?;
         if !ch.rx_run.try_acquire() {
             // Somebody else serves the channel; it tells us when our bytes can be read.
-            s.lock().deferred_empty(self.id);
+            s.core().deferred_empty(self.id);
             return None;
         }
         // Checked again now that the channel's receive half is ours: another thread may have
         // staged the payload before we got here.
-        let max = s.lock().deferred_readable(self.id, index);
+        let max = s.core().deferred_readable(self.id, index);
         let Some(max) = max else {
             s.rx_owned(&ch);
             return None;
@@ -513,16 +466,11 @@ impl VSocket {
                 None
             }
             Ok(n) => {
-                let mut wakes = Wakes::default();
-                let mut core = s.lock();
-                let ours = core.deferred_read(self.id, index, n as u64);
-                s.settle(&mut core, &mut wakes);
-                drop(core);
-                wakes.fire();
+                let ours = s.with_core(|core| core.deferred_read(self.id, index, n as u64));
                 ours.then_some(n)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                s.lock().deferred_empty(self.id);
+                s.core().deferred_empty(self.id);
                 None
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
@@ -540,7 +488,7 @@ impl VSocket {
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = timeout_from(&self.read_timeout_ns);
         loop {
-            match self.session.lock().peek(self.id, buf) {
+            match self.session.core().peek(self.id, buf) {
                 Recv::Data(n) => return Ok(n as usize),
                 Recv::Eof => return Ok(0),
                 Recv::Reset(c) => return Err(reset_error(c)),
@@ -565,13 +513,13 @@ impl VSocket {
 
     /// Received bytes not yet read (`FIONREAD`).
     pub fn unread_bytes(&self) -> u64 {
-        self.session.lock().stream(self.id).map_or(0, |s| s.unread_bytes())
+        self.session.core().stream(self.id).map_or(0, |s| s.unread_bytes())
     }
 
     /// Shuts down the write half: the peer reads end of stream after the last byte sent.
     pub fn shutdown(&self) -> io::Result<()> {
         let class = {
-            let mut core = self.session.lock();
+            let mut core = self.session.core();
             match core.shutdown_write(self.id) {
                 Ok(()) => {}
                 Err(SendError::NotOpen) => {
@@ -579,8 +527,6 @@ impl VSocket {
                 }
                 Err(e) => return Err(send_error(e)),
             }
-            let mut wakes = Wakes::default();
-            self.session.settle(&mut core, &mut wakes);
             core.stream(self.id).map_or(Class::Throughput, |s| s.class)
         };
         self.session.transmit(class);
@@ -590,7 +536,7 @@ impl VSocket {
     /// The pending error of a socket opened with `connect_nonblocking`: `Ok(true)` once
     /// connected, `Ok(false)` while connecting, the refusal or reset otherwise.
     pub fn take_error(&self) -> io::Result<bool> {
-        let core = self.session.lock();
+        let core = self.session.core();
         let Some(s) = core.stream(self.id) else { return Err(closed()) };
         match (s.reset, s.phase) {
             (Some(c), _) => Err(reset_error(c)),
@@ -612,16 +558,12 @@ impl VSocket {
         }
         self.count_class(Class::Throughput);
         let s = &self.session;
-        let mut wakes = Wakes::default();
-        {
-            let mut core = s.lock();
+        s.with_core(|core| {
             if let Some(st) = core.stream_mut(self.id) {
                 st.user.poll = None;
             }
             core.close(self.id, Instant::now());
-            s.settle(&mut core, &mut wakes);
-        }
-        wakes.fire();
+        });
         s.timers_changed();
         s.transmit_all();
     }
@@ -650,9 +592,9 @@ impl VSocket {
     }
 
     pub(crate) fn register(&self, poller: &Poller, token: u64) -> io::Result<()> {
-        let entry = Arc::new(PollEntry::new(poller, token));
+        let entry = Arc::new(PollEntry::new(&poller.shared, token));
         let ready = {
-            let mut core = self.session.lock();
+            let mut core = self.session.core();
             let (readable, writable) = (core.readable(self.id), core.writable(self.id));
             let Some(s) = core.stream_mut(self.id) else { return Err(closed()) };
             if s.user.poll.is_some() {
@@ -662,7 +604,7 @@ impl VSocket {
                 ));
             }
             s.user.poll = Some(entry.clone());
-            poller.watch(&self.session, s.class);
+            poller.shared.watch(&self.session, s.class);
             readable || writable
         };
         if ready {
@@ -673,16 +615,16 @@ impl VSocket {
 
     /// Whether `recv` would return without blocking (data, end of stream or an error).
     pub fn is_readable(&self) -> bool {
-        self.session.lock().readable(self.id)
+        self.session.core().readable(self.id)
     }
 
     /// Whether `send` would make progress or fail without waiting.
     pub fn is_writable(&self) -> bool {
-        self.session.lock().writable(self.id)
+        self.session.core().writable(self.id)
     }
 
     pub fn stats(&self) -> SocketStats {
-        let core = self.session.lock();
+        let core = self.session.core();
         match core.stream(self.id) {
             Some(s) => SocketStats::of(self.id, s, self.session.peer_addr),
             None => SocketStats {
@@ -763,82 +705,6 @@ impl std::fmt::Debug for VSocket {
     }
 }
 
-/// State shared between a [`Listener`] and the threads that deliver streams to it.
-pub(crate) struct ListenerShared {
-    backlog: Mutex<VecDeque<(Arc<SessionRt>, u64)>>,
-    capacity: usize,
-    /// Streams that came while the backlog was full: their SYN is not answered yet (their
-    /// `connect` waits, as a TCP client whose SYN was dropped retries), and each `accept`
-    /// admits one. Bounded by `capacity` too; beyond, SYNs are refused.
-    waiting: Mutex<VecDeque<(Arc<SessionRt>, u64)>>,
-    closed: AtomicBool,
-    waiters: Mutex<Vec<Arc<Waiter>>>,
-    readiness: OnceLock<EventFd>,
-}
-
-/// What a listener did with a stream the peer opened.
-pub(crate) enum Offer {
-    /// In the backlog: answer SYN_ACK.
-    Queued,
-    /// The backlog is full: leave the SYN unanswered for now.
-    Waiting,
-    /// Closed, or the waiting line is full too: refuse.
-    Refused,
-}
-
-impl ListenerShared {
-    /// Queues an opened stream for `accept`, or in the waiting line behind a full backlog.
-    pub fn offer(&self, session: Arc<SessionRt>, id: u64) -> Offer {
-        if self.closed.load(Ordering::SeqCst) {
-            return Offer::Refused;
-        }
-        {
-            let mut q = self.backlog.lock();
-            if q.len() < self.capacity {
-                q.push_back((session, id));
-                return Offer::Queued;
-            }
-        }
-        let mut w = self.waiting.lock();
-        if w.len() >= self.capacity {
-            return Offer::Refused;
-        }
-        w.push_back((session, id));
-        Offer::Waiting
-    }
-
-    /// A place in the backlog freed: admits the first waiting stream that is still there.
-    fn admit_waiting(&self, window: u32) {
-        loop {
-            let Some((session, id)) = self.waiting.lock().pop_front() else { return };
-            let live = {
-                let mut core = session.lock();
-                core.accept_incoming(id, window);
-                core.stream(id).is_some_and(|s| s.reset.is_none())
-            };
-            if live {
-                session.defer_flush();
-                self.backlog.lock().push_back((session, id));
-                return;
-            }
-        }
-    }
-
-    pub fn notify(&self) {
-        for w in self.waiters.lock().iter() {
-            w.notify();
-        }
-        if let Some(fd) = self.readiness.get() {
-            fd.notify();
-        }
-    }
-
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        self.notify();
-    }
-}
-
 /// Accepts virtual sockets opened to one virtual port of this engine.
 pub struct Listener {
     ctx: Arc<EngineCtx>,
@@ -849,34 +715,16 @@ pub struct Listener {
 
 impl Listener {
     pub(crate) fn bind(ctx: Arc<EngineCtx>, port: u16) -> io::Result<Listener> {
-        if ctx.stopping.load(Ordering::Acquire) {
-            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
-        }
-        let shared = Arc::new(ListenerShared {
-            backlog: Mutex::new(VecDeque::new()),
-            waiting: Mutex::new(VecDeque::new()),
-            capacity: ctx.config.accept_backlog,
-            closed: AtomicBool::new(false),
-            waiters: Mutex::new(Vec::new()),
-            readiness: OnceLock::new(),
-        });
-        {
-            let mut map = ctx.listeners.lock();
-            if map.contains_key(&port) {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("virtual port {port} already has a listener"),
-                ));
-            }
-            map.insert(port, shared.clone());
-        }
+        let shared = ctx.bind_listener(port)?;
         Ok(Listener { ctx, port, shared, nonblocking: AtomicBool::new(false) })
     }
 
+    /// The virtual port it listens on.
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// In non-blocking mode `accept` fails with `WouldBlock` when nothing is pending.
     pub fn set_nonblocking(&self, nonblocking: bool) {
         self.nonblocking.store(nonblocking, Ordering::Relaxed);
     }
@@ -886,28 +734,20 @@ impl Listener {
         self.accept_timeout(None)
     }
 
+    /// `accept`, giving up with `TimedOut` after `timeout` (`None`: never).
     pub fn accept_timeout(&self, timeout: Option<Duration>) -> io::Result<VSocket> {
         let deadline = timeout.map(|d| Instant::now() + d);
         let w = waiter::current()?;
         let mut registered = false;
+        let cfg = &self.ctx.config;
         let result = loop {
             w.begin();
-            let next = self.shared.backlog.lock().pop_front();
-            if let Some((session, id)) = next {
-                self.shared.admit_waiting(self.ctx.config.unaccepted_window);
-                // Accepted by the application: the stream gets its full window now. The CREDIT
-                // saying so rides with the next frames out (or the worker's tick): the peer
-                // already has the unaccepted window to go on with, and an accept loop must not
-                // pay a channel write per connection.
-                let class = {
-                    let mut core = session.lock();
-                    core.set_window(id, self.ctx.config.stream_window);
-                    core.stream(id).map(|s| s.class)
-                };
-                session.defer_flush();
-                break Ok(VSocket::wrap(session, id, class.unwrap_or(Class::Throughput)));
+            if let Some((session, id, class)) =
+                self.shared.accept_next(cfg.unaccepted_window, cfg.stream_window)
+            {
+                break Ok(VSocket::wrap(session, id, class));
             }
-            if self.shared.closed.load(Ordering::SeqCst) {
+            if self.shared.is_closed() {
                 break Err(io::Error::new(io::ErrorKind::ConnectionAborted, "listener closed"));
             }
             if self.nonblocking.load(Ordering::Relaxed) {
@@ -917,7 +757,7 @@ impl Listener {
                 break Err(io::Error::new(io::ErrorKind::TimedOut, "accept timed out"));
             }
             if !registered {
-                self.shared.waiters.lock().push(w.clone());
+                self.shared.add_waiter(&w);
                 registered = true;
                 continue; // re-check: an offer may have come before we were listed
             }
@@ -927,56 +767,37 @@ impl Listener {
             }
         };
         if registered {
-            self.shared.waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
+            self.shared.remove_waiter(&w);
         }
         result
     }
 
     /// An eventfd that becomes readable when a connection is pending (edge-triggered).
     pub fn readiness_fd(&self) -> io::Result<RawFd> {
-        if self.shared.readiness.get().is_none() {
-            let _ = self.shared.readiness.set(EventFd::new()?);
-        }
-        let fd = self.shared.readiness.get().expect("set above");
-        if !self.shared.backlog.lock().is_empty() {
-            fd.notify();
-        }
-        Ok(fd.raw())
+        self.shared.readiness_fd()
     }
 
+    /// Consumes the pending notification of `readiness_fd`.
     pub fn clear_readiness(&self) {
-        if let Some(fd) = self.shared.readiness.get() {
-            fd.drain();
-        }
+        self.shared.clear_readiness()
     }
 
     /// Streams accepted by the engine and not yet by the application.
     pub fn pending(&self) -> usize {
-        self.shared.backlog.lock().len()
+        self.shared.pending()
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        {
-            let mut map = self.ctx.listeners.lock();
-            if map.get(&self.port).is_some_and(|l| Arc::ptr_eq(l, &self.shared)) {
-                map.remove(&self.port);
-            }
-        }
+        self.ctx.unbind_listener(self.port, &self.shared);
         self.shared.close();
-        let mut pending: Vec<_> = self.shared.backlog.lock().drain(..).collect();
-        pending.extend(self.shared.waiting.lock().drain(..));
-        for (session, id) in pending {
+        for (session, id) in self.shared.take_all() {
             // Accepted by the engine but never by the application: reset, as TCP does.
-            let mut wakes = Wakes::default();
-            {
-                let mut core = session.lock();
+            session.with_core(|core| {
                 core.abort(id, ResetCause::LocalAbort);
                 core.close(id, Instant::now());
-                session.settle(&mut core, &mut wakes);
-            }
-            wakes.fire();
+            });
             session.transmit_all();
         }
     }

@@ -1,0 +1,268 @@
+//! Readiness: who is told when a stream's state changes. Each stream in the session core
+//! carries a [`StreamUser`] (the threads blocked on it, its poller registration); the core's
+//! events are turned into [`Wakes`] under the session lock and fired after it is released.
+//! [`PollerShared`] is the engine's side of a `Poller` (in `vns`): its ready list and the
+//! thread waiting in it.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::listener::ListenerShared;
+use super::session::SessionRt;
+use super::waiter::{self, Waiter};
+use crate::proto::{EV_READ, EV_WRITE};
+use crate::sys::EventFd;
+use crate::wire::Class;
+
+/// What the runtime keeps with each stream in the session core: the threads blocked on it and
+/// its poller registration. An idle stream with neither costs 32 bytes here.
+#[derive(Default)]
+pub(crate) struct StreamUser {
+    /// Threads blocked on the stream, with the `EV_*` bits they wait for.
+    waiters: Vec<(Arc<Waiter>, u8)>,
+    pub poll: Option<Arc<PollEntry>>,
+}
+
+impl StreamUser {
+    pub fn add_waiter(&mut self, w: &Arc<Waiter>, interest: u8) {
+        match self.waiters.iter_mut().find(|(x, _)| Arc::ptr_eq(x, w)) {
+            Some((_, i)) => *i |= interest,
+            None => self.waiters.push((w.clone(), interest)),
+        }
+    }
+
+    pub fn remove_waiter(&mut self, w: &Arc<Waiter>) {
+        self.waiters.retain(|(x, _)| !Arc::ptr_eq(x, w));
+        if self.waiters.is_empty() {
+            self.waiters = Vec::new(); // give the memory back: idle streams stay small
+        }
+    }
+
+    /// Whether a large payload for this stream should stay in the socket for its reader to read
+    /// straight into its buffer: only when the reader is at hand (the current thread is it, in
+    /// `recv` or in `wait` on the stream's poller) or is blocked in `recv` on this stream. A
+    /// deferred payload holds up its channel until read: left for an event loop elsewhere, even
+    /// one that sleeps and would come within a wake-up, it stalls every other stream of the
+    /// channel meanwhile (measured: all-to-all over 64 streams lost a fifth of its goodput).
+    pub fn reader_at_hand(&self) -> bool {
+        self.waiters.iter().any(|(_, interest)| interest & EV_READ != 0)
+            || self.poll.as_ref().is_some_and(|p| p.polled_by_current_thread())
+    }
+
+    /// Collects who must be told about `bits`.
+    pub fn wakes(&self, bits: u8, wakes: &mut Wakes) {
+        for (w, interest) in &self.waiters {
+            if interest & bits != 0 {
+                wakes.threads.push(w.clone());
+            }
+        }
+        if bits & (EV_READ | EV_WRITE) != 0 {
+            if let Some(p) = &self.poll {
+                wakes.polls.push(p.clone());
+            }
+        }
+    }
+}
+
+/// Wake-ups collected under the session lock and delivered after it is released (a wake-up is
+/// a system call; none is made while holding the lock). Only the core guard
+/// (`SessionRt::core`) fills and fires them: it fires after it unlocks.
+#[derive(Default)]
+pub(crate) struct Wakes {
+    pub threads: Vec<Arc<Waiter>>,
+    pub polls: Vec<Arc<PollEntry>>,
+    pub listeners: Vec<Arc<ListenerShared>>,
+}
+
+impl Wakes {
+    pub fn fire(&mut self) {
+        for w in self.threads.drain(..) {
+            w.notify();
+        }
+        for p in self.polls.drain(..) {
+            p.notify();
+        }
+        for l in self.listeners.drain(..) {
+            l.notify();
+        }
+    }
+}
+
+/// The engine's side of a `Poller`: the ready list of its sockets, the thread waiting in it,
+/// and whose channels that thread serves while it waits.
+pub(crate) struct PollerShared {
+    ready: Mutex<Vec<Arc<PollEntry>>>,
+    /// The thread in `wait`, if any.
+    waiter: Mutex<Option<Arc<Waiter>>>,
+    fd: EventFd,
+    /// `fd()` was handed out: keep it readable while tokens are pending.
+    fd_used: AtomicBool,
+    /// Sessions (and classes) of registered sockets: whose channels `wait` serves.
+    sessions: Mutex<Vec<(Weak<SessionRt>, Class)>>,
+    /// A kernel fd whose events also end `wait` (`wake_on`), with a key unique to this call.
+    companion: Mutex<Option<(RawFd, u64)>>,
+}
+
+/// A socket's membership in a poller.
+pub(crate) struct PollEntry {
+    poller: Arc<PollerShared>,
+    token: u64,
+    /// Set while the token sits in the ready list, so a busy socket is listed once.
+    queued: AtomicBool,
+}
+
+impl PollEntry {
+    pub fn new(poller: &Arc<PollerShared>, token: u64) -> Self {
+        PollEntry { poller: poller.clone(), token, queued: AtomicBool::new(false) }
+    }
+
+    /// Whether the calling thread is the one waiting on this entry's poller right now.
+    pub fn polled_by_current_thread(&self) -> bool {
+        waiter::polling() == Arc::as_ptr(&self.poller) as usize
+    }
+
+    /// Lists the socket as ready (once until `wait` returns it).
+    pub fn notify(self: &Arc<Self>) {
+        if self.queued.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let p = &self.poller;
+        let was_empty = {
+            let mut ready = p.ready.lock();
+            let e = ready.is_empty();
+            ready.push(self.clone());
+            e
+        };
+        if was_empty {
+            if let Some(w) = p.waiter.lock().as_ref() {
+                w.notify();
+            }
+            if p.fd_used.load(Ordering::Acquire) {
+                p.fd.notify();
+            }
+        }
+    }
+}
+
+impl PollerShared {
+    pub fn new() -> io::Result<Arc<PollerShared>> {
+        Ok(Arc::new(PollerShared {
+            ready: Mutex::new(Vec::new()),
+            waiter: Mutex::new(None),
+            fd: EventFd::new()?,
+            fd_used: AtomicBool::new(false),
+            sessions: Mutex::new(Vec::new()),
+            companion: Mutex::new(None),
+        }))
+    }
+
+    /// A registered socket's session: `wait` serves its channels of `class`.
+    pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
+        let mut s = self.sessions.lock();
+        s.retain(|(w, _)| w.strong_count() > 0);
+        let known = s.iter().any(|(w, c)| *c == class && w.as_ptr() == Arc::as_ptr(session));
+        if !known {
+            s.push((Arc::downgrade(session), class));
+        }
+    }
+
+    /// Waits until at least one registered socket is ready or `timeout` passes, serving the
+    /// sessions' channels meanwhile; replaces `tokens` with the ready tokens.
+    pub fn wait(
+        self: &Arc<Self>,
+        tokens: &mut Vec<u64>,
+        timeout: Option<Duration>,
+    ) -> io::Result<()> {
+        tokens.clear();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let w = waiter::current()?;
+        *self.waiter.lock() = Some(w.clone());
+        let mut events = Vec::new();
+        let result = loop {
+            w.begin();
+            if self.fd_used.load(Ordering::Acquire) {
+                // Drained before the list is taken: a notify racing with us re-signals it.
+                self.fd.drain();
+            }
+            {
+                let mut ready = self.ready.lock();
+                for e in ready.drain(..) {
+                    // Cleared before the application looks, so any later change re-lists it.
+                    e.queued.store(false, Ordering::Release);
+                    tokens.push(e.token);
+                }
+            }
+            if !tokens.is_empty() {
+                break Ok(());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break Ok(());
+            }
+            waiter::before_wait(true);
+            let sessions: Vec<(Arc<SessionRt>, Class)> = self
+                .sessions
+                .lock()
+                .iter()
+                .filter_map(|(s, c)| s.upgrade().map(|s| (s, *c)))
+                .collect();
+            for (s, c) in &sessions {
+                w.watch(s, *c);
+            }
+            drop(sessions);
+            if let Some((fd, key)) = *self.companion.lock() {
+                w.set_companion(fd, key);
+            }
+            let companion = match w.sleep(deadline, &mut events) {
+                Ok(c) => c,
+                Err(e) => break Err(e),
+            };
+            waiter::set_polling(Arc::as_ptr(self) as usize);
+            waiter::handle(&mut events);
+            waiter::set_polling(0);
+            if companion {
+                break Ok(());
+            }
+        };
+        *self.waiter.lock() = None;
+        result
+    }
+
+    /// `wait` also returns when `fd` gets an event (see `Poller::wake_on`).
+    pub fn wake_on(&self, fd: RawFd) {
+        static KEYS: AtomicU64 = AtomicU64::new(1);
+        *self.companion.lock() = Some((fd, KEYS.fetch_add(1, Ordering::Relaxed)));
+    }
+
+    /// An eventfd readable while tokens are pending (for nesting in epoll).
+    pub fn fd(&self) -> RawFd {
+        self.fd_used.store(true, Ordering::Release);
+        if !self.ready.lock().is_empty() {
+            self.fd.notify();
+        }
+        self.fd.raw()
+    }
+
+    /// The poller is gone: its pending tokens with it.
+    pub fn clear(&self) {
+        self.ready.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::Stream;
+
+    #[test]
+    fn idle_streams_are_small() {
+        // A million idle virtual sockets must fit well under 1 GiB (design brief, section 5):
+        // the core's boxed state with what the runtime keeps with it, plus a 16-byte table slot.
+        let size = std::mem::size_of::<Stream<StreamUser>>() + 16;
+        assert!(size <= 280, "idle stream costs {size} bytes");
+    }
+}

@@ -1,0 +1,94 @@
+//! What `Engine::stats` reports: per engine, per channel, per virtual socket.
+
+use std::net::SocketAddr;
+
+use super::readiness::StreamUser;
+use super::worker::WorkerThread;
+use crate::driver::ChannelStats;
+use crate::proto::Stream;
+use crate::wire::Class;
+
+/// Counters of the whole engine.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub engine_id: u64,
+    pub local_addr: Option<SocketAddr>,
+    /// Open channels, every peer.
+    pub channels: Vec<PeerChannelStats>,
+    /// The most recently closed channels, with why they closed.
+    pub closed_channels: Vec<PeerChannelStats>,
+    pub sockets: Vec<SocketStats>,
+    /// Virtual sockets holding state (open, or closed and still delivering).
+    pub open_sockets: usize,
+    /// Channels closed because the peer broke the protocol, handshakes included.
+    pub protocol_errors: u64,
+    pub handshake_failures: u64,
+    /// Frames for streams already closed here (normal after a reset; ignored).
+    pub stale_frames: u64,
+    /// Bytes sent again after a channel loss.
+    pub retransmitted_bytes: u64,
+    /// Sessions (peers) with at least one channel.
+    pub sessions: usize,
+    /// Refusals by reason ("handshakes in progress at the limit", ...).
+    pub refusals: Vec<(String, u64)>,
+    /// Lost channels this engine dialed again.
+    pub redialed_channels: u64,
+    /// Received bytes held for applications that have not read them, every peer.
+    pub held_bytes: u64,
+    /// The worker threads: which class each serves and how it is scheduled.
+    pub workers: Vec<WorkerThread>,
+    /// Application threads run their throughput-class work (channel writes and reads, waits)
+    /// at `throughput_policy` while isolating, and are put back after; false where the process
+    /// lacks the right to put them back (then only the workers are demoted).
+    pub app_threads_demoted: bool,
+    /// Throughput-class work runs demoted now (`Config::isolation`; with `Auto`, while a
+    /// latency-class socket is open).
+    pub isolating: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct PeerChannelStats {
+    pub peer_addr: Option<SocketAddr>,
+    pub channel: ChannelStats,
+}
+
+/// Per-socket counters (a snapshot).
+#[derive(Debug, Clone)]
+pub struct SocketStats {
+    pub id: u64,
+    pub port: u16,
+    pub class: Class,
+    pub peer_engine_addr: SocketAddr,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub frames_sent: u64,
+    pub frames_received: u64,
+    /// Received bytes the application has not read yet.
+    pub unread_bytes: u64,
+    /// Accepted from the application and not yet on a channel.
+    pub unsent_bytes: u64,
+    /// Sent bytes the peer application has not read yet.
+    pub unacked_bytes: u64,
+    pub protocol_errors: u32,
+    pub state: &'static str,
+}
+
+impl SocketStats {
+    pub(crate) fn of(id: u64, s: &Stream<StreamUser>, peer: SocketAddr) -> SocketStats {
+        SocketStats {
+            id,
+            port: s.port,
+            class: s.class,
+            peer_engine_addr: peer,
+            bytes_sent: s.bytes_sent(),
+            bytes_received: s.bytes_received(),
+            frames_sent: s.frames_sent as u64,
+            frames_received: s.frames_received as u64,
+            unread_bytes: s.unread_bytes(),
+            unsent_bytes: s.unsent_bytes(),
+            unacked_bytes: s.unacked_bytes(),
+            protocol_errors: s.protocol_errors as u32,
+            state: s.state_name(),
+        }
+    }
+}
