@@ -609,7 +609,7 @@ impl SessionRt {
     /// Runs the core's timers (connect and linger deadlines).
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
         let pending = self.with_core(|core| {
-            if !core.poll_timeout().is_some_and(|t| t <= now) {
+            if core.poll_timeout().is_none_or(|t| t > now) {
                 return false;
             }
             core.handle_timeout(now);
