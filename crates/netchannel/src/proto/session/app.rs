@@ -1,0 +1,270 @@
+//! Application calls on streams: open, accept, send, receive, shut down, close.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::wire::RstReason;
+
+impl<U: Default> Session<U> {
+    /// Opens a stream to `port` at the peer: queues its SYN. `Writable` fires once the peer
+    /// answered (or refused: the stream is then reset).
+    pub fn open(
+        &mut self,
+        port: u16,
+        class: Class,
+        user: U,
+        now: Instant,
+    ) -> Result<u64, OpenError> {
+        self.observe(now);
+        if self.dead || self.channel_count() == 0 {
+            return Err(OpenError::NoChannels);
+        }
+        let window = self.cfg.window;
+        let id = self
+            .streams
+            .insert_with(|_| Stream::new(user, port, class, Phase::Connecting, window))
+            .ok_or(OpenError::Limit)?;
+        let deadline = now + self.cfg.connect_timeout;
+        self.set_deadline(id, Some(deadline));
+        self.owe(id, OWE_SYN);
+        Ok(id)
+    }
+
+    /// The listener took the incoming stream: answer SYN_ACK granting `window`.
+    pub fn accept_incoming(&mut self, id: u64, window: u32) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.phase != Phase::Incoming || s.reset.is_some() {
+            return;
+        }
+        s.phase = Phase::Open;
+        s.window = window;
+        s.granted = window as u64;
+        self.owe(id, OWE_SYN_ACK);
+        self.emit(id, EV_WRITE);
+    }
+
+    /// Grows the window of a stream (e.g. when the application accepts it).
+    pub fn set_window(&mut self, id: u64, window: u32) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        s.window = window;
+        if s.phase == Phase::Open && s.credit_due() {
+            self.owe(id, OWE_CREDIT);
+        }
+    }
+
+    /// The listener refused the incoming stream (no listener, backlog full).
+    pub fn refuse_incoming(&mut self, id: u64, reason: RstReason) {
+        let Some(s) = self.streams.get(id) else { return };
+        if s.phase != Phase::Incoming {
+            return;
+        }
+        let (peer, class) = (s.peer, s.class);
+        self.free(id);
+        self.queue_rst(class, peer, reason);
+    }
+
+    /// Room for unsent bytes of `class`, or `NoSpace` (registering `id` to be woken).
+    pub(super) fn space(&mut self, id: u64, class: Class) -> Result<u64, SendError> {
+        let limit = self.class_limit(class);
+        let c = &mut self.classes[class.index()];
+        if c.unsent < limit {
+            return Ok(limit - c.unsent);
+        }
+        c.congested = true;
+        let s = self.streams.get_mut(id).expect("caller checked");
+        if s.flags & F_SPACE_WAIT == 0 {
+            s.flags |= F_SPACE_WAIT;
+            c.space_waiters.push_back(id);
+        }
+        Err(SendError::NoSpace)
+    }
+
+    pub(super) fn send_checks(&mut self, id: u64, max: usize) -> Result<(u64, usize), SendError> {
+        let s = self.streams.get(id).ok_or(SendError::Closed)?;
+        let credit = s.send_capacity()?;
+        let class = s.class;
+        let room = self.space(id, class)?;
+        let n = (max as u64).min(credit).min(room) as usize;
+        Ok((self.streams.get(id).expect("checked").send_next, n))
+    }
+
+    /// Copies what credit and class space allow of `data` into the stream's send buffer.
+    pub fn send(&mut self, id: u64, data: &[u8]) -> Result<usize, SendError> {
+        let (offset, n) = self.send_checks(id, data.len())?;
+        let s = self.streams.get_mut(id).expect("checked");
+        s.send_next += n as u64;
+        s.tx.push_copy(offset, &data[..n]);
+        let class = s.class;
+        self.classes[class.index()].unsent += n as u64;
+        self.activate(id);
+        Ok(n)
+    }
+
+    /// Takes up to `max` bytes of credit and space for a large write the caller copies
+    /// outside the session lock; hand the bytes over with `commit`.
+    pub fn reserve(&mut self, id: u64, max: usize) -> Result<(u64, usize), SendError> {
+        let (offset, n) = self.send_checks(id, max)?;
+        self.streams.get_mut(id).expect("checked").send_next += n as u64;
+        Ok((offset, n))
+    }
+
+    pub fn commit(&mut self, id: u64, offset: u64, chunk: Bytes) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.reset.is_some() {
+            return;
+        }
+        let n = chunk.len() as u64;
+        s.tx.push_frozen(offset, chunk);
+        let class = s.class;
+        self.classes[class.index()].unsent += n;
+        self.activate(id);
+    }
+
+    /// Moves up to `max` readable bytes into `out` (slices), or says where the next bytes are.
+    pub fn recv(&mut self, id: u64, max: u64, out: &mut Vec<Bytes>) -> Recv {
+        let Some(s) = self.streams.get_mut(id) else { return Recv::Closed };
+        if let Some(cause) = s.reset {
+            return Recv::Reset(cause);
+        }
+        let n = s.rx.take(max, out);
+        if n > 0 {
+            self.rx_held -= n;
+            self.after_consume(id);
+            return Recv::Data(n);
+        }
+        let front = s.rx.front_deferred();
+        let (empty, eof) = (s.flags & F_DEFERRED_EMPTY != 0, s.at_eof());
+        if let Some((channel, len)) = front {
+            let taken = self.deferred(channel).is_none_or(|d| d.taken);
+            if taken || empty {
+                return Recv::Empty;
+            }
+            return Recv::Deferred { channel, max: len.min(max) };
+        }
+        if eof {
+            return Recv::Eof;
+        }
+        Recv::Empty
+    }
+
+    /// Copies ready bytes without consuming them (MSG_PEEK).
+    pub fn peek(&self, id: u64, buf: &mut [u8]) -> Recv {
+        let Some(s) = self.streams.get(id) else { return Recv::Closed };
+        if let Some(cause) = s.reset {
+            return Recv::Reset(cause);
+        }
+        match s.rx.peek(buf) {
+            0 if s.at_eof() => Recv::Eof,
+            0 => Recv::Empty,
+            n => Recv::Data(n as u64),
+        }
+    }
+
+    pub(super) fn after_consume(&mut self, id: u64) {
+        if self.streams.get(id).is_some_and(|s| s.credit_due()) {
+            self.owe(id, OWE_CREDIT);
+        }
+    }
+
+    /// Closes the write half: the peer reads end of stream after the last byte sent.
+    pub fn shutdown_write(&mut self, id: u64) -> Result<(), SendError> {
+        let s = self.streams.get_mut(id).ok_or(SendError::Closed)?;
+        if let Some(cause) = s.reset {
+            return Err(SendError::Reset(cause));
+        }
+        if s.phase != Phase::Open {
+            return Err(SendError::NotOpen);
+        }
+        if !s.write_closed {
+            s.write_closed = true;
+            self.owe(id, OWE_FIN);
+            self.emit(id, EV_WRITE);
+        }
+        Ok(())
+    }
+
+    /// The application closed its handle. Unread received bytes reset the peer, as TCP does;
+    /// otherwise the write half is finished and the stream lingers until its last bytes are
+    /// delivered and the peer finished too (bounded by `linger`).
+    pub fn close(&mut self, id: u64, now: Instant) {
+        self.observe(now);
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.app_closed {
+            return;
+        }
+        s.app_closed = true;
+        if s.reset.is_some() || s.phase == Phase::Connecting {
+            // A connect given up: a late SYN_ACK finds no stream and is answered with RST.
+            self.free(id);
+            return;
+        }
+        if s.phase == Phase::Incoming {
+            return self.refuse_incoming(id, RstReason::Aborted);
+        }
+        if s.rx.unread() > 0 {
+            self.reset_stream(id, ResetCause::LocalAbort, true);
+            return;
+        }
+        if !s.write_closed {
+            s.write_closed = true;
+            self.owe(id, OWE_FIN);
+        }
+        let deadline = now + self.cfg.linger;
+        self.set_deadline(id, Some(deadline));
+        self.maybe_free(id);
+    }
+
+    /// Moves a stream to another class: its next chunks use that class's channels.
+    pub fn set_class(&mut self, id: u64, class: Class) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.class == class {
+            return;
+        }
+        let n = s.tx.bytes();
+        let old = s.class;
+        s.class = class;
+        self.classes[old.index()].unsent -= n;
+        self.classes[class.index()].unsent += n;
+        // Queued entries under the old class are re-filed when popped.
+    }
+
+    /// Resets a stream locally (e.g. its application asked to abort), telling the peer.
+    pub fn abort(&mut self, id: u64, cause: ResetCause) {
+        self.reset_stream(id, cause, true);
+    }
+
+    /// Finishes every stream's write half (engine shutdown): its FIN follows its last byte.
+    /// Streams not yet accepted or not yet connected are refused or reset.
+    pub fn finish_all(&mut self) {
+        for id in self.streams.ids() {
+            let Some(s) = self.streams.get(id) else { continue };
+            match s.phase {
+                Phase::Open => {
+                    let _ = self.shutdown_write(id);
+                }
+                Phase::Incoming => self.refuse_incoming(id, RstReason::Aborted),
+                Phase::Connecting => self.reset_stream(id, ResetCause::EngineShutdown, false),
+            }
+        }
+    }
+
+    /// Everything sent reached the peer engine: no byte or control frame unsent or
+    /// unacknowledged (or no channel is left to carry them).
+    pub fn flushed(&self) -> bool {
+        self.dead
+            || (self
+                .classes
+                .iter()
+                .all(|c| c.unsent == 0 && c.control.is_empty() && c.rsts.is_empty())
+                && self.channels.iter().flatten().all(|c| c.retained.is_empty()))
+    }
+
+    /// Resets every stream (engine shutdown).
+    pub fn reset_all(&mut self, cause: ResetCause) {
+        for id in self.streams.ids() {
+            self.reset_stream(id, cause, false);
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! Peer input: the one entry point for what a channel read ([`Session::receive`]), frame by
+//! frame, with every field checked against the session's state.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::super::framing::{Buffers, FrameReader, Parsed, Verdict};
+use super::super::recvbuf::{TooManySegments, COMPACT_BELOW};
+use super::super::table::{self, Lookup};
+use super::*;
+use crate::wire::frame::DATA_HEADER_LEN;
+use crate::wire::RstReason;
+
+/// Streams holding small slices before they are compacted (each slice may pin a read buffer).
+const PINNED_STREAMS: usize = 64;
+/// In-order segments of one stream before its small ones are merged.
+const SEGMENTS_BEFORE_COMPACT: usize = 64;
+
+impl<U: Default> Session<U> {
+    /// Puts received bytes in stream `id`'s buffer, keeping the count of bytes held and the
+    /// list of streams holding slices of read buffers.
+    pub(super) fn rx_insert(
+        &mut self,
+        id: u64,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<u64, TooManySegments> {
+        let max = self.cfg.max_out_of_order;
+        let small = data.len() < COMPACT_BELOW;
+        let Some(s) = self.streams.get_mut(id) else { return Ok(0) };
+        let before = s.rx.held_bytes();
+        let r = s.rx.insert_data(offset, data, max);
+        let after = s.rx.held_bytes();
+        self.rx_held = self.rx_held + after - before;
+        if small && after > before {
+            if s.rx.ready_segments() > SEGMENTS_BEFORE_COMPACT {
+                self.stats.compacted_bytes += s.rx.compact();
+            } else if s.flags & F_PINNED == 0 {
+                s.flags |= F_PINNED;
+                self.pinned.push(id);
+                if self.pinned.len() > PINNED_STREAMS {
+                    self.compact();
+                }
+            }
+        }
+        r
+    }
+
+    /// Copies the small slices every listed stream holds into buffers of their own, so that
+    /// unread bytes never keep whole channel read buffers alive.
+    pub(super) fn compact(&mut self) {
+        for id in std::mem::take(&mut self.pinned) {
+            if let Some(s) = self.streams.get_mut(id) {
+                s.flags &= !F_PINNED;
+                self.stats.compacted_bytes += s.rx.compact();
+            }
+        }
+    }
+
+    /// Resolves a peer-supplied stream id: `Ok(None)` for a stream closed here (stale),
+    /// `Err` for an id never issued.
+    pub(super) fn resolve(&mut self, id: u64) -> Result<Option<u64>, Violation> {
+        match self.streams.lookup(id) {
+            Lookup::Live => Ok(Some(id)),
+            Lookup::Stale => {
+                self.stats.stale_frames += 1;
+                Ok(None)
+            }
+            Lookup::Unknown => Err(Violation::UnknownStream),
+        }
+    }
+
+    /// A peer frame broke the rules of stream `id`: the stream is reset (the channel it came
+    /// on is closed by the caller).
+    pub(super) fn violated(&mut self, id: u64, v: Violation) -> Violation {
+        if let Some(s) = self.streams.get_mut(id) {
+            s.protocol_errors += 1;
+        }
+        self.reset_stream(id, ResetCause::ProtocolError, true);
+        v
+    }
+
+    /// The one entry point for what a channel read: each item its frame reader parsed, in
+    /// order. An `Err` is a protocol violation: the caller closes the channel (and counts it).
+    /// For a `Header` (a large payload whose rest is still in the socket) `may_defer` says
+    /// whether the stream's reader is at hand to read the rest straight into its own buffer;
+    /// the verdict returned must be handed to the reader (`FrameReader::verdict`).
+    pub fn receive(
+        &mut self,
+        ch: u16,
+        item: Parsed,
+        now: Instant,
+        may_defer: impl FnOnce(&Self, u64) -> bool,
+    ) -> Result<Option<Verdict>, Violation> {
+        match item {
+            Parsed::Control(f) => self.on_frame(ch, f, None, now).map(|()| None),
+            Parsed::Data { stream, offset, payload } => {
+                let f = Frame::Data { stream, offset, payload: &[] };
+                self.on_frame(ch, f, Some(payload), now).map(|()| None)
+            }
+            Parsed::Header { stream, offset, len, prefix } => {
+                let defer = may_defer(self, stream);
+                self.data_header(ch, stream, offset, len, prefix, defer, now).map(Some)
+            }
+            Parsed::Piece { stream, offset, data } => {
+                self.data_piece(ch, stream, offset, data);
+                Ok(None)
+            }
+            Parsed::StagedDeferred(data) => {
+                self.stage_deferred(ch, data);
+                Ok(None)
+            }
+            Parsed::Discarded { bytes, deferred: true } => {
+                self.discard_deferred(ch, bytes);
+                Ok(None)
+            }
+            Parsed::Discarded { bytes, deferred: false } => {
+                self.discard(ch, bytes);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether channel `ch`'s reader may read now. While a payload is deferred in the socket
+    /// for its stream's reader, the channel waits (false) for at most `grace`; then, or when
+    /// the stream no longer wants it, the reader takes the rest over itself (staged, or
+    /// dropped) and goes on.
+    pub fn reader_may_read<B: Buffers>(
+        &mut self,
+        ch: u16,
+        reader: &mut FrameReader<B>,
+        now: Instant,
+        grace: Duration,
+    ) -> bool {
+        if !reader.is_deferred() {
+            return true;
+        }
+        let Some(d) = self.deferred(ch) else {
+            reader.resume();
+            return true;
+        };
+        let wanted = self.deferred_wanted(ch);
+        if wanted && !d.taken && now.saturating_duration_since(d.since) < grace {
+            // Its reader reads it; bytes may have arrived for it.
+            self.channel_readable(ch);
+            return false;
+        }
+        if let Some(d) = self.take_over_deferred(ch) {
+            reader.take_over_deferred(d.remaining, wanted);
+        }
+        true
+    }
+
+    /// The engine reads the payload deferred in `ch` itself from now on, into user space (for
+    /// `MSG_PEEK`, which cannot read from the socket without consuming it).
+    pub fn take_over_reader<B: Buffers>(&mut self, ch: u16, reader: &mut FrameReader<B>) {
+        if let Some(d) = self.take_over_deferred(ch) {
+            reader.take_over_deferred(d.remaining, true);
+        }
+    }
+
+    /// A whole frame (DATA with its `payload`).
+    pub(super) fn on_frame(
+        &mut self,
+        ch: u16,
+        frame: Frame<'_>,
+        payload: Option<Bytes>,
+        now: Instant,
+    ) -> Result<(), Violation> {
+        let wire_len = match &payload {
+            Some(p) => DATA_HEADER_LEN + p.len(),
+            None => frame.wire_len(),
+        } as u64;
+        self.observe(now);
+        let is_ack = matches!(frame, Frame::Ack { .. });
+        match self.channel_mut(ch) {
+            // An ACK is not retained by its sender: it needs no acknowledgement of its own (an
+            // ACK for an ACK would ping-pong forever).
+            Some(st) if is_ack && st.rx_acked == st.rx_pos => {
+                st.rx_pos += wire_len;
+                st.rx_acked = st.rx_pos;
+            }
+            Some(st) => st.received(wire_len, now),
+            None => return Ok(()),
+        }
+        match frame {
+            Frame::Data { stream, offset, .. } => {
+                self.on_data(stream, offset, payload.expect("DATA comes with its payload"))
+            }
+            Frame::Syn { src, port, class, window } => {
+                self.on_syn(src, port, class, window);
+                Ok(())
+            }
+            Frame::SynAck { dst, src, window } => {
+                let Some(id) = self.resolve(dst)? else {
+                    // The connector gave up (timed out): tell the acceptor.
+                    self.queue_rst(Class::Throughput, src, RstReason::Aborted);
+                    return Ok(());
+                };
+                let s = self.streams.get_mut(id).expect("live");
+                match s.phase {
+                    Phase::Connecting => {
+                        s.phase = Phase::Open;
+                        s.peer = src;
+                        s.send_limit = s.send_limit.max(window as u64);
+                        s.frames_received += 1;
+                        self.set_deadline(id, None);
+                        if self.streams.get(id).is_some_and(|s| s.credit_due()) {
+                            self.owe(id, OWE_CREDIT);
+                        }
+                        self.emit(id, EV_READ | EV_WRITE);
+                        Ok(())
+                    }
+                    // Sent again after a channel loss.
+                    Phase::Open if s.peer == src => Ok(()),
+                    _ => Err(self.violated(id, Violation::UnexpectedFrame("SYN_ACK"))),
+                }
+            }
+            Frame::Rst { dst, reason } => {
+                let Some(id) = self.resolve(dst)? else { return Ok(()) };
+                self.reset_stream(id, ResetCause::Peer(reason), false);
+                Ok(())
+            }
+            Frame::Fin { dst, final_offset } => {
+                let Some(id) = self.resolve(dst)? else { return Ok(()) };
+                let s = self.streams.get_mut(id).expect("live");
+                s.frames_received += 1;
+                if s.reset.is_some() {
+                    return Ok(());
+                }
+                if let Err(v) = s.on_fin(final_offset) {
+                    return Err(self.violated(id, v));
+                }
+                self.emit(id, EV_READ);
+                self.maybe_free(id);
+                Ok(())
+            }
+            Frame::Credit { dst, consumed, window } => {
+                let Some(id) = self.resolve(dst)? else { return Ok(()) };
+                let s = self.streams.get_mut(id).expect("live");
+                s.frames_received += 1;
+                match s.on_credit(consumed, window) {
+                    Ok(true) => self.emit(id, EV_WRITE),
+                    Ok(false) => {}
+                    Err(v) => return Err(self.violated(id, v)),
+                }
+                Ok(())
+            }
+            Frame::Ack { channel, position } => self.on_ack(channel, position, now),
+        }
+    }
+
+    /// The stream the peer's stream `src` opened here, if it still exists.
+    pub(super) fn opened_from(&self, src: u64) -> Option<u64> {
+        let ours = *self.opened_by_peer.get(table::index_of(src))?;
+        let id = self.streams.id_at(ours.checked_sub(1)? as usize)?;
+        self.streams.get(id).filter(|s| s.peer == src && s.phase != Phase::Connecting)?;
+        Some(id)
+    }
+
+    pub(super) fn on_syn(&mut self, src: u64, port: u16, class: Class, window: u32) {
+        if let Some(id) = self.opened_from(src) {
+            // Sent again after a channel loss: answer again if we already answered.
+            if self.streams.get(id).is_some_and(|s| s.phase == Phase::Open) {
+                self.owe(id, OWE_SYN_ACK);
+            }
+            return;
+        }
+        let my_window = self.cfg.window;
+        let Some(id) = self.streams.insert_with(|_| {
+            let mut s = Stream::new_incoming(port, class, my_window, src, window);
+            s.frames_received = 1;
+            s
+        }) else {
+            return self.queue_rst(class, src, RstReason::Refused);
+        };
+        let slot = table::index_of(src);
+        if self.opened_by_peer.len() <= slot {
+            self.opened_by_peer.resize(slot + 1, 0);
+        }
+        self.opened_by_peer[slot] = table::index_of(id) as u32 + 1;
+        self.incoming.push_back(id);
+    }
+
+    pub(super) fn on_data(
+        &mut self,
+        stream: u64,
+        offset: u64,
+        payload: Bytes,
+    ) -> Result<(), Violation> {
+        let Some(id) = self.resolve(stream)? else { return Ok(()) };
+        let len = payload.len() as u64;
+        let s = self.streams.get_mut(id).expect("live");
+        s.frames_received += 1;
+        if s.phase == Phase::Incoming {
+            return Err(self.violated(id, Violation::UnexpectedFrame("DATA before SYN_ACK")));
+        }
+        if let Err(v) = s.check_data(offset, len) {
+            return Err(self.violated(id, v));
+        }
+        if s.reset.is_some() {
+            return Ok(());
+        }
+        if s.app_closed {
+            // Nobody will read: answer with a reset, as TCP does.
+            self.reset_stream(id, ResetCause::LocalAbort, true);
+            return Ok(());
+        }
+        match self.rx_insert(id, offset, payload) {
+            Ok(0) => Ok(()),
+            Ok(_) => {
+                self.emit(id, EV_READ);
+                Ok(())
+            }
+            Err(_) => Err(self.violated(id, Violation::TooManySegments)),
+        }
+    }
+
+    /// The header of a DATA frame arrived on `ch` with only `prefix` of its `len`-byte payload.
+    /// Validates the whole frame, keeps the prefix, and says where the rest should go.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn data_header(
+        &mut self,
+        ch: u16,
+        stream: u64,
+        offset: u64,
+        len: u64,
+        prefix: Bytes,
+        may_defer: bool,
+        now: Instant,
+    ) -> Result<Verdict, Violation> {
+        let got = DATA_HEADER_LEN as u64 + prefix.len() as u64;
+        self.observe(now);
+        let can_defer = match self.channel_mut(ch) {
+            Some(st) => {
+                st.received(got, now);
+                st.deferred.is_none()
+            }
+            None => return Ok(Verdict::Discard),
+        };
+        let Some(id) = self.resolve(stream)? else { return Ok(Verdict::Discard) };
+        let max_ooo = self.cfg.max_out_of_order;
+        let s = self.streams.get_mut(id).expect("live");
+        s.frames_received += 1;
+        if s.phase == Phase::Incoming {
+            return Err(self.violated(id, Violation::UnexpectedFrame("DATA before SYN_ACK")));
+        }
+        if let Err(v) = s.check_data(offset, len) {
+            return Err(self.violated(id, v));
+        }
+        if s.reset.is_some() {
+            return Ok(Verdict::Discard);
+        }
+        if s.app_closed {
+            self.reset_stream(id, ResetCause::LocalAbort, true);
+            return Ok(Verdict::Discard);
+        }
+        let n = prefix.len() as u64;
+        if n > 0 {
+            match self.rx_insert(id, offset, prefix) {
+                Ok(0) => {}
+                Ok(_) => self.emit(id, EV_READ),
+                Err(_) => return Err(self.violated(id, Violation::TooManySegments)),
+            }
+        }
+        let s = self.streams.get_mut(id).expect("live");
+        let (rest_off, rest_len) = (offset + n, len - n);
+        if !(may_defer && can_defer && s.rx.is_new(rest_off, rest_len)) {
+            return Ok(Verdict::Stage);
+        }
+        let before = s.rx.held_bytes();
+        if s.rx.insert_deferred(rest_off, ch, rest_len, max_ooo).is_err() {
+            return Err(self.violated(id, Violation::TooManySegments));
+        }
+        self.rx_held = self.rx_held + s.rx.held_bytes() - before;
+        s.flags &= !F_DEFERRED_EMPTY;
+        let front = s.rx.front_deferred().is_some();
+        let st = self.channel_mut(ch).expect("checked");
+        st.deferred = Some(DeferredRx {
+            stream: id,
+            offset: rest_off,
+            remaining: rest_len,
+            since: now,
+            taken: false,
+        });
+        if front {
+            self.emit(id, EV_READ);
+        }
+        Ok(Verdict::Defer)
+    }
+
+    /// A piece of a staged payload (after `Verdict::Stage`).
+    pub(super) fn data_piece(&mut self, ch: u16, stream: u64, offset: u64, data: Bytes) {
+        let now = self.clock();
+        match self.channel_mut(ch) {
+            Some(st) => st.received(data.len() as u64, now),
+            None => return,
+        }
+        let Some(s) = self.streams.get_mut(stream) else { return };
+        if s.reset.is_some() || s.app_closed {
+            return;
+        }
+        match self.rx_insert(stream, offset, data) {
+            Ok(0) => {}
+            Ok(_) => self.emit(stream, EV_READ),
+            Err(_) => {
+                // Validated at the header; only the segment limit can refuse a piece.
+                self.reset_stream(stream, ResetCause::ProtocolError, true);
+            }
+        }
+    }
+
+    /// `n` bytes of a discarded payload were read and dropped.
+    pub(super) fn discard(&mut self, ch: u16, n: u64) {
+        let now = self.clock();
+        if let Some(st) = self.channel_mut(ch) {
+            st.received(n, now);
+        }
+    }
+}
+
+impl<U> Stream<U> {
+    fn new_incoming(port: u16, class: Class, window: u32, peer: u64, peer_window: u32) -> Self
+    where
+        U: Default,
+    {
+        let mut s = Stream::new(U::default(), port, class, Phase::Incoming, window);
+        s.peer = peer;
+        s.send_limit = peer_window as u64;
+        s
+    }
+}

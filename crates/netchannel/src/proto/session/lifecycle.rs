@@ -1,0 +1,165 @@
+//! Events, deadlines, and the end of streams: resets, and freeing a stream once nothing it
+//! depends on is in flight.
+
+use std::cmp::Reverse;
+use std::time::Instant;
+
+use super::super::table;
+use super::*;
+use crate::wire::RstReason;
+
+fn rst_reason(cause: ResetCause) -> RstReason {
+    match cause {
+        ResetCause::ConnectTimeout | ResetCause::Undeliverable => RstReason::TimedOut,
+        _ => RstReason::Aborted,
+    }
+}
+
+impl<U: Default> Session<U> {
+    pub(super) fn emit(&mut self, id: u64, bits: u8) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        s.events |= bits;
+        if s.flags & F_EVENT == 0 {
+            s.flags |= F_EVENT;
+            self.events.push_back(id);
+        }
+    }
+
+    /// The next stream whose readiness may have changed, with `EV_*` bits.
+    pub fn poll_event(&mut self) -> Option<(u64, u8)> {
+        while let Some(id) = self.events.pop_front() {
+            if let Some(s) = self.streams.get_mut(id) {
+                s.flags &= !F_EVENT;
+                return Some((id, std::mem::take(&mut s.events)));
+            }
+        }
+        None
+    }
+
+    /// The next stream the peer opened, waiting for `accept_incoming` or `refuse_incoming`.
+    pub fn poll_incoming(&mut self) -> Option<(u64, u16)> {
+        while let Some(id) = self.incoming.pop_front() {
+            if let Some(s) = self.streams.get(id) {
+                if s.phase == Phase::Incoming {
+                    return Some((id, s.port));
+                }
+            }
+        }
+        None
+    }
+
+    pub(super) fn set_deadline(&mut self, id: u64, deadline: Option<Instant>) {
+        let ticks = deadline.map_or(0, |d| self.ticks(d));
+        let Some(s) = self.streams.get_mut(id) else { return };
+        s.deadline = ticks;
+        if ticks != 0 {
+            self.timers.push(Reverse((ticks, id)));
+        }
+    }
+
+    /// When `handle_timeout` has something to do next.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(Reverse((t, id))) = self.timers.peek().copied() {
+            if self.streams.get(id).is_some_and(|s| s.deadline == t) {
+                return Some(self.instant(t));
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.observe(now);
+        let now = self.ticks(now);
+        while let Some(Reverse((t, id))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(s) = self.streams.get_mut(id) else { continue };
+            if s.deadline != t {
+                continue;
+            }
+            s.deadline = 0;
+            if s.phase == Phase::Connecting {
+                self.reset_stream(id, ResetCause::ConnectTimeout, false);
+            } else if s.app_closed {
+                let undelivered = !s.tx.is_empty() || s.unacked_frames > 0 || s.owe != 0;
+                let cause =
+                    if undelivered { ResetCause::Undeliverable } else { ResetCause::LocalAbort };
+                self.reset_stream(id, cause, true);
+            }
+        }
+    }
+
+    pub(super) fn reset_stream(&mut self, id: u64, cause: ResetCause, tell_peer: bool) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.reset.is_some() {
+            return;
+        }
+        s.reset = Some(cause);
+        let dropped = s.tx.clear();
+        self.rx_held -= s.rx.held_bytes();
+        s.rx.clear();
+        s.owe = 0;
+        let (class, peer, phase, closed) = (s.class, s.peer, s.phase, s.app_closed);
+        self.classes[class.index()].unsent -= dropped;
+        if tell_peer && phase != Phase::Connecting {
+            self.queue_rst(class, peer, rst_reason(cause));
+        }
+        self.emit(id, EV_READ | EV_WRITE);
+        if closed {
+            self.free(id);
+        }
+    }
+
+    /// The session lost its last channel, but every byte the peer sent this stream arrived
+    /// (a peer that finished, then went away): the application reads them to the end of the
+    /// stream, as from a TCP socket whose peer closed; only writing fails (unsent bytes are
+    /// dropped, and `send` says the connection was lost).
+    pub(super) fn keep_for_reading(&mut self, id: u64) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        let dropped = s.tx.clear();
+        s.write_closed = true;
+        s.flags |= F_WRITE_LOST;
+        s.owe = 0;
+        s.unacked_frames = 0;
+        let (class, closed) = (s.class, s.app_closed);
+        self.classes[class.index()].unsent -= dropped;
+        self.emit(id, EV_READ | EV_WRITE);
+        if closed {
+            self.free(id);
+        }
+    }
+
+    /// Frees a closed stream once nothing it depends on is pending: its bytes were all sent
+    /// and acknowledged, its FIN acknowledged, and the peer finished too.
+    pub(super) fn maybe_free(&mut self, id: u64) {
+        let Some(s) = self.streams.get(id) else { return };
+        let done = s.app_closed
+            && s.reset.is_none()
+            && s.write_closed
+            && s.tx.is_empty()
+            && s.owe == 0
+            && s.unacked_frames == 0
+            && s.flags & F_FIN_SENT != 0
+            && s.peer_finished();
+        if done {
+            self.free(id);
+        }
+    }
+
+    pub(super) fn free(&mut self, id: u64) {
+        if let Some(s) = self.streams.remove(id) {
+            self.rx_held -= s.rx.held_bytes();
+            let slot = table::index_of(s.peer);
+            if s.phase != Phase::Connecting
+                && self.opened_by_peer.get(slot) == Some(&(table::index_of(id) as u32 + 1))
+            {
+                self.opened_by_peer[slot] = 0;
+            }
+            let n = s.tx.bytes();
+            self.classes[s.class.index()].unsent -= n;
+        }
+    }
+}

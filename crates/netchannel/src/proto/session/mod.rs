@@ -1,0 +1,292 @@
+//! The session state machine: every stream between this engine and one peer engine, and the
+//! protocol state of every channel between them.
+//!
+//! Inputs: what each channel's frame reader parsed ([`Session::receive`]), application calls (`open`, `send`, `recv`,
+//! `shutdown_write`, `close`), channel arrival and loss, and time (`handle_timeout`). Outputs:
+//! the frames a channel sends next ([`Session::poll_transmit`]) and events
+//! ([`Session::poll_event`], [`Session::poll_incoming`]).
+//!
+//! Reliability across channels: every frame pulled onto a channel is retained, with the
+//! channel byte position where it ends, until the peer acknowledges that position (ACK frames,
+//! piggybacked on whatever else goes the other way). When a channel is lost, what it carried
+//! and the peer did not acknowledge is queued again on the channels that remain (DATA as bytes
+//! to send again, control frames as owed again); the receiver trims duplicates. A stream is
+//! freed only when nothing it depends on is in flight.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::stream::*;
+use super::table::Table;
+use crate::scheduler::{ActiveQueues, Policy};
+use crate::wire::frame::MAX_HEADER_LEN;
+use crate::wire::handshake::MAX_CHANNEL_INDEX;
+use crate::wire::{Class, Frame};
+
+mod app;
+mod channels;
+mod deferred;
+mod input;
+mod lifecycle;
+mod transmit;
+
+use channels::ChannelState;
+pub use deferred::DeferredRx;
+use transmit::ClassTx;
+
+/// Event bits: the stream may have become readable / writable (or failed).
+pub const EV_READ: u8 = 1;
+pub const EV_WRITE: u8 = 2;
+
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Receive window granted per stream.
+    pub window: u32,
+    /// Largest DATA payload this side sends.
+    pub max_frame_payload: usize,
+    /// Out-of-order segments held per stream before the peer is deemed abusive.
+    pub max_out_of_order: usize,
+    pub policy: Policy,
+    /// Unsent bytes a class may hold per channel before senders wait (backpressure).
+    pub queue_threshold: u64,
+    pub max_streams: u32,
+    /// Unacknowledged received bytes on a channel that make an ACK due on their own.
+    pub ack_threshold: u64,
+    /// RST frames queued for the peer before further ones are dropped (counted).
+    pub max_pending_rsts: usize,
+    pub connect_timeout: Duration,
+    /// How long a closed stream may take to deliver its last bytes before it is reset.
+    pub linger: Duration,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            window: 4 << 20,
+            max_frame_payload: 256 * 1024,
+            max_out_of_order: 4096,
+            policy: Policy::RoundRobin,
+            queue_threshold: 2 << 20,
+            max_streams: 1 << 21,
+            ack_threshold: 1 << 20,
+            max_pending_rsts: 4096,
+            connect_timeout: Duration::from_secs(5),
+            linger: Duration::from_secs(30),
+        }
+    }
+}
+
+/// One frame to write: an encoded header and, for DATA, its payload (shared, not copied).
+pub struct OutFrame {
+    pub header: [u8; MAX_HEADER_LEN],
+    pub header_len: u8,
+    pub payload: Bytes,
+}
+
+impl OutFrame {
+    pub fn len(&self) -> usize {
+        self.header_len as usize + self.payload.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn control(frame: Frame<'_>) -> OutFrame {
+        let mut header = [0u8; MAX_HEADER_LEN];
+        let n = frame.encode_header(&mut header);
+        OutFrame { header, header_len: n as u8, payload: Bytes::new() }
+    }
+}
+
+/// The outcome of `recv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recv {
+    /// This many bytes were moved to the output as slices.
+    Data(u64),
+    /// The next bytes are in channel `channel`'s socket: read at most `max` of them into the
+    /// application's buffer, then report with `deferred_read`.
+    Deferred {
+        channel: u16,
+        max: u64,
+    },
+    /// The peer finished and every byte was read.
+    Eof,
+    /// Nothing yet.
+    Empty,
+    Reset(ResetCause),
+    /// No such stream (closed).
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenError {
+    /// `max_streams` reached.
+    Limit,
+    /// The session has no channel left.
+    NoChannels,
+}
+
+/// Counters of a session.
+#[derive(Debug, Clone, Default)]
+pub struct CoreStats {
+    pub streams: usize,
+    /// Frames for streams already closed here (normal after a reset; ignored).
+    pub stale_frames: u64,
+    /// Unsent bytes held in stream buffers.
+    pub unsent_bytes: u64,
+    /// Bytes sent and not yet acknowledged by the peer, kept for retransmission.
+    pub retained_bytes: u64,
+    /// Bytes retransmitted after channel losses.
+    pub retransmitted_bytes: u64,
+    /// RST frames dropped because the peer did not read the earlier ones.
+    pub dropped_rsts: u64,
+    /// RST frames sent without being kept for a resend (the peer acknowledged too few).
+    pub unretained_rsts: u64,
+    /// Received bytes held for the application in user space.
+    pub held_bytes: u64,
+    /// Bytes copied out of channel read buffers so that unread slices do not pin them.
+    pub compacted_bytes: u64,
+}
+
+/// The protocol state of one session (see the module doc).
+pub struct Session<U> {
+    cfg: CoreConfig,
+    streams: Table<Stream<U>>,
+    channels: Vec<Option<ChannelState>>,
+    classes: [ClassTx; 2],
+    /// Streams with unsent bytes: the scheduler's queues.
+    active: ActiveQueues,
+    /// For each index of the peer's stream table, the index (+1) of the stream it opened here
+    /// from it, so a SYN sent again after a channel loss does not open a second stream. Dense,
+    /// like the peer's ids: 4 bytes per stream instead of a hash-map entry.
+    opened_by_peer: Vec<u32>,
+    events: VecDeque<u64>,
+    incoming: VecDeque<u64>,
+    /// Stream deadlines on the session's compact clock (entries whose stream has another
+    /// deadline by now are dropped when met).
+    timers: BinaryHeap<Reverse<(u64, u64)>>,
+    /// The last channel was lost: every stream is reset and no new one can open.
+    dead: bool,
+    stats: CoreStats,
+    /// The latest time an input carried (for calls that carry none).
+    now: Option<Instant>,
+    /// The origin of the session's compact clock (`ticks`).
+    epoch: Option<Instant>,
+    /// Received bytes held in user space, every stream (what the peer made us allocate).
+    rx_held: u64,
+    /// Streams that took small slices of channel read buffers since the last compaction.
+    pinned: Vec<u64>,
+}
+
+impl<U: Default> Session<U> {
+    pub fn new(cfg: CoreConfig) -> Self {
+        Session {
+            streams: Table::new(cfg.max_streams),
+            active: ActiveQueues::new(cfg.policy, MAX_CHANNEL_INDEX as usize + 1),
+            cfg,
+            channels: (0..=MAX_CHANNEL_INDEX).map(|_| None).collect(),
+            classes: [ClassTx::default(), ClassTx::default()],
+            opened_by_peer: Vec::new(),
+            events: VecDeque::new(),
+            incoming: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            dead: false,
+            stats: CoreStats::default(),
+            now: None,
+            epoch: None,
+            rx_held: 0,
+            pinned: Vec::new(),
+        }
+    }
+
+    /// Received bytes held in user space across every stream.
+    pub fn rx_held(&self) -> u64 {
+        self.rx_held
+    }
+
+    /// An input carried the current time.
+    fn observe(&mut self, now: Instant) {
+        self.now = Some(now);
+        self.epoch.get_or_insert(now);
+    }
+
+    /// `t` on the session's compact clock: nanoseconds since the first current time it saw,
+    /// plus one (0 stands for "none").
+    fn ticks(&mut self, t: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(t);
+        t.saturating_duration_since(epoch).as_nanos() as u64 + 1
+    }
+
+    fn instant(&self, ticks: u64) -> Instant {
+        self.epoch.expect("ticks were taken") + std::time::Duration::from_nanos(ticks - 1)
+    }
+
+    fn clock(&self) -> Instant {
+        self.now.unwrap_or_else(Instant::now)
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    pub fn stream(&self, id: u64) -> Option<&Stream<U>> {
+        self.streams.get(id)
+    }
+
+    pub fn stream_mut(&mut self, id: u64) -> Option<&mut Stream<U>> {
+        self.streams.get_mut(id)
+    }
+
+    pub fn streams(&self) -> impl Iterator<Item = (u64, &Stream<U>)> {
+        self.streams.iter()
+    }
+
+    pub fn stream_count(&self) -> usize {
+        self.streams.live()
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    pub fn readable(&self, id: u64) -> bool {
+        self.streams.get(id).is_none_or(|s| s.readable())
+    }
+
+    /// `send` would take bytes (or fail at once).
+    pub fn writable(&self, id: u64) -> bool {
+        let Some(s) = self.streams.get(id) else { return true };
+        if !s.writable_credit() {
+            return false;
+        }
+        if s.reset.is_some() || s.write_closed {
+            return true;
+        }
+        self.classes[s.class.index()].unsent < self.class_limit(s.class)
+    }
+
+    pub fn stats(&self) -> CoreStats {
+        let mut st = self.stats.clone();
+        st.streams = self.streams.live();
+        st.unsent_bytes = self.classes.iter().map(|c| c.unsent).sum();
+        st.retained_bytes = self.retained_bytes();
+        st.held_bytes = self.rx_held;
+        debug_assert_eq!(
+            self.rx_held,
+            self.streams.iter().map(|(_, s)| s.rx.held_bytes()).sum::<u64>()
+        );
+        st
+    }
+}
+
+/// The other class.
+fn other(class: Class) -> Class {
+    match class {
+        Class::Throughput => Class::Latency,
+        Class::Latency => Class::Throughput,
+    }
+}

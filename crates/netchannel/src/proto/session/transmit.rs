@@ -1,0 +1,286 @@
+//! What a channel sends next: control frames owed, then chunks of streams with unsent bytes
+//! in the scheduler's order, with acknowledgements riding along; and the class space that
+//! slows senders down (backpressure).
+
+use super::channels::Retained;
+use super::*;
+use crate::wire::frame::{data_header, DATA_HEADER_LEN};
+use crate::wire::RstReason;
+
+/// Senders woken per this many bytes of class space freed (each may write about that much).
+const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
+
+/// Per class: its channels and what waits for them.
+#[derive(Default)]
+pub(super) struct ClassTx {
+    /// Open channels of the class, in the order they arrived.
+    pub(super) channels: Vec<u16>,
+    /// Streams owing control frames.
+    pub(super) control: VecDeque<u64>,
+    /// RSTs owed for streams that have no state here (refused, aborted, stale).
+    pub(super) rsts: VecDeque<(u64, RstReason)>,
+    pub(super) unsent: u64,
+    pub(super) space_waiters: VecDeque<u64>,
+    /// A sender found no space since the last `take_congestion`.
+    pub(super) congested: bool,
+}
+
+impl<U: Default> Session<U> {
+    pub(super) fn served_by(&self, class: Class) -> Vec<Class> {
+        [class, other(class)].into_iter().filter(|&k| self.serving(k) == class).collect()
+    }
+
+    /// Whether channel `ch` has frames to pull (acknowledgements aside).
+    pub fn has_transmit(&self, ch: u16) -> bool {
+        let Some(st) = self.channels.get(ch as usize).and_then(Option::as_ref) else {
+            return false;
+        };
+        let served = self.served_by(st.class);
+        self.active.has_work(ch, &served)
+            || served.iter().any(|k| {
+                let c = &self.classes[k.index()];
+                !c.control.is_empty() || !c.rsts.is_empty()
+            })
+    }
+
+    /// Appends the next frames channel `ch` should write (at most about `budget` bytes and
+    /// `max_frames` frames) and returns their bytes. Acknowledgements ride along whenever
+    /// anything is sent, and go alone when `ack_due(force_ack)`.
+    pub fn poll_transmit(
+        &mut self,
+        ch: u16,
+        budget: usize,
+        max_frames: usize,
+        force_ack: bool,
+        out: &mut Vec<OutFrame>,
+    ) -> usize {
+        let Some(class) = self.channels.get(ch as usize).and_then(|c| c.as_ref()).map(|c| c.class)
+        else {
+            return 0;
+        };
+        let start = out.len();
+        let mut bytes = 0usize;
+        let served = self.served_by(class);
+        for &k in &served {
+            while out.len() - start < max_frames {
+                let Some((peer, reason)) = self.classes[k.index()].rsts.pop_front() else {
+                    break;
+                };
+                let f = OutFrame::control(Frame::Rst { dst: peer, reason });
+                let cap = self.cfg.max_pending_rsts as u32;
+                let st = self.channel_mut(ch).expect("pulling for a live channel");
+                if st.retained_rsts < cap {
+                    st.retained_rsts += 1;
+                    bytes += self.retain(ch, f.len(), Retained::Rst { peer, reason, class: k });
+                } else {
+                    st.tx_pos += f.len() as u64;
+                    bytes += f.len();
+                    self.stats.unretained_rsts += 1;
+                }
+                out.push(f);
+            }
+            while out.len() - start < max_frames {
+                let Some(id) = self.classes[k.index()].control.pop_front() else { break };
+                bytes += self.emit_control(ch, id, out);
+            }
+        }
+        while bytes < budget && out.len() - start + 2 <= max_frames {
+            let Some(id) = self.next_active(ch, &served) else { break };
+            let max_frame = self.cfg.max_frame_payload;
+            let Some(s) = self.streams.get_mut(id) else { continue };
+            let Some((offset, data)) = s.tx.take(max_frame.min(budget - bytes).max(1)) else {
+                s.flags &= !F_ACTIVE;
+                continue;
+            };
+            let n = data.len();
+            let c = s.class;
+            let header = data_header(s.peer, offset, n);
+            s.frames_sent += 1;
+            s.unacked_frames += 1;
+            let more = !s.tx.is_empty();
+            self.classes[c.index()].unsent -= n as u64;
+            let mut h = [0u8; MAX_HEADER_LEN];
+            h[..DATA_HEADER_LEN].copy_from_slice(&header);
+            let f =
+                OutFrame { header: h, header_len: DATA_HEADER_LEN as u8, payload: data.clone() };
+            bytes += self.retain(ch, f.len(), Retained::Data { stream: id, offset, bytes: data });
+            out.push(f);
+            if more {
+                self.requeue_active(id, ch);
+            } else if let Some(s) = self.streams.get_mut(id) {
+                s.flags &= !F_ACTIVE;
+                self.maybe_free(id);
+            }
+            self.wake_space_waiters(c);
+        }
+        let sending = out.len() > start;
+        let owed = || self.channels.iter().flatten().any(|st| st.rx_pos > st.rx_acked);
+        if sending || self.ack_due(None) || (force_ack && owed()) {
+            let acks: Vec<(u16, u64)> = self
+                .channels
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, st)| {
+                    let st = st.as_mut()?;
+                    (st.rx_pos > st.rx_acked).then(|| {
+                        st.rx_acked = st.rx_pos;
+                        st.ack_since = None;
+                        (i as u16, st.rx_pos)
+                    })
+                })
+                .collect();
+            for (channel, position) in acks {
+                let f = OutFrame::control(Frame::Ack { channel, position });
+                bytes += f.len();
+                if let Some(st) = self.channel_mut(ch) {
+                    st.tx_pos += f.len() as u64;
+                }
+                out.push(f);
+            }
+        }
+        bytes
+    }
+
+    pub(super) fn emit_control(&mut self, ch: u16, id: u64, out: &mut Vec<OutFrame>) -> usize {
+        let Some(s) = self.streams.get_mut(id) else { return 0 };
+        s.flags &= !F_CONTROL;
+        let owe = std::mem::take(&mut s.owe);
+        if owe == 0 || s.reset.is_some() {
+            return 0;
+        }
+        let mut frames = Vec::with_capacity(4);
+        if owe & OWE_SYN != 0 && s.phase == Phase::Connecting {
+            frames.push(Frame::Syn { src: id, port: s.port, class: s.class, window: s.window });
+        }
+        if owe & OWE_SYN_ACK != 0 && s.phase == Phase::Open {
+            frames.push(Frame::SynAck { dst: s.peer, src: id, window: s.window });
+        }
+        if owe & OWE_CREDIT != 0 && s.phase == Phase::Open && !s.peer_finished() {
+            let consumed = s.rx.consumed();
+            s.granted = consumed + s.window as u64;
+            frames.push(Frame::Credit { dst: s.peer, consumed, window: s.window });
+        }
+        if owe & OWE_FIN != 0 && s.write_closed && s.phase == Phase::Open {
+            s.flags |= F_FIN_SENT;
+            frames.push(Frame::Fin { dst: s.peer, final_offset: s.send_next });
+        }
+        s.unacked_frames += frames.len() as u32;
+        s.frames_sent += frames.len() as u32;
+        let mut bytes = 0;
+        for f in frames {
+            let bit = match f {
+                Frame::Syn { .. } => OWE_SYN,
+                Frame::SynAck { .. } => OWE_SYN_ACK,
+                Frame::Credit { .. } => OWE_CREDIT,
+                _ => OWE_FIN,
+            };
+            let of = OutFrame::control(f);
+            bytes += self.retain(ch, of.len(), Retained::Control { stream: id, owe: bit });
+            out.push(of);
+        }
+        bytes
+    }
+
+    pub(super) fn next_active(&mut self, ch: u16, served: &[Class]) -> Option<u64> {
+        let mine = self.serving(served[0]);
+        while let Some(id) = self.active.pop(ch, served) {
+            let Some(class) = self.streams.get(id).map(|s| s.class) else { continue };
+            if self.serving(class) != mine {
+                // Its class changed while queued: file it where it belongs now.
+                if let Some(s) = self.streams.get_mut(id) {
+                    s.flags &= !F_ACTIVE;
+                }
+                self.activate(id);
+                continue;
+            }
+            return Some(id);
+        }
+        None
+    }
+
+    pub(super) fn requeue_active(&mut self, id: u64, ch: u16) {
+        let Some(s) = self.streams.get(id) else { return };
+        self.active.requeue(id, ch, s.class);
+    }
+
+    pub(super) fn activate(&mut self, id: u64) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.flags & F_ACTIVE != 0 || s.tx.is_empty() || s.reset.is_some() {
+            return;
+        }
+        s.flags |= F_ACTIVE;
+        let class = s.class;
+        let serving = &self.classes[self.serving(class).index()].channels;
+        self.active.push(id, class, serving);
+    }
+
+    pub(super) fn owe(&mut self, id: u64, bits: u8) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if bits == 0 {
+            return;
+        }
+        s.owe |= bits;
+        if s.flags & F_CONTROL == 0 {
+            s.flags |= F_CONTROL;
+            let class = s.class;
+            self.classes[class.index()].control.push_back(id);
+        }
+    }
+
+    pub(super) fn queue_rst(&mut self, class: Class, peer: u64, reason: RstReason) {
+        let q = &mut self.classes[class.index()].rsts;
+        if q.len() >= self.cfg.max_pending_rsts {
+            self.stats.dropped_rsts += 1;
+            return;
+        }
+        q.push_back((peer, reason));
+    }
+
+    /// Whether stream `id` owes the peer a control frame (a CREDIT after reads, a FIN, ...).
+    pub fn owes_control(&self, id: u64) -> bool {
+        self.streams.get(id).is_some_and(|s| s.owe != 0)
+    }
+
+    /// Unsent bytes of a class.
+    pub fn unsent(&self, class: Class) -> u64 {
+        self.classes[class.index()].unsent
+    }
+
+    /// RSTs and control frames queued and not yet pulled (a peer that does not read them
+    /// should be slowed: stop reading its frames).
+    pub fn control_backlog(&self) -> usize {
+        self.classes.iter().map(|c| c.rsts.len() + c.control.len()).sum()
+    }
+
+    pub(super) fn wake_space_waiters(&mut self, class: Class) {
+        let limit = self.class_limit(class);
+        let c = &mut self.classes[class.index()];
+        if c.space_waiters.is_empty() || c.unsent >= limit {
+            return;
+        }
+        let mut wake = (limit - c.unsent).div_ceil(SPACE_WAKE_QUANTUM);
+        let mut woken = Vec::new();
+        while wake > 0 {
+            let Some(id) = c.space_waiters.pop_front() else { break };
+            woken.push(id);
+            wake -= 1;
+        }
+        for id in woken {
+            if let Some(s) = self.streams.get_mut(id) {
+                s.flags &= !F_SPACE_WAIT;
+                self.emit(id, EV_WRITE);
+            }
+        }
+    }
+
+    /// Whether a sender of `class` found no space since the last call (the cue to add a
+    /// channel).
+    pub fn take_congestion(&mut self, class: Class) -> bool {
+        std::mem::take(&mut self.classes[class.index()].congested)
+    }
+
+    pub(super) fn class_limit(&self, class: Class) -> u64 {
+        let serving = self.serving(class);
+        self.cfg.queue_threshold * self.classes[serving.index()].channels.len().max(1) as u64
+    }
+}
