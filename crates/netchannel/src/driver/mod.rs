@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 use crate::proto::framing::{FrameReader, Parsed, Target};
-use crate::proto::OutFrame;
+use crate::proto::{ChannelIndex, OutFrame};
 use crate::sys;
 use crate::wire::Class;
 use pool::BufPool;
@@ -39,7 +39,7 @@ pub trait Transport: Send + Sync + 'static {
 /// Identity of a channel within its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelMeta {
-    pub index: u16,
+    pub index: ChannelIndex,
     pub class: Class,
     pub peer_engine: u64,
 }
@@ -331,7 +331,7 @@ impl Channel {
     pub fn stats(&self) -> ChannelStats {
         let c = &self.counters;
         ChannelStats {
-            index: self.meta.index,
+            index: self.meta.index.get(),
             class: self.meta.class,
             peer_engine: self.meta.peer_engine,
             open: self.is_open(),

@@ -13,17 +13,18 @@ use parking_lot::Mutex;
 
 use super::session::SessionRt;
 use super::waiter::Waiter;
+use crate::proto::StreamId;
 use crate::sys::EventFd;
 use crate::wire::Class;
 
 /// State shared between a `Listener` and the threads that deliver streams to it.
 pub(crate) struct ListenerShared {
-    backlog: Mutex<VecDeque<(Arc<SessionRt>, u64)>>,
+    backlog: Mutex<VecDeque<(Arc<SessionRt>, StreamId)>>,
     capacity: usize,
     /// Streams that came while the backlog was full: their SYN is not answered yet (their
     /// `connect` waits, as a TCP client whose SYN was dropped retries), and each `accept`
     /// admits one. Bounded by `capacity` too; beyond, SYNs are refused.
-    waiting: Mutex<VecDeque<(Arc<SessionRt>, u64)>>,
+    waiting: Mutex<VecDeque<(Arc<SessionRt>, StreamId)>>,
     closed: AtomicBool,
     waiters: Mutex<Vec<Arc<Waiter>>>,
     readiness: OnceLock<EventFd>,
@@ -60,12 +61,13 @@ impl ListenerShared {
         &self,
         unaccepted_window: u32,
         window: u32,
-    ) -> Option<(Arc<SessionRt>, u64, Class)> {
+    ) -> Option<(Arc<SessionRt>, StreamId, Class)> {
         let (session, id) = self.backlog.lock().pop_front()?;
         self.admit_waiting(unaccepted_window);
         let class = session.with_core(|core| {
-            core.set_window(id, window);
-            core.stream(id).map_or(Class::Throughput, |s| s.class)
+            let mut stream = core.handle(id);
+            stream.set_window(window);
+            stream.state().map_or(Class::Throughput, |s| s.class)
         });
         session.defer_flush();
         Some((session, id, class))
@@ -108,14 +110,14 @@ impl ListenerShared {
     }
 
     /// Every stream still queued or waiting (the listener is going away).
-    pub fn take_all(&self) -> Vec<(Arc<SessionRt>, u64)> {
+    pub fn take_all(&self) -> Vec<(Arc<SessionRt>, StreamId)> {
         let mut all: Vec<_> = self.backlog.lock().drain(..).collect();
         all.extend(self.waiting.lock().drain(..));
         all
     }
 
     /// Queues an opened stream for `accept`, or in the waiting line behind a full backlog.
-    pub fn offer(&self, session: Arc<SessionRt>, id: u64) -> Offer {
+    pub fn offer(&self, session: Arc<SessionRt>, id: StreamId) -> Offer {
         if self.closed.load(Ordering::SeqCst) {
             return Offer::Refused;
         }
@@ -139,8 +141,9 @@ impl ListenerShared {
         loop {
             let Some((session, id)) = self.waiting.lock().pop_front() else { return };
             let live = session.with_core(|core| {
-                core.accept_incoming(id, window);
-                core.stream(id).is_some_and(|s| s.reset.is_none())
+                let mut stream = core.handle(id);
+                stream.accept(window);
+                stream.state().is_some_and(|s| s.reset.is_none())
             });
             if live {
                 session.defer_flush();

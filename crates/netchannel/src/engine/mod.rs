@@ -31,7 +31,7 @@ pub use worker::WorkerThread;
 
 use crate::driver::tcp::{self, Incoming, TcpOptions, TcpTransport};
 use crate::driver::{Channel, ChannelMeta, ChannelStats};
-use crate::proto::CoreConfig;
+use crate::proto::{ChannelIndex, CoreConfig};
 use crate::sys::EventFd;
 use crate::wire::{Class, Handshake, RejectReason};
 use listener::ListenerShared;
@@ -348,7 +348,7 @@ impl EngineCtx {
             self.config.dial_timeout,
             &self.tcp_options,
         )?;
-        let meta = ChannelMeta { index, class, peer_engine: peer };
+        let meta = ChannelMeta { index: ChannelIndex(index), class, peer_engine: peer };
         let worker = self.pick_worker(index, class);
         let transport = Box::new(TcpTransport::new(sock));
         let large = self.config.defer_min.max(1);
@@ -436,7 +436,9 @@ impl EngineCtx {
             (existing, sessions.accepted.values().filter(|s| s.is_alive()).count())
         };
         match existing {
-            Some(s) if s.channel(hello.channel).is_some() => Err(RejectReason::BadField),
+            Some(s) if s.channel(ChannelIndex(hello.channel)).is_some() => {
+                Err(RejectReason::BadField)
+            }
             Some(_) => Ok(()),
             None if count >= self.config.max_sessions => {
                 self.refused("sessions at max_sessions");
@@ -472,7 +474,7 @@ impl EngineCtx {
                 })
                 .clone()
         };
-        if session.channel(hello.channel).is_some() {
+        if session.channel(ChannelIndex(hello.channel)).is_some() {
             inc.refuse(self.id, RejectReason::BadField);
             self.handshake_failed(inc.peer, "channel index already in use".into());
             return;
@@ -481,8 +483,11 @@ impl EngineCtx {
             Ok(s) => s,
             Err(e) => return self.handshake_failed(Some(peer_addr), format!("{e}")),
         };
-        let meta =
-            ChannelMeta { index: hello.channel, class: hello.class, peer_engine: hello.engine_id };
+        let meta = ChannelMeta {
+            index: ChannelIndex(hello.channel),
+            class: hello.class,
+            peer_engine: hello.engine_id,
+        };
         let worker = self.pick_worker(hello.channel, hello.class);
         let transport = Box::new(TcpTransport::new(sock));
         let large = self.config.defer_min.max(1);
@@ -535,7 +540,7 @@ impl EngineCtx {
         }
         if session.is_alive() {
             if session.initiator {
-                self.redial(session.clone(), ch.meta.index, ch.meta.class);
+                self.redial(session.clone(), ch.meta.index.get(), ch.meta.class);
             }
             return;
         }

@@ -22,7 +22,7 @@ use super::readiness::{StreamUser, Wakes};
 use super::EngineCtx;
 use crate::driver::{Channel, ChannelError};
 use crate::proto::framing::Verdict;
-use crate::proto::{OutFrame, Session};
+use crate::proto::{ChannelIndex, OutFrame, Session, StreamId};
 use crate::sys::{HANGUP, READABLE, WRITABLE};
 use crate::wire::{Class, RstReason};
 
@@ -139,7 +139,7 @@ impl SessionRt {
         self.channels.read().clone()
     }
 
-    pub fn channel(&self, index: u16) -> Option<Arc<Channel>> {
+    pub fn channel(&self, index: ChannelIndex) -> Option<Arc<Channel>> {
         self.channels.read().iter().find(|c| c.meta.index == index).cloned()
     }
 
@@ -258,17 +258,17 @@ impl SessionRt {
         while let Some((id, port)) = core.poll_incoming() {
             let listener = self.ctx.listeners.lock().get(&port).cloned();
             match listener {
-                None => core.refuse_incoming(id, RstReason::NoListener),
+                None => core.handle(id).refuse(RstReason::NoListener),
                 Some(l) => {
                     // The full window comes when the application accepts it.
                     let window = self.ctx.config.unaccepted_window;
                     match l.offer(self.clone(), id) {
                         Offer::Queued => {
-                            core.accept_incoming(id, window);
+                            core.handle(id).accept(window);
                             wakes.listeners.push(l);
                         }
                         Offer::Waiting => {}
-                        Offer::Refused => core.refuse_incoming(id, RstReason::Refused),
+                        Offer::Refused => core.handle(id).refuse(RstReason::Refused),
                     }
                 }
             }
@@ -389,7 +389,7 @@ impl SessionRt {
                 // Left in the socket only when its reader will read it soon: it is at hand, or
                 // reads this stream's payloads straight from channels (one is waiting, or it
                 // read one a moment ago).
-                let reader_at_hand = |core: &Core, stream: u64| {
+                let reader_at_hand = |core: &Core, stream: StreamId| {
                     defer_ok
                         && (core
                             .stream(stream)
@@ -450,7 +450,7 @@ impl SessionRt {
 
     /// Makes the engine read the deferred payload at the front of stream `id` into user space
     /// (for `MSG_PEEK`, which cannot read from the socket without consuming). True if it did.
-    pub fn stage_front(self: &Arc<Self>, id: u64) -> bool {
+    pub fn stage_front(self: &Arc<Self>, id: StreamId) -> bool {
         let front = self.core().stream(id).and_then(|s| s.rx.front_deferred());
         let Some((index, _)) = front else { return false };
         let Some(ch) = self.channel(index) else { return false };

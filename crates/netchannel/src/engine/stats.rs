@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use super::readiness::StreamUser;
 use super::worker::WorkerThread;
 use crate::driver::ChannelStats;
-use crate::proto::Stream;
+use crate::proto::{Stream, StreamId};
 use crate::wire::Class;
 
 /// Counters of the whole engine.
@@ -74,9 +74,9 @@ pub struct SocketStats {
 }
 
 impl SocketStats {
-    pub(crate) fn of(id: u64, s: &Stream<StreamUser>, peer: SocketAddr) -> SocketStats {
+    pub(crate) fn of(id: StreamId, s: &Stream<StreamUser>, peer: SocketAddr) -> SocketStats {
         SocketStats {
-            id,
+            id: id.get(),
             port: s.port,
             class: s.class,
             peer_engine_addr: peer,

@@ -6,6 +6,7 @@
 //! wake-ups and time into it; `tests` drive two sessions against each other in memory with a
 //! virtual clock.
 //!
+//! - [`ids`]: stream and channel ids as types.
 //! - [`table`]: dense stream ids with 40-bit generations.
 //! - [`sendbuf`] / [`recvbuf`]: a stream's unsent bytes and its reorder buffer.
 //! - [`framing`]: splitting a channel's byte stream into frames (the reader feeding `receive`).
@@ -13,6 +14,7 @@
 //! - [`session`]: the session state machine, channel retention and acknowledgements.
 
 pub mod framing;
+pub mod ids;
 pub mod recvbuf;
 pub mod sendbuf;
 pub mod session;
@@ -22,5 +24,6 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
+pub use ids::{ChannelIndex, PeerStreamId, StreamId};
 pub use session::{CoreConfig, CoreStats, OpenError, OutFrame, Recv, Session, EV_READ, EV_WRITE};
 pub use stream::{Phase, ResetCause, SendError, Stream, Violation};

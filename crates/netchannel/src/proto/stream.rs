@@ -1,6 +1,7 @@
 //! Per-stream protocol state: offsets, credit, half-close, reset, and the two buffers. Pure:
 //! the session core ([`super::Session`]) calls these with peer frames and application calls.
 
+use super::ids::PeerStreamId;
 use super::recvbuf::RecvBuf;
 use super::sendbuf::SendBuf;
 use crate::wire::{Class, RstReason};
@@ -106,7 +107,7 @@ pub struct Stream<U> {
     pub class: Class,
     pub phase: Phase,
     /// The peer's id for this stream (from its SYN or SYN_ACK).
-    pub peer: u64,
+    pub peer: PeerStreamId,
     pub reset: Option<ResetCause>,
     /// The application closed its handle; the state lingers until the stream is done.
     pub app_closed: bool,
@@ -149,7 +150,7 @@ impl<U> Stream<U> {
             port,
             class,
             phase,
-            peer: 0,
+            peer: PeerStreamId::default(),
             reset: None,
             app_closed: false,
             owe: 0,

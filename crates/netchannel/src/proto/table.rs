@@ -11,6 +11,9 @@ const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
 /// A slot whose generation reached this is retired instead of reused.
 const LAST_GENERATION: u64 = (1 << (64 - INDEX_BITS)) - 1;
 
+use super::ids::StreamId;
+
+/// The slot an id (ours or the peer's) names.
 pub fn index_of(id: u64) -> usize {
     (id & INDEX_MASK) as usize
 }
@@ -43,7 +46,7 @@ impl<T> Table<T> {
     }
 
     /// Allocates an id and stores what `make` builds for it; `None` at the limit.
-    pub fn insert_with(&mut self, make: impl FnOnce(u64) -> T) -> Option<u64> {
+    pub fn insert_with(&mut self, make: impl FnOnce(StreamId) -> T) -> Option<StreamId> {
         if self.live >= self.limit as usize {
             return None;
         }
@@ -56,28 +59,29 @@ impl<T> Table<T> {
             None => return None,
         };
         let slot = &mut self.slots[index];
-        let id = (slot.generation << INDEX_BITS) | index as u64;
+        let id = StreamId((slot.generation << INDEX_BITS) | index as u64);
         slot.value = Some(Box::new(make(id)));
         self.live += 1;
         Some(id)
     }
 
-    fn slot(&self, id: u64) -> Option<&Slot<T>> {
-        self.slots.get(index_of(id)).filter(|s| s.generation == id >> INDEX_BITS)
+    fn slot(&self, id: StreamId) -> Option<&Slot<T>> {
+        self.slots.get(id.index()).filter(|s| s.generation == id.0 >> INDEX_BITS)
     }
 
-    pub fn get(&self, id: u64) -> Option<&T> {
+    pub fn get(&self, id: StreamId) -> Option<&T> {
         self.slot(id)?.value.as_deref()
     }
 
-    pub fn get_mut(&mut self, id: u64) -> Option<&mut T> {
-        let slot = self.slots.get_mut(index_of(id))?;
-        if slot.generation != id >> INDEX_BITS {
+    pub fn get_mut(&mut self, id: StreamId) -> Option<&mut T> {
+        let slot = self.slots.get_mut(id.index())?;
+        if slot.generation != id.0 >> INDEX_BITS {
             return None;
         }
         slot.value.as_deref_mut()
     }
 
+    /// What a peer-supplied id refers to (`Live`: it is `StreamId(id)`).
     pub fn lookup(&self, id: u64) -> Lookup {
         match self.slots.get(index_of(id)) {
             None => Lookup::Unknown,
@@ -88,10 +92,10 @@ impl<T> Table<T> {
     }
 
     /// Frees the slot of `id` if it holds that stream.
-    pub fn remove(&mut self, id: u64) -> Option<Box<T>> {
-        let index = index_of(id);
+    pub fn remove(&mut self, id: StreamId) -> Option<Box<T>> {
+        let index = id.index();
         let slot = self.slots.get_mut(index)?;
-        if slot.generation != id >> INDEX_BITS {
+        if slot.generation != id.0 >> INDEX_BITS {
             return None;
         }
         let value = slot.value.take()?;
@@ -104,23 +108,23 @@ impl<T> Table<T> {
     }
 
     /// The id of the stream in slot `index`, if any.
-    pub fn id_at(&self, index: usize) -> Option<u64> {
+    pub fn id_at(&self, index: usize) -> Option<StreamId> {
         let slot = self.slots.get(index)?;
         slot.value.as_ref()?;
-        Some((slot.generation << INDEX_BITS) | index as u64)
+        Some(StreamId((slot.generation << INDEX_BITS) | index as u64))
     }
 
     pub fn live(&self) -> usize {
         self.live
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
+    pub fn iter(&self) -> impl Iterator<Item = (StreamId, &T)> {
         self.slots.iter().enumerate().filter_map(|(i, s)| {
-            s.value.as_deref().map(|v| ((s.generation << INDEX_BITS) | i as u64, v))
+            s.value.as_deref().map(|v| (StreamId((s.generation << INDEX_BITS) | i as u64), v))
         })
     }
 
-    pub fn ids(&self) -> Vec<u64> {
+    pub fn ids(&self) -> Vec<StreamId> {
         self.iter().map(|(id, _)| id).collect()
     }
 }
@@ -134,12 +138,12 @@ mod tests {
         let mut t = Table::new(4);
         let a = t.insert_with(|_| 'a').unwrap();
         let b = t.insert_with(|_| 'b').unwrap();
-        assert_eq!((index_of(a), index_of(b)), (0, 1));
-        assert_ne!(a, 0);
+        assert_eq!((a.index(), b.index()), (0, 1));
+        assert_ne!(a.get(), 0);
         assert_eq!(t.remove(a), Some(Box::new('a')));
-        assert_eq!(t.lookup(a), Lookup::Stale);
+        assert_eq!(t.lookup(a.get()), Lookup::Stale);
         let c = t.insert_with(|_| 'c').unwrap();
-        assert_eq!(index_of(c), 0, "slot reused");
+        assert_eq!(c.index(), 0, "slot reused");
         assert_ne!(c, a, "with another generation");
         assert_eq!(t.get(a), None);
         assert_eq!(t.get(c), Some(&'c'));

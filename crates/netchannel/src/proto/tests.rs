@@ -44,7 +44,7 @@ struct Dir {
 }
 
 struct Link {
-    index: u16,
+    index: ChannelIndex,
     alive: bool,
     /// `dirs[s]`: bytes sent by side `s`, read by side `1 - s`.
     dirs: [Dir; 2],
@@ -62,7 +62,7 @@ struct Pair {
     /// Virtual time after which the engine reads a deferred payload itself.
     grace: Duration,
     listening: [HashSet<u16>; 2],
-    events: [Vec<(u64, u8)>; 2],
+    events: [Vec<(StreamId, u8)>; 2],
     /// A side may receive garbage (fuzzing): a bad frame closes the channel it came on, as the
     /// engine does, instead of failing the test.
     hostile: bool,
@@ -94,6 +94,7 @@ impl Pair {
     }
 
     fn add_link(&mut self, index: u16, class: Class) {
+        let index = ChannelIndex(index);
         for s in &mut self.sides {
             s.add_channel(index, class);
         }
@@ -108,6 +109,7 @@ impl Pair {
     }
 
     fn kill(&mut self, index: u16) {
+        let index = ChannelIndex(index);
         let l = self.links.iter_mut().find(|l| l.index == index).unwrap();
         l.alive = false;
         l.dirs[0].pipe.clear();
@@ -193,7 +195,7 @@ impl Pair {
             // The engine closes the channel a bad frame came on; both ends see it go.
             self.violations += 1;
             let index = self.links[li].index;
-            self.kill(index);
+            self.kill(index.get());
         }
     }
 
@@ -212,9 +214,9 @@ impl Pair {
             while let Some((id, port)) = self.sides[side].poll_incoming() {
                 if self.listening[side].contains(&port) {
                     let w = self.sides[side].config().window;
-                    self.sides[side].accept_incoming(id, w);
+                    self.sides[side].handle(id).accept(w);
                 } else {
-                    self.sides[side].refuse_incoming(id, RstReason::NoListener);
+                    self.sides[side].handle(id).refuse(RstReason::NoListener);
                 }
             }
             while let Some(e) = self.sides[side].poll_event() {
@@ -227,9 +229,9 @@ impl Pair {
 
     /// An application `recv` on side `side`: copies ready bytes or reads a deferred payload
     /// straight from its channel, as the runtime does.
-    fn recv(&mut self, side: usize, id: u64, buf: &mut [u8]) -> Recv {
+    fn recv(&mut self, side: usize, id: StreamId, buf: &mut [u8]) -> Recv {
         let mut slices = Vec::new();
-        match self.sides[side].recv(id, buf.len() as u64, &mut slices) {
+        match self.sides[side].handle(id).recv(buf.len() as u64, &mut slices) {
             Recv::Data(n) => {
                 let mut at = 0;
                 for s in slices {
@@ -244,13 +246,13 @@ impl Pair {
                 let pipe = &mut l.dirs[1 - side].pipe;
                 let n = (max as usize).min(pipe.len());
                 if n == 0 {
-                    self.sides[side].deferred_empty(id);
+                    self.sides[side].handle(id).deferred_empty();
                     return Recv::Empty;
                 }
                 for (i, b) in pipe.drain(..n).enumerate() {
                     buf[i] = b;
                 }
-                assert!(self.sides[side].deferred_read(id, channel, n as u64));
+                assert!(self.sides[side].handle(id).deferred_read(channel, n as u64));
                 if self.sides[side].deferred(channel).is_none() {
                     l.dirs[1 - side].reader.resume();
                 }
@@ -261,14 +263,15 @@ impl Pair {
     }
 
     /// Opens a stream from side 0 to `port` on side 1 and returns both ids.
-    fn open(&mut self, port: u16, class: Class) -> (u64, u64) {
+    fn open(&mut self, port: u16, class: Class) -> (StreamId, StreamId) {
         self.listening[1].insert(port);
         let a = self.sides[0].open(port, class, (), self.now).unwrap();
         for _ in 0..1000 {
             self.step();
             if self.sides[0].stream(a).is_some_and(|s| s.phase == Phase::Open) {
+                // Side 1's own id for the stream, as side 0 learnt it from the SYN_ACK.
                 let peer = self.sides[0].stream(a).unwrap().peer;
-                return (a, peer);
+                return (a, StreamId(peer.get()));
             }
         }
         panic!("stream never opened");
@@ -282,8 +285,8 @@ fn config() -> CoreConfig {
 /// Sends `len` bytes of `pattern(seed)` from side 0 and reads them on side 1 with random call
 /// sizes, checking every byte. Returns the steps taken.
 struct Transfer {
-    a: u64,
-    b: u64,
+    a: StreamId,
+    b: StreamId,
     seed: u64,
     len: u64,
     sent: u64,
@@ -293,7 +296,7 @@ struct Transfer {
 }
 
 impl Transfer {
-    fn new(a: u64, b: u64, seed: u64, len: u64) -> Self {
+    fn new(a: StreamId, b: StreamId, seed: u64, len: u64) -> Self {
         Transfer { a, b, seed, len, sent: 0, received: 0, shut: false, eof: false }
     }
 
@@ -301,14 +304,14 @@ impl Transfer {
         while self.sent < self.len {
             let n = (1 + p.rng.below(max_io)).min(self.len - self.sent) as usize;
             pattern(self.seed, self.sent, &mut sendbuf[..n]);
-            match p.sides[0].send(self.a, &sendbuf[..n]) {
+            match p.sides[0].handle(self.a).send(&sendbuf[..n]) {
                 Ok(k) => self.sent += k as u64,
                 Err(SendError::NoCredit | SendError::NoSpace) => break,
                 Err(e) => panic!("send: {e:?}"),
             }
         }
         if self.sent == self.len && !self.shut {
-            p.sides[0].shutdown_write(self.a).unwrap();
+            p.sides[0].handle(self.a).shutdown_write().unwrap();
             self.shut = true;
         }
         for _ in 0..4 {
@@ -406,7 +409,7 @@ fn stalled_reader_does_not_stop_other_streams() {
     let chunk = vec![1u8; 64 * 1024];
     let mut sent = 0;
     for _ in 0..10_000 {
-        if let Ok(n) = p.sides[0].send(stalled, &chunk) {
+        if let Ok(n) = p.sides[0].handle(stalled).send(&chunk) {
             sent += n;
         }
         p.step();
@@ -415,7 +418,7 @@ fn stalled_reader_does_not_stop_other_streams() {
         }
     }
     assert_eq!(sent as u32, config().window, "the window fills, then send waits for credit");
-    assert_eq!(p.sides[0].send(stalled, &chunk), Err(SendError::NoCredit));
+    assert_eq!(p.sides[0].handle(stalled).send(&chunk), Err(SendError::NoCredit));
     let (a, b) = p.open(81, Class::Throughput);
     let mut t = Transfer::new(a, b, 9, 16 << 20);
     run_transfer(&mut p, &mut t, 256 * 1024, 1_000_000);
@@ -431,14 +434,14 @@ fn fin_overtaking_data_never_truncates_and_half_close_works() {
         run_transfer(&mut p, &mut t, 5000, 1_000_000);
         // The other direction still works after side 0 finished writing.
         let data = vec![4u8; 1000];
-        assert_eq!(p.sides[1].send(b, &data), Ok(1000));
-        p.sides[1].shutdown_write(b).unwrap();
+        assert_eq!(p.sides[1].handle(b).send(&data), Ok(1000));
+        p.sides[1].handle(b).shutdown_write().unwrap();
         let mut buf = vec![0u8; 4096];
         let mut got = 0;
         for _ in 0..10_000 {
             p.step();
             let mut slices = Vec::new();
-            match p.sides[0].recv(a, 4096, &mut slices) {
+            match p.sides[0].handle(a).recv(4096, &mut slices) {
                 Recv::Data(n) => got += n,
                 Recv::Eof => break,
                 Recv::Deferred { .. } => panic!("1000 bytes are never deferred"),
@@ -462,8 +465,12 @@ fn losing_a_channel_mid_transfer_loses_no_byte() {
         for _ in 0..2_000_000 {
             t.drive(&mut p, &mut sendbuf, &mut recvbuf, 1 << 20);
             // Kill the channel carrying the most unacknowledged bytes, once a third arrived.
-            let victim = (0..4u16).max_by_key(|&c| p.sides[0].channel_retained(c)).unwrap();
-            if !killed && t.received > t.len / 3 && p.sides[0].channel_retained(victim) > 0 {
+            let victim =
+                (0..4u16).max_by_key(|&c| p.sides[0].channel_retained(ChannelIndex(c))).unwrap();
+            if !killed
+                && t.received > t.len / 3
+                && p.sides[0].channel_retained(ChannelIndex(victim)) > 0
+            {
                 p.kill(victim);
                 killed = true;
             }
@@ -506,10 +513,10 @@ fn latency_frames_never_wait_behind_throughput_frames() {
     let mut p = Pair::new(8, &[Class::Throughput, Class::Latency], config());
     let (bulk, _) = p.open(80, Class::Throughput);
     let (lat, _) = p.open(81, Class::Latency);
-    p.sides[0].send(bulk, &vec![1u8; 500_000]).unwrap();
-    p.sides[0].send(lat, &[2u8; 100]).unwrap();
+    p.sides[0].handle(bulk).send(&vec![1u8; 500_000]).unwrap();
+    p.sides[0].handle(lat).send(&[2u8; 100]).unwrap();
     let mut out = Vec::new();
-    p.sides[0].poll_transmit(1, 1 << 20, 64, false, &mut out);
+    p.sides[0].poll_transmit(ChannelIndex(1), 1 << 20, 64, false, &mut out);
     let lat_peer = p.sides[0].stream(lat).unwrap().peer;
     let data = |out: &[OutFrame]| -> Vec<u64> {
         out.iter()
@@ -517,11 +524,11 @@ fn latency_frames_never_wait_behind_throughput_frames() {
             .map(|f| u64::from_be_bytes(f.header[4..12].try_into().unwrap()))
             .collect()
     };
-    assert_eq!(data(&out), vec![lat_peer], "only the latency stream's frame");
+    assert_eq!(data(&out), vec![lat_peer.get()], "only the latency stream's frame");
     out.clear();
-    p.sides[0].poll_transmit(0, 1 << 20, 64, false, &mut out);
+    p.sides[0].poll_transmit(ChannelIndex(0), 1 << 20, 64, false, &mut out);
     let bulk = data(&out);
-    assert!(!bulk.is_empty() && !bulk.contains(&lat_peer));
+    assert!(!bulk.is_empty() && !bulk.contains(&lat_peer.get()));
 }
 
 #[test]
@@ -543,31 +550,31 @@ fn open_to_no_listener_is_refused_and_a_silent_peer_times_out() {
 fn close_with_unread_data_resets_the_peer_and_closed_streams_are_freed() {
     let mut p = Pair::new(9, &[Class::Throughput; 2], config());
     let (a, b) = p.open(80, Class::Throughput);
-    p.sides[0].send(a, &[1u8; 1000]).unwrap();
+    p.sides[0].handle(a).send(&[1u8; 1000]).unwrap();
     for _ in 0..50 {
         p.step();
     }
     assert_eq!(p.sides[1].stream(b).unwrap().unread_bytes(), 1000);
-    p.sides[1].close(b, p.now);
+    p.sides[1].handle(b).close(p.now);
     assert!(p.sides[1].stream(b).is_none(), "a reset stream is freed at once");
     for _ in 0..50 {
         p.step();
     }
     assert_eq!(p.sides[0].stream(a).unwrap().reset, Some(ResetCause::Peer(RstReason::Aborted)));
-    p.sides[0].close(a, p.now);
+    p.sides[0].handle(a).close(p.now);
     assert_eq!(p.sides[0].stream_count(), 0);
 
     // A clean close on both sides frees both streams once everything is acknowledged.
     let (a, b) = p.open(80, Class::Throughput);
-    p.sides[0].send(a, &[1u8; 10]).unwrap();
-    p.sides[0].close(a, p.now);
+    p.sides[0].handle(a).send(&[1u8; 10]).unwrap();
+    p.sides[0].handle(a).close(p.now);
     for _ in 0..50 {
         p.step();
     }
     let mut buf = [0u8; 16];
     assert_eq!(p.recv(1, b, &mut buf), Recv::Data(10));
     assert_eq!(p.recv(1, b, &mut buf), Recv::Eof);
-    p.sides[1].close(b, p.now);
+    p.sides[1].handle(b).close(p.now);
     for _ in 0..50 {
         p.step();
     }
@@ -579,11 +586,11 @@ fn sticky_policy_keeps_a_stream_on_one_channel() {
     let cfg = CoreConfig { policy: Policy::Sticky, ..config() };
     let mut p = Pair::new(12, &[Class::Throughput; 4], cfg);
     let (a, b) = p.open(80, Class::Throughput);
-    p.sides[0].send(a, &vec![3u8; 300_000]).unwrap();
+    p.sides[0].handle(a).send(&vec![3u8; 300_000]).unwrap();
     let mut used = HashSet::new();
     let mut out = Vec::new();
     for ch in 0..4u16 {
-        p.sides[0].poll_transmit(ch, 1 << 20, 64, false, &mut out);
+        p.sides[0].poll_transmit(ChannelIndex(ch), 1 << 20, 64, false, &mut out);
         if out.iter().any(|f| f.header[0] == 1) {
             used.insert(ch);
         }
@@ -621,14 +628,14 @@ fn an_idle_session_falls_silent() {
     for side in 0..2 {
         assert!(!p.sides[side].owes_ack(), "side {side} still owes an acknowledgement");
         for ch in 0..2 {
-            p.sides[side].poll_transmit(ch, 1 << 20, 64, true, &mut out);
+            p.sides[side].poll_transmit(ChannelIndex(ch), 1 << 20, 64, true, &mut out);
         }
     }
     assert!(out.is_empty(), "an idle session sent {} frames", out.len());
 }
 
 /// Reads side `side`'s stream `id` until end of stream, stepping the pair; returns the bytes.
-fn read_to_eof(p: &mut Pair, side: usize, id: u64) -> Vec<u8> {
+fn read_to_eof(p: &mut Pair, side: usize, id: StreamId) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = vec![0u8; 4096];
     for _ in 0..20_000 {
@@ -648,8 +655,8 @@ fn a_fin_lost_with_its_channel_is_sent_again() {
     for victim in 0..2u16 {
         let mut p = Pair::new(11 + victim as u64, &[Class::Throughput; 2], config());
         let (a, b) = p.open(80, Class::Throughput);
-        p.sides[0].send(a, &[5u8; 3000]).unwrap();
-        p.sides[0].shutdown_write(a).unwrap();
+        p.sides[0].handle(a).send(&[5u8; 3000]).unwrap();
+        p.sides[0].handle(a).shutdown_write().unwrap();
         p.transmit(0);
         p.kill(victim);
         assert_eq!(read_to_eof(&mut p, 1, b), vec![5u8; 3000], "victim {victim}");
@@ -660,8 +667,8 @@ fn a_fin_lost_with_its_channel_is_sent_again() {
 fn a_peer_that_finished_then_vanished_stays_readable() {
     let mut p = Pair::new(12, &[Class::Throughput; 2], config());
     let (a, b) = p.open(80, Class::Throughput);
-    p.sides[1].send(b, &[9u8; 700]).unwrap();
-    p.sides[1].shutdown_write(b).unwrap();
+    p.sides[1].handle(b).send(&[9u8; 700]).unwrap();
+    p.sides[1].handle(b).shutdown_write().unwrap();
     for _ in 0..200 {
         p.step();
     }
@@ -671,17 +678,17 @@ fn a_peer_that_finished_then_vanished_stays_readable() {
     assert_eq!(p.recv(0, a, &mut buf), Recv::Data(700));
     assert_eq!(&buf[..700], &[9u8; 700][..]);
     assert_eq!(p.recv(0, a, &mut buf), Recv::Eof);
-    assert_eq!(p.sides[0].send(a, b"x"), Err(SendError::Reset(ResetCause::ChannelLost)));
+    assert_eq!(p.sides[0].handle(a).send(b"x"), Err(SendError::Reset(ResetCause::ChannelLost)));
 }
 
 /// Feeds 1-byte DATA frames for side 1's stream `id` straight into it, as a hostile peer would,
 /// each a slice of one large read buffer (as the framer produces).
-fn feed_tiny_frames(p: &mut Pair, id: u64, offsets: impl Iterator<Item = u64>) {
+fn feed_tiny_frames(p: &mut Pair, id: StreamId, offsets: impl Iterator<Item = u64>) {
     let read_buffer = Bytes::from(vec![1u8; 256 * 1024]);
     for (i, off) in offsets.enumerate() {
         let payload = read_buffer.slice(i % 1024..i % 1024 + 1);
-        let item = Parsed::Data { stream: id, offset: off, payload };
-        p.sides[1].receive(0, item, p.now, |_, _| false).expect("valid frame");
+        let item = Parsed::Data { stream: id.get(), offset: off, payload };
+        p.sides[1].receive(ChannelIndex(0), item, p.now, |_, _| false).expect("valid frame");
     }
 }
 
@@ -719,7 +726,7 @@ mod fuzz {
     use super::*;
     use crate::wire::Frame;
 
-    fn hostile_pair(seed: u64) -> (Pair, u64, u64) {
+    fn hostile_pair(seed: u64) -> (Pair, StreamId, StreamId) {
         let mut p = Pair::new(seed, &[Class::Throughput; 2], config());
         p.hostile = true;
         let (a, b) = p.open(80, Class::Throughput);
@@ -747,7 +754,10 @@ mod fuzz {
         for _ in 0..300 {
             p.step();
         }
-        assert!(p.sides[1].has_channel(1), "the attack closed a channel it did not use");
+        assert!(
+            p.sides[1].has_channel(ChannelIndex(1)),
+            "the attack closed a channel it did not use"
+        );
         let (a, b) = p.open(81, Class::Throughput);
         let mut t = Transfer::new(a, b, 3, 20_000);
         let mut sendbuf = vec![0u8; 4096];
@@ -843,7 +853,7 @@ mod fuzz {
             let (mut p, _a, b) = hostile_pair(seed);
             let mut wire = Vec::new();
             for s in &specs {
-                encode(s, b, &mut wire);
+                encode(s, b.get(), &mut wire);
             }
             p.links[0].dirs[0].pipe.extend(wire);
             deliver(&mut p);

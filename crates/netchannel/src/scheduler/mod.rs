@@ -51,19 +51,23 @@ pub fn home_channel(stream_id: u64, channels: usize) -> usize {
     (h as usize) % channels
 }
 
-/// Streams with unsent bytes, by where they may go next.
-pub struct ActiveQueues {
+/// Streams with unsent bytes, by where they may go next. `S` is the session's stream id and
+/// `C` its channel index: the scheduler only copies them, hashes stream ids (`Into<u64>`, for
+/// the sticky policy) and indexes its per-channel queues by channel (`Into<usize>`).
+pub struct ActiveQueues<S, C> {
     policy: Policy,
-    by_class: [VecDeque<u64>; 2],
-    by_channel: Vec<VecDeque<u64>>,
+    by_class: [VecDeque<S>; 2],
+    by_channel: Vec<VecDeque<S>>,
+    channel: std::marker::PhantomData<C>,
 }
 
-impl ActiveQueues {
+impl<S: Copy + Into<u64>, C: Copy + Into<usize>> ActiveQueues<S, C> {
     pub fn new(policy: Policy, channels: usize) -> Self {
         ActiveQueues {
             policy,
             by_class: [VecDeque::new(), VecDeque::new()],
             by_channel: (0..channels).map(|_| VecDeque::new()).collect(),
+            channel: std::marker::PhantomData,
         }
     }
 
@@ -72,38 +76,38 @@ impl ActiveQueues {
     }
 
     /// A stream of `class` got unsent bytes; `serving` are the channels that carry its class.
-    pub fn push(&mut self, id: u64, class: Class, serving: &[u16]) {
+    pub fn push(&mut self, id: S, class: Class, serving: &[C]) {
         if self.policy == Policy::Sticky && !serving.is_empty() {
-            let ch = serving[home_channel(id, serving.len())];
-            self.by_channel[ch as usize].push_back(id);
+            let ch = serving[home_channel(id.into(), serving.len())];
+            self.by_channel[ch.into()].push_back(id);
         } else {
             self.by_class[class.index()].push_back(id);
         }
     }
 
     /// The next stream channel `ch` should carry a chunk of, among the classes it serves.
-    pub fn pop(&mut self, ch: u16, served: &[Class]) -> Option<u64> {
-        if let Some(id) = self.by_channel[ch as usize].pop_front() {
+    pub fn pop(&mut self, ch: C, served: &[Class]) -> Option<S> {
+        if let Some(id) = self.by_channel[ch.into()].pop_front() {
             return Some(id);
         }
         served.iter().find_map(|k| self.by_class[k.index()].pop_front())
     }
 
     /// A stream that got a chunk on `ch` and has more: to the back of its queue.
-    pub fn requeue(&mut self, id: u64, ch: u16, class: Class) {
+    pub fn requeue(&mut self, id: S, ch: C, class: Class) {
         match self.policy {
-            Policy::Sticky => self.by_channel[ch as usize].push_back(id),
+            Policy::Sticky => self.by_channel[ch.into()].push_back(id),
             Policy::RoundRobin => self.by_class[class.index()].push_back(id),
         }
     }
 
     /// Channel `ch` is gone: the streams homed on it, to be pushed again.
-    pub fn take_channel(&mut self, ch: u16) -> Vec<u64> {
-        self.by_channel[ch as usize].drain(..).collect()
+    pub fn take_channel(&mut self, ch: C) -> Vec<S> {
+        self.by_channel[ch.into()].drain(..).collect()
     }
 
-    pub fn has_work(&self, ch: u16, served: &[Class]) -> bool {
-        !self.by_channel[ch as usize].is_empty()
+    pub fn has_work(&self, ch: C, served: &[Class]) -> bool {
+        !self.by_channel[ch.into()].is_empty()
             || served.iter().any(|k| !self.by_class[k.index()].is_empty())
     }
 }
@@ -114,8 +118,8 @@ mod tests {
 
     #[test]
     fn round_robin_shares_one_queue_per_class() {
-        let mut q = ActiveQueues::new(Policy::RoundRobin, 4);
-        q.push(1, Class::Throughput, &[0, 1]);
+        let mut q = ActiveQueues::<u64, usize>::new(Policy::RoundRobin, 4);
+        q.push(1, Class::Throughput, &[0usize, 1]);
         q.push(2, Class::Throughput, &[0, 1]);
         q.push(3, Class::Latency, &[2]);
         assert_eq!(q.pop(1, &[Class::Throughput]), Some(1));
@@ -128,10 +132,10 @@ mod tests {
 
     #[test]
     fn sticky_keeps_a_stream_on_its_home_channel() {
-        let mut q = ActiveQueues::new(Policy::Sticky, 4);
-        q.push(42, Class::Throughput, &[0, 1, 3]);
-        let home = [0u16, 1, 3][home_channel(42, 3)];
-        for ch in [0u16, 1, 3].into_iter().filter(|&c| c != home) {
+        let mut q = ActiveQueues::<u64, usize>::new(Policy::Sticky, 4);
+        q.push(42, Class::Throughput, &[0usize, 1, 3]);
+        let home = [0usize, 1, 3][home_channel(42, 3)];
+        for ch in [0usize, 1, 3].into_iter().filter(|&c| c != home) {
             assert_eq!(q.pop(ch, &[Class::Throughput]), None);
         }
         assert_eq!(q.pop(home, &[Class::Throughput]), Some(42));

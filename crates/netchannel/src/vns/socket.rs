@@ -27,7 +27,9 @@ use crate::engine::readiness::{PollEntry, StreamUser};
 use crate::engine::session::{Core, SessionRt};
 use crate::engine::waiter;
 use crate::engine::{EngineCtx, SocketStats};
-use crate::proto::{OpenError, Phase, Recv, ResetCause, SendError, EV_READ, EV_WRITE};
+use crate::proto::{
+    ChannelIndex, OpenError, Phase, Recv, ResetCause, SendError, StreamId, EV_READ, EV_WRITE,
+};
 use crate::wire::{Class, RstReason};
 
 /// Writes at least this large are copied into the send buffer outside the session lock.
@@ -96,7 +98,7 @@ fn store_timeout(ns: &AtomicU64, t: Option<Duration>) -> io::Result<()> {
 /// A virtual stream socket. Usable from several threads at once (`&self` methods).
 pub struct VSocket {
     session: Arc<SessionRt>,
-    id: u64,
+    id: StreamId,
     nonblocking: AtomicBool,
     closed: AtomicBool,
     read_timeout_ns: AtomicU64,
@@ -108,7 +110,7 @@ pub struct VSocket {
 }
 
 impl VSocket {
-    pub(crate) fn wrap(session: Arc<SessionRt>, id: u64, class: Class) -> VSocket {
+    pub(crate) fn wrap(session: Arc<SessionRt>, id: StreamId, class: Class) -> VSocket {
         let sock = VSocket {
             session,
             id,
@@ -196,8 +198,9 @@ impl VSocket {
         Ok(sock)
     }
 
+    /// The socket's id in its session (as `SocketStats::id` shows it).
     pub fn id(&self) -> u64 {
-        self.id
+        self.id.get()
     }
 
     /// The virtual port this socket was opened to (or accepted on).
@@ -215,7 +218,7 @@ impl VSocket {
 
     /// Moves the socket to another class: its next chunks use that class's channels.
     pub fn set_class(&self, class: Class) {
-        self.session.core().set_class(self.id, class);
+        self.session.core().handle(self.id).set_class(class);
         if !self.closed.load(Ordering::Acquire) {
             self.count_class(class);
         }
@@ -320,7 +323,8 @@ impl VSocket {
                 };
             }
             let id = self.id;
-            let r = self.wait_for(EV_WRITE, deadline, |core| core.writable(id).then_some(Ok(())));
+            let r = self
+                .wait_for(EV_WRITE, deadline, |core| core.handle(id).writable().then_some(Ok(())));
             if let Err(e) = r {
                 return if sent > 0 && e.kind() == io::ErrorKind::TimedOut {
                     Ok(sent)
@@ -337,9 +341,9 @@ impl VSocket {
         let (n, class, congested) = {
             let mut core = s.core();
             let r = if data.len() < COPY_OUTSIDE_LOCK {
-                core.send(self.id, data)
+                core.handle(self.id).send(data)
             } else {
-                match core.reserve(self.id, data.len()) {
+                match core.handle(self.id).reserve(data.len()) {
                     Ok((offset, n)) => {
                         drop(core);
                         // Copied outside the lock into pooled buffers (warm, no page faults).
@@ -354,7 +358,7 @@ impl VSocket {
                         let mut at = offset;
                         for c in chunks {
                             let len = c.len() as u64;
-                            core.commit(self.id, at, c);
+                            core.handle(self.id).commit(at, c);
                             at += len;
                         }
                         Ok(n)
@@ -398,7 +402,7 @@ impl VSocket {
                 return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
             }
             let id = self.id;
-            self.wait_for(EV_READ, deadline, |core| core.readable(id).then_some(Ok(())))?;
+            self.wait_for(EV_READ, deadline, |core| core.handle(id).readable().then_some(Ok(())))?;
         }
     }
 
@@ -410,8 +414,8 @@ impl VSocket {
         let mut slices: Vec<Bytes> = Vec::new();
         let (r, owes, class) = {
             let mut core = self.session.core();
-            let r = core.recv(self.id, buf.len() as u64, &mut slices);
-            let owes = core.owes_control(self.id);
+            let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
+            let owes = core.handle(self.id).owes_control();
             let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
             (r, owes, class)
         };
@@ -443,17 +447,17 @@ impl VSocket {
 
     /// Reads the payload waiting in a channel's socket straight into `buf` (direct
     /// placement), then goes on serving that channel. `None`: nothing read (try again).
-    fn read_deferred(&self, index: u16, buf: &mut [u8]) -> Option<usize> {
+    fn read_deferred(&self, index: ChannelIndex, buf: &mut [u8]) -> Option<usize> {
         let s = &self.session;
         let ch = s.channel(index)?;
         if !ch.rx_run.try_acquire() {
             // Somebody else serves the channel; it tells us when our bytes can be read.
-            s.core().deferred_empty(self.id);
+            s.core().handle(self.id).deferred_empty();
             return None;
         }
         // Checked again now that the channel's receive half is ours: another thread may have
         // staged the payload before we got here.
-        let max = s.core().deferred_readable(self.id, index);
+        let max = s.core().handle(self.id).deferred_readable(index);
         let Some(max) = max else {
             s.rx_owned(&ch);
             return None;
@@ -466,11 +470,11 @@ impl VSocket {
                 None
             }
             Ok(n) => {
-                let ours = s.with_core(|core| core.deferred_read(self.id, index, n as u64));
+                let ours = s.with_core(|core| core.handle(self.id).deferred_read(index, n as u64));
                 ours.then_some(n)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                s.core().deferred_empty(self.id);
+                s.core().handle(self.id).deferred_empty();
                 None
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => None,
@@ -488,7 +492,7 @@ impl VSocket {
     pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = timeout_from(&self.read_timeout_ns);
         loop {
-            match self.session.core().peek(self.id, buf) {
+            match self.session.core().handle(self.id).peek(buf) {
                 Recv::Data(n) => return Ok(n as usize),
                 Recv::Eof => return Ok(0),
                 Recv::Reset(c) => return Err(reset_error(c)),
@@ -507,7 +511,7 @@ impl VSocket {
                 return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
             }
             let id = self.id;
-            self.wait_for(EV_READ, deadline, |core| core.readable(id).then_some(Ok(())))?;
+            self.wait_for(EV_READ, deadline, |core| core.handle(id).readable().then_some(Ok(())))?;
         }
     }
 
@@ -520,7 +524,7 @@ impl VSocket {
     pub fn shutdown(&self) -> io::Result<()> {
         let class = {
             let mut core = self.session.core();
-            match core.shutdown_write(self.id) {
+            match core.handle(self.id).shutdown_write() {
                 Ok(()) => {}
                 Err(SendError::NotOpen) => {
                     return Err(io::Error::new(io::ErrorKind::NotConnected, "not connected"))
@@ -562,7 +566,7 @@ impl VSocket {
             if let Some(st) = core.stream_mut(self.id) {
                 st.user.poll = None;
             }
-            core.close(self.id, Instant::now());
+            core.handle(self.id).close(Instant::now());
         });
         s.timers_changed();
         s.transmit_all();
@@ -595,7 +599,8 @@ impl VSocket {
         let entry = Arc::new(PollEntry::new(&poller.shared, token));
         let ready = {
             let mut core = self.session.core();
-            let (readable, writable) = (core.readable(self.id), core.writable(self.id));
+            let (readable, writable) =
+                (core.handle(self.id).readable(), core.handle(self.id).writable());
             let Some(s) = core.stream_mut(self.id) else { return Err(closed()) };
             if s.user.poll.is_some() {
                 return Err(io::Error::new(
@@ -615,12 +620,12 @@ impl VSocket {
 
     /// Whether `recv` would return without blocking (data, end of stream or an error).
     pub fn is_readable(&self) -> bool {
-        self.session.core().readable(self.id)
+        self.session.core().handle(self.id).readable()
     }
 
     /// Whether `send` would make progress or fail without waiting.
     pub fn is_writable(&self) -> bool {
-        self.session.core().writable(self.id)
+        self.session.core().handle(self.id).writable()
     }
 
     pub fn stats(&self) -> SocketStats {
@@ -628,7 +633,7 @@ impl VSocket {
         match core.stream(self.id) {
             Some(s) => SocketStats::of(self.id, s, self.session.peer_addr),
             None => SocketStats {
-                id: self.id,
+                id: self.id.get(),
                 port: 0,
                 class: Class::Throughput,
                 peer_engine_addr: self.session.peer_addr,
@@ -795,8 +800,8 @@ impl Drop for Listener {
         for (session, id) in self.shared.take_all() {
             // Accepted by the engine but never by the application: reset, as TCP does.
             session.with_core(|core| {
-                core.abort(id, ResetCause::LocalAbort);
-                core.close(id, Instant::now());
+                core.handle(id).abort(ResetCause::LocalAbort);
+                core.handle(id).close(Instant::now());
             });
             session.transmit_all();
         }

@@ -16,7 +16,7 @@ impl<U: Default> Session<U> {
         class: Class,
         user: U,
         now: Instant,
-    ) -> Result<u64, OpenError> {
+    ) -> Result<StreamId, OpenError> {
         self.observe(now);
         if self.dead || self.channel_count() == 0 {
             return Err(OpenError::NoChannels);
@@ -33,7 +33,7 @@ impl<U: Default> Session<U> {
     }
 
     /// The listener took the incoming stream: answer SYN_ACK granting `window`.
-    pub fn accept_incoming(&mut self, id: u64, window: u32) {
+    pub(super) fn accept_incoming(&mut self, id: StreamId, window: u32) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.phase != Phase::Incoming || s.reset.is_some() {
             return;
@@ -46,7 +46,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Grows the window of a stream (e.g. when the application accepts it).
-    pub fn set_window(&mut self, id: u64, window: u32) {
+    pub(super) fn set_window(&mut self, id: StreamId, window: u32) {
         let Some(s) = self.streams.get_mut(id) else { return };
         s.window = window;
         if s.phase == Phase::Open && s.credit_due() {
@@ -55,7 +55,7 @@ impl<U: Default> Session<U> {
     }
 
     /// The listener refused the incoming stream (no listener, backlog full).
-    pub fn refuse_incoming(&mut self, id: u64, reason: RstReason) {
+    pub(super) fn refuse_incoming(&mut self, id: StreamId, reason: RstReason) {
         let Some(s) = self.streams.get(id) else { return };
         if s.phase != Phase::Incoming {
             return;
@@ -66,7 +66,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Room for unsent bytes of `class`, or `NoSpace` (registering `id` to be woken).
-    pub(super) fn space(&mut self, id: u64, class: Class) -> Result<u64, SendError> {
+    pub(super) fn space(&mut self, id: StreamId, class: Class) -> Result<u64, SendError> {
         let limit = self.class_limit(class);
         let c = &mut self.classes[class.index()];
         if c.unsent < limit {
@@ -81,7 +81,11 @@ impl<U: Default> Session<U> {
         Err(SendError::NoSpace)
     }
 
-    pub(super) fn send_checks(&mut self, id: u64, max: usize) -> Result<(u64, usize), SendError> {
+    pub(super) fn send_checks(
+        &mut self,
+        id: StreamId,
+        max: usize,
+    ) -> Result<(u64, usize), SendError> {
         let s = self.streams.get(id).ok_or(SendError::Closed)?;
         let credit = s.send_capacity()?;
         let class = s.class;
@@ -91,7 +95,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Copies what credit and class space allow of `data` into the stream's send buffer.
-    pub fn send(&mut self, id: u64, data: &[u8]) -> Result<usize, SendError> {
+    pub(super) fn send(&mut self, id: StreamId, data: &[u8]) -> Result<usize, SendError> {
         let (offset, n) = self.send_checks(id, data.len())?;
         let s = self.streams.get_mut(id).expect("checked");
         s.send_next += n as u64;
@@ -104,13 +108,13 @@ impl<U: Default> Session<U> {
 
     /// Takes up to `max` bytes of credit and space for a large write the caller copies
     /// outside the session lock; hand the bytes over with `commit`.
-    pub fn reserve(&mut self, id: u64, max: usize) -> Result<(u64, usize), SendError> {
+    pub(super) fn reserve(&mut self, id: StreamId, max: usize) -> Result<(u64, usize), SendError> {
         let (offset, n) = self.send_checks(id, max)?;
         self.streams.get_mut(id).expect("checked").send_next += n as u64;
         Ok((offset, n))
     }
 
-    pub fn commit(&mut self, id: u64, offset: u64, chunk: Bytes) {
+    pub(super) fn commit(&mut self, id: StreamId, offset: u64, chunk: Bytes) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.reset.is_some() {
             return;
@@ -123,7 +127,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Moves up to `max` readable bytes into `out` (slices), or says where the next bytes are.
-    pub fn recv(&mut self, id: u64, max: u64, out: &mut Vec<Bytes>) -> Recv {
+    pub(super) fn recv(&mut self, id: StreamId, max: u64, out: &mut Vec<Bytes>) -> Recv {
         let Some(s) = self.streams.get_mut(id) else { return Recv::Closed };
         if let Some(cause) = s.reset {
             return Recv::Reset(cause);
@@ -150,7 +154,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Copies ready bytes without consuming them (MSG_PEEK).
-    pub fn peek(&self, id: u64, buf: &mut [u8]) -> Recv {
+    pub(super) fn peek(&self, id: StreamId, buf: &mut [u8]) -> Recv {
         let Some(s) = self.streams.get(id) else { return Recv::Closed };
         if let Some(cause) = s.reset {
             return Recv::Reset(cause);
@@ -162,14 +166,14 @@ impl<U: Default> Session<U> {
         }
     }
 
-    pub(super) fn after_consume(&mut self, id: u64) {
+    pub(super) fn after_consume(&mut self, id: StreamId) {
         if self.streams.get(id).is_some_and(|s| s.credit_due()) {
             self.owe(id, OWE_CREDIT);
         }
     }
 
     /// Closes the write half: the peer reads end of stream after the last byte sent.
-    pub fn shutdown_write(&mut self, id: u64) -> Result<(), SendError> {
+    pub(super) fn shutdown_write(&mut self, id: StreamId) -> Result<(), SendError> {
         let s = self.streams.get_mut(id).ok_or(SendError::Closed)?;
         if let Some(cause) = s.reset {
             return Err(SendError::Reset(cause));
@@ -188,7 +192,7 @@ impl<U: Default> Session<U> {
     /// The application closed its handle. Unread received bytes reset the peer, as TCP does;
     /// otherwise the write half is finished and the stream lingers until its last bytes are
     /// delivered and the peer finished too (bounded by `linger`).
-    pub fn close(&mut self, id: u64, now: Instant) {
+    pub(super) fn close(&mut self, id: StreamId, now: Instant) {
         self.observe(now);
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.app_closed {
@@ -217,7 +221,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Moves a stream to another class: its next chunks use that class's channels.
-    pub fn set_class(&mut self, id: u64, class: Class) {
+    pub(super) fn set_class(&mut self, id: StreamId, class: Class) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.class == class {
             return;
@@ -231,7 +235,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Resets a stream locally (e.g. its application asked to abort), telling the peer.
-    pub fn abort(&mut self, id: u64, cause: ResetCause) {
+    pub(super) fn abort(&mut self, id: StreamId, cause: ResetCause) {
         self.reset_stream(id, cause, true);
     }
 
@@ -266,5 +270,130 @@ impl<U: Default> Session<U> {
         for id in self.streams.ids() {
             self.reset_stream(id, cause, false);
         }
+    }
+}
+
+/// The application's calls on one stream ([`Session::handle`]). A stream that is gone answers
+/// `Recv::Closed` or `SendError::Closed`, and its state queries say so.
+pub struct StreamHandle<'a, U> {
+    session: &'a mut Session<U>,
+    id: StreamId,
+}
+
+impl<U: Default> Session<U> {
+    /// The application's calls on stream `id`.
+    pub fn handle(&mut self, id: StreamId) -> StreamHandle<'_, U> {
+        StreamHandle { session: self, id }
+    }
+}
+
+impl<U: Default> StreamHandle<'_, U> {
+    /// The stream's id.
+    pub fn id(&self) -> StreamId {
+        self.id
+    }
+
+    /// Its state, if it exists.
+    pub fn state(&self) -> Option<&Stream<U>> {
+        self.session.stream(self.id)
+    }
+
+    /// Its state, to change what the runtime keeps with it (`Stream::user`).
+    pub fn state_mut(&mut self) -> Option<&mut Stream<U>> {
+        self.session.stream_mut(self.id)
+    }
+
+    /// The listener took the incoming stream: answer SYN_ACK granting `window`.
+    pub fn accept(&mut self, window: u32) {
+        self.session.accept_incoming(self.id, window)
+    }
+
+    /// The listener refused the incoming stream (no listener, backlog full).
+    pub fn refuse(&mut self, reason: RstReason) {
+        self.session.refuse_incoming(self.id, reason)
+    }
+
+    /// Grows the window granted to the peer (the application accepted the stream).
+    pub fn set_window(&mut self, window: u32) {
+        self.session.set_window(self.id, window)
+    }
+
+    /// Copies what credit and class space allow of `data` into the send buffer.
+    pub fn send(&mut self, data: &[u8]) -> Result<usize, SendError> {
+        self.session.send(self.id, data)
+    }
+
+    /// Takes up to `max` bytes of credit and space for a large write copied outside the lock;
+    /// returns the stream offset and the bytes taken. Hand the bytes over with `commit`.
+    pub fn reserve(&mut self, max: usize) -> Result<(u64, usize), SendError> {
+        self.session.reserve(self.id, max)
+    }
+
+    /// Bytes reserved with `reserve`, starting at stream `offset`.
+    pub fn commit(&mut self, offset: u64, chunk: Bytes) {
+        self.session.commit(self.id, offset, chunk)
+    }
+
+    /// Moves up to `max` readable bytes into `out` (slices), or says where the next bytes are.
+    pub fn recv(&mut self, max: u64, out: &mut Vec<Bytes>) -> Recv {
+        self.session.recv(self.id, max, out)
+    }
+
+    /// Copies ready bytes without consuming them (`MSG_PEEK`).
+    pub fn peek(&self, buf: &mut [u8]) -> Recv {
+        self.session.peek(self.id, buf)
+    }
+
+    /// How many bytes of the payload deferred at the stream's front may be read straight from
+    /// `channel` now (the caller holds the channel's receive half).
+    pub fn deferred_readable(&self, channel: ChannelIndex) -> Option<u64> {
+        self.session.deferred_readable(self.id, channel)
+    }
+
+    /// `n` bytes of the deferred payload were read straight into the application's buffer;
+    /// false if they are not the stream's any more (the caller must not deliver them).
+    pub fn deferred_read(&mut self, channel: ChannelIndex, n: u64) -> bool {
+        self.session.deferred_read(self.id, channel, n)
+    }
+
+    /// A read of the deferred payload found no byte yet.
+    pub fn deferred_empty(&mut self) {
+        self.session.deferred_empty(self.id)
+    }
+
+    /// Closes the write half: the peer reads end of stream after the last byte sent.
+    pub fn shutdown_write(&mut self) -> Result<(), SendError> {
+        self.session.shutdown_write(self.id)
+    }
+
+    /// The application closed its handle (see `Session::close`'s rules: unread bytes reset
+    /// the peer, otherwise the stream lingers until delivered).
+    pub fn close(&mut self, now: Instant) {
+        self.session.close(self.id, now)
+    }
+
+    /// Moves the stream to another class: its next chunks use that class's channels.
+    pub fn set_class(&mut self, class: Class) {
+        self.session.set_class(self.id, class)
+    }
+
+    /// Resets the stream locally, telling the peer.
+    pub fn abort(&mut self, cause: ResetCause) {
+        self.session.abort(self.id, cause)
+    }
+
+    /// `recv` would return without waiting (data, end of stream, an error).
+    pub fn readable(&self) -> bool {
+        self.session.readable(self.id)
+    }
+
+    /// `send` would take bytes (or fail at once).
+    pub fn writable(&self) -> bool {
+        self.session.writable(self.id)
+    }
+
+    /// The stream owes the peer a control frame (a CREDIT after reads, a FIN, ...).
+    pub fn owes_control(&self) -> bool {
+        self.session.owes_control(self.id)
     }
 }

@@ -11,9 +11,9 @@ use crate::wire::RstReason;
 
 /// A frame pulled onto a channel, kept until the peer acknowledges the position it ends at.
 pub(super) enum Retained {
-    Data { stream: u64, offset: u64, bytes: Bytes },
-    Control { stream: u64, owe: u8 },
-    Rst { peer: u64, reason: RstReason, class: Class },
+    Data { stream: StreamId, offset: u64, bytes: Bytes },
+    Control { stream: StreamId, owe: u8 },
+    Rst { peer: PeerStreamId, reason: RstReason, class: Class },
 }
 
 /// The protocol state of one channel.
@@ -47,8 +47,8 @@ impl ChannelState {
 }
 
 impl<U: Default> Session<U> {
-    pub fn add_channel(&mut self, index: u16, class: Class) {
-        let Some(slot) = self.channels.get_mut(index as usize) else { return };
+    pub fn add_channel(&mut self, index: ChannelIndex, class: Class) {
+        let Some(slot) = self.channels.get_mut(index.slot()) else { return };
         if slot.is_some() {
             return;
         }
@@ -70,8 +70,8 @@ impl<U: Default> Session<U> {
         self.wake_space_waiters(class);
     }
 
-    pub fn has_channel(&self, index: u16) -> bool {
-        self.channels.get(index as usize).is_some_and(Option::is_some)
+    pub fn has_channel(&self, index: ChannelIndex) -> bool {
+        self.channels.get(index.slot()).is_some_and(Option::is_some)
     }
 
     pub fn channel_count(&self) -> usize {
@@ -94,8 +94,8 @@ impl<U: Default> Session<U> {
     /// A channel failed. What it carried unacknowledged is queued again on the channels that
     /// remain; a payload deferred in it is forgotten (the peer sends it again). When it was the
     /// last channel, every stream is reset.
-    pub fn channel_lost(&mut self, index: u16) {
-        let Some(state) = self.channels.get_mut(index as usize).and_then(Option::take) else {
+    pub fn channel_lost(&mut self, index: ChannelIndex) {
+        let Some(state) = self.channels.get_mut(index.slot()).and_then(Option::take) else {
             return;
         };
         let class = state.class;
@@ -160,17 +160,17 @@ impl<U: Default> Session<U> {
         self.wake_space_waiters(class);
     }
 
-    pub(super) fn channel_mut(&mut self, ch: u16) -> Option<&mut ChannelState> {
-        self.channels.get_mut(ch as usize).and_then(Option::as_mut)
+    pub(super) fn channel_mut(&mut self, ch: ChannelIndex) -> Option<&mut ChannelState> {
+        self.channels.get_mut(ch.slot()).and_then(Option::as_mut)
     }
 
     pub(super) fn on_ack(
         &mut self,
-        channel: u16,
+        channel: ChannelIndex,
         position: u64,
         _now: Instant,
     ) -> Result<(), Violation> {
-        let Some(st) = self.channels.get_mut(channel as usize).and_then(Option::as_mut) else {
+        let Some(st) = self.channels.get_mut(channel.slot()).and_then(Option::as_mut) else {
             // A channel already lost here: its frames were queued again.
             return Ok(());
         };
@@ -220,8 +220,8 @@ impl<U: Default> Session<U> {
     }
 
     /// Bytes sent on channel `ch` and not yet acknowledged.
-    pub fn channel_retained(&self, ch: u16) -> u64 {
-        self.channels.get(ch as usize).and_then(Option::as_ref).map_or(0, |st| st.retained_bytes)
+    pub fn channel_retained(&self, ch: ChannelIndex) -> u64 {
+        self.channels.get(ch.slot()).and_then(Option::as_ref).map_or(0, |st| st.retained_bytes)
     }
 
     /// Bytes sent on channels and not yet acknowledged.
@@ -230,7 +230,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Records a pulled frame in the channel's retention; returns its length.
-    pub(super) fn retain(&mut self, ch: u16, len: usize, what: Retained) -> usize {
+    pub(super) fn retain(&mut self, ch: ChannelIndex, len: usize, what: Retained) -> usize {
         let st = self.channel_mut(ch).expect("pulling for a live channel");
         st.tx_pos += len as u64;
         if let Retained::Data { bytes, .. } = &what {

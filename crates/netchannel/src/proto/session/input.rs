@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::super::framing::{Buffers, FrameReader, Parsed, Verdict};
 use super::super::recvbuf::{TooManySegments, COMPACT_BELOW};
-use super::super::table::{self, Lookup};
+use super::super::table::Lookup;
 use super::*;
 use crate::wire::frame::DATA_HEADER_LEN;
 use crate::wire::RstReason;
@@ -22,7 +22,7 @@ impl<U: Default> Session<U> {
     /// list of streams holding slices of read buffers.
     pub(super) fn rx_insert(
         &mut self,
-        id: u64,
+        id: StreamId,
         offset: u64,
         data: Bytes,
     ) -> Result<u64, TooManySegments> {
@@ -60,9 +60,9 @@ impl<U: Default> Session<U> {
 
     /// Resolves a peer-supplied stream id: `Ok(None)` for a stream closed here (stale),
     /// `Err` for an id never issued.
-    pub(super) fn resolve(&mut self, id: u64) -> Result<Option<u64>, Violation> {
+    pub(super) fn resolve(&mut self, id: u64) -> Result<Option<StreamId>, Violation> {
         match self.streams.lookup(id) {
-            Lookup::Live => Ok(Some(id)),
+            Lookup::Live => Ok(Some(StreamId(id))),
             Lookup::Stale => {
                 self.stats.stale_frames += 1;
                 Ok(None)
@@ -73,7 +73,7 @@ impl<U: Default> Session<U> {
 
     /// A peer frame broke the rules of stream `id`: the stream is reset (the channel it came
     /// on is closed by the caller).
-    pub(super) fn violated(&mut self, id: u64, v: Violation) -> Violation {
+    pub(super) fn violated(&mut self, id: StreamId, v: Violation) -> Violation {
         if let Some(s) = self.streams.get_mut(id) {
             s.protocol_errors += 1;
         }
@@ -88,10 +88,10 @@ impl<U: Default> Session<U> {
     /// the verdict returned must be handed to the reader (`FrameReader::verdict`).
     pub fn receive(
         &mut self,
-        ch: u16,
+        ch: ChannelIndex,
         item: Parsed,
         now: Instant,
-        may_defer: impl FnOnce(&Self, u64) -> bool,
+        may_defer: impl FnOnce(&Self, StreamId) -> bool,
     ) -> Result<Option<Verdict>, Violation> {
         match item {
             Parsed::Control(f) => self.on_frame(ch, f, None, now).map(|()| None),
@@ -100,11 +100,15 @@ impl<U: Default> Session<U> {
                 self.on_frame(ch, f, Some(payload), now).map(|()| None)
             }
             Parsed::Header { stream, offset, len, prefix } => {
-                let defer = may_defer(self, stream);
+                let defer = match self.streams.lookup(stream) {
+                    Lookup::Live => may_defer(self, StreamId(stream)),
+                    _ => false,
+                };
                 self.data_header(ch, stream, offset, len, prefix, defer, now).map(Some)
             }
             Parsed::Piece { stream, offset, data } => {
-                self.data_piece(ch, stream, offset, data);
+                // The stream its header named: if it was closed since, the lookup misses.
+                self.data_piece(ch, StreamId(stream), offset, data);
                 Ok(None)
             }
             Parsed::StagedDeferred(data) => {
@@ -128,7 +132,7 @@ impl<U: Default> Session<U> {
     /// dropped) and goes on.
     pub fn reader_may_read<B: Buffers>(
         &mut self,
-        ch: u16,
+        ch: ChannelIndex,
         reader: &mut FrameReader<B>,
         now: Instant,
         grace: Duration,
@@ -154,7 +158,7 @@ impl<U: Default> Session<U> {
 
     /// The engine reads the payload deferred in `ch` itself from now on, into user space (for
     /// `MSG_PEEK`, which cannot read from the socket without consuming it).
-    pub fn take_over_reader<B: Buffers>(&mut self, ch: u16, reader: &mut FrameReader<B>) {
+    pub fn take_over_reader<B: Buffers>(&mut self, ch: ChannelIndex, reader: &mut FrameReader<B>) {
         if let Some(d) = self.take_over_deferred(ch) {
             reader.take_over_deferred(d.remaining, true);
         }
@@ -163,7 +167,7 @@ impl<U: Default> Session<U> {
     /// A whole frame (DATA with its `payload`).
     pub(super) fn on_frame(
         &mut self,
-        ch: u16,
+        ch: ChannelIndex,
         frame: Frame<'_>,
         payload: Option<Bytes>,
         now: Instant,
@@ -189,20 +193,20 @@ impl<U: Default> Session<U> {
                 self.on_data(stream, offset, payload.expect("DATA comes with its payload"))
             }
             Frame::Syn { src, port, class, window } => {
-                self.on_syn(src, port, class, window);
+                self.on_syn(PeerStreamId(src), port, class, window);
                 Ok(())
             }
             Frame::SynAck { dst, src, window } => {
                 let Some(id) = self.resolve(dst)? else {
                     // The connector gave up (timed out): tell the acceptor.
-                    self.queue_rst(Class::Throughput, src, RstReason::Aborted);
+                    self.queue_rst(Class::Throughput, PeerStreamId(src), RstReason::Aborted);
                     return Ok(());
                 };
                 let s = self.streams.get_mut(id).expect("live");
                 match s.phase {
                     Phase::Connecting => {
                         s.phase = Phase::Open;
-                        s.peer = src;
+                        s.peer = PeerStreamId(src);
                         s.send_limit = s.send_limit.max(window as u64);
                         s.frames_received += 1;
                         self.set_deadline(id, None);
@@ -213,7 +217,7 @@ impl<U: Default> Session<U> {
                         Ok(())
                     }
                     // Sent again after a channel loss.
-                    Phase::Open if s.peer == src => Ok(()),
+                    Phase::Open if s.peer == PeerStreamId(src) => Ok(()),
                     _ => Err(self.violated(id, Violation::UnexpectedFrame("SYN_ACK"))),
                 }
             }
@@ -247,19 +251,19 @@ impl<U: Default> Session<U> {
                 }
                 Ok(())
             }
-            Frame::Ack { channel, position } => self.on_ack(channel, position, now),
+            Frame::Ack { channel, position } => self.on_ack(ChannelIndex(channel), position, now),
         }
     }
 
     /// The stream the peer's stream `src` opened here, if it still exists.
-    pub(super) fn opened_from(&self, src: u64) -> Option<u64> {
-        let ours = *self.opened_by_peer.get(table::index_of(src))?;
+    pub(super) fn opened_from(&self, src: PeerStreamId) -> Option<StreamId> {
+        let ours = *self.opened_by_peer.get(src.index())?;
         let id = self.streams.id_at(ours.checked_sub(1)? as usize)?;
         self.streams.get(id).filter(|s| s.peer == src && s.phase != Phase::Connecting)?;
         Some(id)
     }
 
-    pub(super) fn on_syn(&mut self, src: u64, port: u16, class: Class, window: u32) {
+    pub(super) fn on_syn(&mut self, src: PeerStreamId, port: u16, class: Class, window: u32) {
         if let Some(id) = self.opened_from(src) {
             // Sent again after a channel loss: answer again if we already answered.
             if self.streams.get(id).is_some_and(|s| s.phase == Phase::Open) {
@@ -275,11 +279,11 @@ impl<U: Default> Session<U> {
         }) else {
             return self.queue_rst(class, src, RstReason::Refused);
         };
-        let slot = table::index_of(src);
+        let slot = src.index();
         if self.opened_by_peer.len() <= slot {
             self.opened_by_peer.resize(slot + 1, 0);
         }
-        self.opened_by_peer[slot] = table::index_of(id) as u32 + 1;
+        self.opened_by_peer[slot] = id.index() as u32 + 1;
         self.incoming.push_back(id);
     }
 
@@ -322,7 +326,7 @@ impl<U: Default> Session<U> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn data_header(
         &mut self,
-        ch: u16,
+        ch: ChannelIndex,
         stream: u64,
         offset: u64,
         len: u64,
@@ -391,7 +395,13 @@ impl<U: Default> Session<U> {
     }
 
     /// A piece of a staged payload (after `Verdict::Stage`).
-    pub(super) fn data_piece(&mut self, ch: u16, stream: u64, offset: u64, data: Bytes) {
+    pub(super) fn data_piece(
+        &mut self,
+        ch: ChannelIndex,
+        stream: StreamId,
+        offset: u64,
+        data: Bytes,
+    ) {
         let now = self.clock();
         match self.channel_mut(ch) {
             Some(st) => st.received(data.len() as u64, now),
@@ -412,7 +422,7 @@ impl<U: Default> Session<U> {
     }
 
     /// `n` bytes of a discarded payload were read and dropped.
-    pub(super) fn discard(&mut self, ch: u16, n: u64) {
+    pub(super) fn discard(&mut self, ch: ChannelIndex, n: u64) {
         let now = self.clock();
         if let Some(st) = self.channel_mut(ch) {
             st.received(n, now);
@@ -421,7 +431,13 @@ impl<U: Default> Session<U> {
 }
 
 impl<U> Stream<U> {
-    fn new_incoming(port: u16, class: Class, window: u32, peer: u64, peer_window: u32) -> Self
+    fn new_incoming(
+        port: u16,
+        class: Class,
+        window: u32,
+        peer: PeerStreamId,
+        peer_window: u32,
+    ) -> Self
     where
         U: Default,
     {

@@ -4,7 +4,6 @@
 use std::cmp::Reverse;
 use std::time::Instant;
 
-use super::super::table;
 use super::*;
 use crate::wire::RstReason;
 
@@ -16,7 +15,7 @@ fn rst_reason(cause: ResetCause) -> RstReason {
 }
 
 impl<U: Default> Session<U> {
-    pub(super) fn emit(&mut self, id: u64, bits: u8) {
+    pub(super) fn emit(&mut self, id: StreamId, bits: u8) {
         let Some(s) = self.streams.get_mut(id) else { return };
         s.events |= bits;
         if s.flags & F_EVENT == 0 {
@@ -26,7 +25,7 @@ impl<U: Default> Session<U> {
     }
 
     /// The next stream whose readiness may have changed, with `EV_*` bits.
-    pub fn poll_event(&mut self) -> Option<(u64, u8)> {
+    pub fn poll_event(&mut self) -> Option<(StreamId, u8)> {
         while let Some(id) = self.events.pop_front() {
             if let Some(s) = self.streams.get_mut(id) {
                 s.flags &= !F_EVENT;
@@ -37,7 +36,7 @@ impl<U: Default> Session<U> {
     }
 
     /// The next stream the peer opened, waiting for `accept_incoming` or `refuse_incoming`.
-    pub fn poll_incoming(&mut self) -> Option<(u64, u16)> {
+    pub fn poll_incoming(&mut self) -> Option<(StreamId, u16)> {
         while let Some(id) = self.incoming.pop_front() {
             if let Some(s) = self.streams.get(id) {
                 if s.phase == Phase::Incoming {
@@ -48,7 +47,7 @@ impl<U: Default> Session<U> {
         None
     }
 
-    pub(super) fn set_deadline(&mut self, id: u64, deadline: Option<Instant>) {
+    pub(super) fn set_deadline(&mut self, id: StreamId, deadline: Option<Instant>) {
         let ticks = deadline.map_or(0, |d| self.ticks(d));
         let Some(s) = self.streams.get_mut(id) else { return };
         s.deadline = ticks;
@@ -92,7 +91,7 @@ impl<U: Default> Session<U> {
         }
     }
 
-    pub(super) fn reset_stream(&mut self, id: u64, cause: ResetCause, tell_peer: bool) {
+    pub(super) fn reset_stream(&mut self, id: StreamId, cause: ResetCause, tell_peer: bool) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.reset.is_some() {
             return;
@@ -117,7 +116,7 @@ impl<U: Default> Session<U> {
     /// (a peer that finished, then went away): the application reads them to the end of the
     /// stream, as from a TCP socket whose peer closed; only writing fails (unsent bytes are
     /// dropped, and `send` says the connection was lost).
-    pub(super) fn keep_for_reading(&mut self, id: u64) {
+    pub(super) fn keep_for_reading(&mut self, id: StreamId) {
         let Some(s) = self.streams.get_mut(id) else { return };
         let dropped = s.tx.clear();
         s.write_closed = true;
@@ -134,7 +133,7 @@ impl<U: Default> Session<U> {
 
     /// Frees a closed stream once nothing it depends on is pending: its bytes were all sent
     /// and acknowledged, its FIN acknowledged, and the peer finished too.
-    pub(super) fn maybe_free(&mut self, id: u64) {
+    pub(super) fn maybe_free(&mut self, id: StreamId) {
         let Some(s) = self.streams.get(id) else { return };
         let done = s.app_closed
             && s.reset.is_none()
@@ -149,12 +148,12 @@ impl<U: Default> Session<U> {
         }
     }
 
-    pub(super) fn free(&mut self, id: u64) {
+    pub(super) fn free(&mut self, id: StreamId) {
         if let Some(s) = self.streams.remove(id) {
             self.rx_held -= s.rx.held_bytes();
-            let slot = table::index_of(s.peer);
+            let slot = s.peer.index();
             if s.phase != Phase::Connecting
-                && self.opened_by_peer.get(slot) == Some(&(table::index_of(id) as u32 + 1))
+                && self.opened_by_peer.get(slot) == Some(&(id.index() as u32 + 1))
             {
                 self.opened_by_peer[slot] = 0;
             }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::ids::{ChannelIndex, PeerStreamId, StreamId};
 use super::stream::*;
 use super::table::Table;
 use crate::scheduler::{ActiveQueues, Policy};
@@ -33,6 +34,7 @@ mod input;
 mod lifecycle;
 mod transmit;
 
+pub use app::StreamHandle;
 use channels::ChannelState;
 pub use deferred::DeferredRx;
 use transmit::ClassTx;
@@ -110,7 +112,7 @@ pub enum Recv {
     /// The next bytes are in channel `channel`'s socket: read at most `max` of them into the
     /// application's buffer, then report with `deferred_read`.
     Deferred {
-        channel: u16,
+        channel: ChannelIndex,
         max: u64,
     },
     /// The peer finished and every byte was read.
@@ -159,16 +161,16 @@ pub struct Session<U> {
     channels: Vec<Option<ChannelState>>,
     classes: [ClassTx; 2],
     /// Streams with unsent bytes: the scheduler's queues.
-    active: ActiveQueues,
+    active: ActiveQueues<StreamId, ChannelIndex>,
     /// For each index of the peer's stream table, the index (+1) of the stream it opened here
     /// from it, so a SYN sent again after a channel loss does not open a second stream. Dense,
     /// like the peer's ids: 4 bytes per stream instead of a hash-map entry.
     opened_by_peer: Vec<u32>,
-    events: VecDeque<u64>,
-    incoming: VecDeque<u64>,
+    events: VecDeque<StreamId>,
+    incoming: VecDeque<StreamId>,
     /// Stream deadlines on the session's compact clock (entries whose stream has another
     /// deadline by now are dropped when met).
-    timers: BinaryHeap<Reverse<(u64, u64)>>,
+    timers: BinaryHeap<Reverse<(u64, StreamId)>>,
     /// The last channel was lost: every stream is reset and no new one can open.
     dead: bool,
     stats: CoreStats,
@@ -179,7 +181,7 @@ pub struct Session<U> {
     /// Received bytes held in user space, every stream (what the peer made us allocate).
     rx_held: u64,
     /// Streams that took small slices of channel read buffers since the last compaction.
-    pinned: Vec<u64>,
+    pinned: Vec<StreamId>,
 }
 
 impl<U: Default> Session<U> {
@@ -233,15 +235,15 @@ impl<U: Default> Session<U> {
         &self.cfg
     }
 
-    pub fn stream(&self, id: u64) -> Option<&Stream<U>> {
+    pub fn stream(&self, id: StreamId) -> Option<&Stream<U>> {
         self.streams.get(id)
     }
 
-    pub fn stream_mut(&mut self, id: u64) -> Option<&mut Stream<U>> {
+    pub fn stream_mut(&mut self, id: StreamId) -> Option<&mut Stream<U>> {
         self.streams.get_mut(id)
     }
 
-    pub fn streams(&self) -> impl Iterator<Item = (u64, &Stream<U>)> {
+    pub fn streams(&self) -> impl Iterator<Item = (StreamId, &Stream<U>)> {
         self.streams.iter()
     }
 
@@ -253,12 +255,12 @@ impl<U: Default> Session<U> {
         self.dead
     }
 
-    pub fn readable(&self, id: u64) -> bool {
+    pub(super) fn readable(&self, id: StreamId) -> bool {
         self.streams.get(id).is_none_or(|s| s.readable())
     }
 
     /// `send` would take bytes (or fail at once).
-    pub fn writable(&self, id: u64) -> bool {
+    pub(super) fn writable(&self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return true };
         if !s.writable_credit() {
             return false;

@@ -14,13 +14,13 @@ const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 #[derive(Default)]
 pub(super) struct ClassTx {
     /// Open channels of the class, in the order they arrived.
-    pub(super) channels: Vec<u16>,
+    pub(super) channels: Vec<ChannelIndex>,
     /// Streams owing control frames.
-    pub(super) control: VecDeque<u64>,
+    pub(super) control: VecDeque<StreamId>,
     /// RSTs owed for streams that have no state here (refused, aborted, stale).
-    pub(super) rsts: VecDeque<(u64, RstReason)>,
+    pub(super) rsts: VecDeque<(PeerStreamId, RstReason)>,
     pub(super) unsent: u64,
-    pub(super) space_waiters: VecDeque<u64>,
+    pub(super) space_waiters: VecDeque<StreamId>,
     /// A sender found no space since the last `take_congestion`.
     pub(super) congested: bool,
 }
@@ -31,8 +31,8 @@ impl<U: Default> Session<U> {
     }
 
     /// Whether channel `ch` has frames to pull (acknowledgements aside).
-    pub fn has_transmit(&self, ch: u16) -> bool {
-        let Some(st) = self.channels.get(ch as usize).and_then(Option::as_ref) else {
+    pub fn has_transmit(&self, ch: ChannelIndex) -> bool {
+        let Some(st) = self.channels.get(ch.slot()).and_then(Option::as_ref) else {
             return false;
         };
         let served = self.served_by(st.class);
@@ -48,13 +48,13 @@ impl<U: Default> Session<U> {
     /// anything is sent, and go alone when `ack_due(force_ack)`.
     pub fn poll_transmit(
         &mut self,
-        ch: u16,
+        ch: ChannelIndex,
         budget: usize,
         max_frames: usize,
         force_ack: bool,
         out: &mut Vec<OutFrame>,
     ) -> usize {
-        let Some(class) = self.channels.get(ch as usize).and_then(|c| c.as_ref()).map(|c| c.class)
+        let Some(class) = self.channels.get(ch.slot()).and_then(|c| c.as_ref()).map(|c| c.class)
         else {
             return 0;
         };
@@ -66,7 +66,7 @@ impl<U: Default> Session<U> {
                 let Some((peer, reason)) = self.classes[k.index()].rsts.pop_front() else {
                     break;
                 };
-                let f = OutFrame::control(Frame::Rst { dst: peer, reason });
+                let f = OutFrame::control(Frame::Rst { dst: peer.get(), reason });
                 let cap = self.cfg.max_pending_rsts as u32;
                 let st = self.channel_mut(ch).expect("pulling for a live channel");
                 if st.retained_rsts < cap {
@@ -94,7 +94,7 @@ impl<U: Default> Session<U> {
             };
             let n = data.len();
             let c = s.class;
-            let header = data_header(s.peer, offset, n);
+            let header = data_header(s.peer.get(), offset, n);
             s.frames_sent += 1;
             s.unacked_frames += 1;
             let more = !s.tx.is_empty();
@@ -141,7 +141,12 @@ impl<U: Default> Session<U> {
         bytes
     }
 
-    pub(super) fn emit_control(&mut self, ch: u16, id: u64, out: &mut Vec<OutFrame>) -> usize {
+    pub(super) fn emit_control(
+        &mut self,
+        ch: ChannelIndex,
+        id: StreamId,
+        out: &mut Vec<OutFrame>,
+    ) -> usize {
         let Some(s) = self.streams.get_mut(id) else { return 0 };
         s.flags &= !F_CONTROL;
         let owe = std::mem::take(&mut s.owe);
@@ -150,19 +155,24 @@ impl<U: Default> Session<U> {
         }
         let mut frames = Vec::with_capacity(4);
         if owe & OWE_SYN != 0 && s.phase == Phase::Connecting {
-            frames.push(Frame::Syn { src: id, port: s.port, class: s.class, window: s.window });
+            frames.push(Frame::Syn {
+                src: id.get(),
+                port: s.port,
+                class: s.class,
+                window: s.window,
+            });
         }
         if owe & OWE_SYN_ACK != 0 && s.phase == Phase::Open {
-            frames.push(Frame::SynAck { dst: s.peer, src: id, window: s.window });
+            frames.push(Frame::SynAck { dst: s.peer.get(), src: id.get(), window: s.window });
         }
         if owe & OWE_CREDIT != 0 && s.phase == Phase::Open && !s.peer_finished() {
             let consumed = s.rx.consumed();
             s.granted = consumed + s.window as u64;
-            frames.push(Frame::Credit { dst: s.peer, consumed, window: s.window });
+            frames.push(Frame::Credit { dst: s.peer.get(), consumed, window: s.window });
         }
         if owe & OWE_FIN != 0 && s.write_closed && s.phase == Phase::Open {
             s.flags |= F_FIN_SENT;
-            frames.push(Frame::Fin { dst: s.peer, final_offset: s.send_next });
+            frames.push(Frame::Fin { dst: s.peer.get(), final_offset: s.send_next });
         }
         s.unacked_frames += frames.len() as u32;
         s.frames_sent += frames.len() as u32;
@@ -181,7 +191,7 @@ impl<U: Default> Session<U> {
         bytes
     }
 
-    pub(super) fn next_active(&mut self, ch: u16, served: &[Class]) -> Option<u64> {
+    pub(super) fn next_active(&mut self, ch: ChannelIndex, served: &[Class]) -> Option<StreamId> {
         let mine = self.serving(served[0]);
         while let Some(id) = self.active.pop(ch, served) {
             let Some(class) = self.streams.get(id).map(|s| s.class) else { continue };
@@ -198,12 +208,12 @@ impl<U: Default> Session<U> {
         None
     }
 
-    pub(super) fn requeue_active(&mut self, id: u64, ch: u16) {
+    pub(super) fn requeue_active(&mut self, id: StreamId, ch: ChannelIndex) {
         let Some(s) = self.streams.get(id) else { return };
         self.active.requeue(id, ch, s.class);
     }
 
-    pub(super) fn activate(&mut self, id: u64) {
+    pub(super) fn activate(&mut self, id: StreamId) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.flags & F_ACTIVE != 0 || s.tx.is_empty() || s.reset.is_some() {
             return;
@@ -214,7 +224,7 @@ impl<U: Default> Session<U> {
         self.active.push(id, class, serving);
     }
 
-    pub(super) fn owe(&mut self, id: u64, bits: u8) {
+    pub(super) fn owe(&mut self, id: StreamId, bits: u8) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if bits == 0 {
             return;
@@ -227,7 +237,7 @@ impl<U: Default> Session<U> {
         }
     }
 
-    pub(super) fn queue_rst(&mut self, class: Class, peer: u64, reason: RstReason) {
+    pub(super) fn queue_rst(&mut self, class: Class, peer: PeerStreamId, reason: RstReason) {
         let q = &mut self.classes[class.index()].rsts;
         if q.len() >= self.cfg.max_pending_rsts {
             self.stats.dropped_rsts += 1;
@@ -237,7 +247,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Whether stream `id` owes the peer a control frame (a CREDIT after reads, a FIN, ...).
-    pub fn owes_control(&self, id: u64) -> bool {
+    pub(super) fn owes_control(&self, id: StreamId) -> bool {
         self.streams.get(id).is_some_and(|s| s.owe != 0)
     }
 

@@ -1,0 +1,80 @@
+//! Ids as types, so that the session's API cannot mix them up: this side's stream ids, the
+//! peer's stream ids, and channel indexes. On the wire all are plain integers (docs/PROTOCOL.md);
+//! a peer-supplied id becomes a [`StreamId`] only once the stream table resolved it.
+
+use super::table;
+
+/// A stream's id on this side of a session: `generation << 24 | index` (see `table`). Frames
+/// from the peer carry it as their destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub(crate) u64);
+
+impl StreamId {
+    /// The id as it travels on the wire and shows in statistics.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The stream table slot it names.
+    pub(crate) fn index(self) -> usize {
+        table::index_of(self.0)
+    }
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The peer's id for a stream (from its SYN or SYN_ACK): frames to the peer carry it. 0 until
+/// the peer told it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PeerStreamId(pub(crate) u64);
+
+impl PeerStreamId {
+    /// The id as it travels on the wire.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The slot of the peer's stream table it names.
+    pub(crate) fn index(self) -> usize {
+        table::index_of(self.0)
+    }
+}
+
+/// A channel's index within its session (0..=63, `wire::handshake::MAX_CHANNEL_INDEX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ChannelIndex(pub u16);
+
+impl ChannelIndex {
+    /// The index as it travels on the wire.
+    pub fn get(self) -> u16 {
+        self.0
+    }
+
+    pub(crate) fn slot(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl std::fmt::Display for ChannelIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl From<StreamId> for u64 {
+    /// For the scheduler's sticky hashing.
+    fn from(id: StreamId) -> u64 {
+        id.0
+    }
+}
+
+impl From<ChannelIndex> for usize {
+    /// For the scheduler's per-channel queues.
+    fn from(ch: ChannelIndex) -> usize {
+        ch.0 as usize
+    }
+}
