@@ -268,6 +268,10 @@ pub struct ServerReport {
     /// quinn: generating the self-signed certificate and its TLS server config at start (us).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_gen_us: Option<u64>,
+    /// quinn: UDP segments per send (GSO) and per receive (GRO) the kernel offers quinn-udp
+    /// on the server's address; 1 when it offers none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_offload: Option<(usize, usize)>,
 }
 
 /// This process's resident memory in bytes (VmRSS of /proc/self/status).
@@ -803,9 +807,16 @@ pub fn run_server(
     let counters = || -> Vec<Arc<Counters>> {
         apps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|a| a.counters.clone()).collect()
     };
-    let served = serve_window(rss_before, counters, &accepted, coordinated, None);
+    let served = serve_window(rss_before, counters, &accepted, coordinated, ServerSetup::default());
     stop.store(true, Ordering::Relaxed);
     served
+}
+
+/// What a multiplexer server measured at start (`ServerReport`'s fields of the same names).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ServerSetup {
+    pub cert_gen_us: Option<u64>,
+    pub udp_offload: Option<(usize, usize)>,
 }
 
 /// The server's side of the orchestrator's protocol, shared by every stack: with `coordinated`,
@@ -817,7 +828,7 @@ pub fn serve_window(
     counters: impl Fn() -> Vec<Arc<Counters>>,
     accepted: &AtomicU64,
     coordinated: bool,
-    cert_gen_us: Option<u64>,
+    setup: ServerSetup,
 ) -> io::Result<()> {
     if !coordinated {
         let mut last = (Instant::now(), 0u64);
@@ -857,7 +868,8 @@ pub fn serve_window(
         flows: accepted.load(Ordering::Relaxed),
         rss_before,
         rss_window,
-        cert_gen_us,
+        cert_gen_us: setup.cert_gen_us,
+        udp_offload: setup.udp_offload,
     };
     println!("{}", serde_json::to_string(&report).map_err(io::Error::other)?);
     io::stdout().flush()

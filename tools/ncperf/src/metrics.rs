@@ -59,6 +59,9 @@ pub struct RunResult {
     /// (ms; the slowest client process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_ms: Option<f64>,
+    /// quinn: UDP segments per send (GSO) and per receive (GRO) the kernel offers quinn-udp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_offload: Option<(usize, usize)>,
     /// (quantile, microseconds) points of the latency distribution, for CDF plots.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency_cdf: Vec<(f64, f64)>,

@@ -28,7 +28,7 @@ use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -65,6 +65,18 @@ const H2_SERVER_SEND_BUF: usize = 400 << 10;
 /// Stream priority of latency-class flows on quinn (others keep the default 0).
 const QUINN_LATENCY_PRIORITY: i32 = 1;
 
+/// Whether a client flow or connection of this process has failed yet.
+static CLIENT_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Says the first failure of a client's flows or connections on stderr. The server outlives
+/// its clients, so any failure before the client is done is abnormal (a connection the server
+/// closed, say), and a run that measured less than it should must say why.
+fn client_failure(what: &str, e: impl std::fmt::Display) {
+    if !CLIENT_FAILED.swap(true, Ordering::Relaxed) {
+        eprintln!("ncperf client: {what} (others may follow): {e}");
+    }
+}
+
 thread_local! {
     /// Where received bytes land before they are counted and dropped: one per worker thread,
     /// as the epoll apps have one per app, so a million streams do not each hold a buffer.
@@ -81,6 +93,12 @@ fn h2_err(e: h2::Error) -> io::Error {
 
 fn yamux_err(e: yamux::ConnectionError) -> io::Error {
     io::Error::other(format!("yamux: {e}"))
+}
+
+/// A yamux error that only says the peer went away (the client's process ended).
+fn yamux_disconnect(e: &yamux::ConnectionError) -> bool {
+    use yamux::{ConnectionError as C, FrameDecodeError as D};
+    matches!(e, C::Io(_) | C::Closed | C::Decode(D::Io(_)))
 }
 
 fn closed(what: &str) -> io::Error {
@@ -128,7 +146,16 @@ impl Tx {
                     match poll_fn(|cx| w.poll_capacity(cx)).await {
                         Some(Ok(_)) => {}
                         Some(Err(e)) => return Err(h2_err(e)),
-                        None => return Err(closed("h2 stream")),
+                        // Closed: by a reset or the connection's end, whose reason says why.
+                        None => {
+                            return Err(match poll_fn(|cx| w.poll_reset(cx)).await {
+                                Ok(reason) => io::Error::new(
+                                    io::ErrorKind::ConnectionReset,
+                                    format!("h2 stream reset by the peer: {reason}"),
+                                ),
+                                Err(e) => h2_err(e),
+                            })
+                        }
                     }
                 };
                 let n = cap.min(want);
@@ -307,7 +334,11 @@ async fn drive_yamux_client(
         }
         match conn.poll_next_inbound(cx) {
             Poll::Ready(Some(Ok(_unexpected))) => {}
-            Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+            Poll::Ready(Some(Err(e))) => {
+                client_failure("a yamux connection failed", e);
+                return Poll::Ready(());
+            }
+            Poll::Ready(None) => return Poll::Ready(()),
             Poll::Pending => return Poll::Pending,
         }
     })
@@ -354,7 +385,11 @@ impl ClientSide {
                     .handshake::<_, Bytes>(tcp)
                     .await
                     .map_err(h2_err)?;
-                tokio::spawn(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        client_failure("an h2 connection failed", e);
+                    }
+                });
                 Ok(MuxConn::H2(send_request))
             }
             Stack::Quinn => {
@@ -601,8 +636,11 @@ async fn client_flow(f: OpenFlow, app: Arc<App>, w: Window, rate: Option<f64>, d
             }
         }
     };
-    // An error (the peer went away) ends the flow, as in the epoll apps.
-    let _ = tokio::time::timeout_at(w.end.into(), run).await;
+    // An error (the peer went away) ends the flow, as in the epoll apps; inside the window that
+    // is abnormal (the server outlives the clients), so the first one is said on stderr.
+    if let Ok(Err(e)) = tokio::time::timeout_at(w.end.into(), run).await {
+        client_failure("a flow ended early", e);
+    }
 }
 
 /// Lets the worker's other tasks (and the timer that ends the window) run: a stream that always
@@ -760,25 +798,27 @@ pub fn run_server(
                 let took = t.elapsed();
                 let endpoint = quinn::Endpoint::server(config, listen)?;
                 let addr = endpoint.local_addr()?;
+                // What quinn-udp gets from this kernel for a socket like the endpoint's.
+                let probe = std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), 0))?;
+                let state = quinn::udp::UdpSocketState::new((&probe).into())?;
+                let offload = (state.max_gso_segments(), state.gro_segments());
                 tokio::spawn(accept_quinn(endpoint, registry.clone(), data));
-                Ok((addr, Some((der, took))))
+                Ok((addr, Some((der, took, offload))))
             }
             Stack::Linux | Stack::Netchannel => Err(io::Error::other("not a multiplexer stack")),
         }
     })?;
-    if let Some((der, _)) = &cert {
+    if let Some((der, _, _)) = &cert {
         println!("cert {}", hex(der));
     }
     println!("ready {addr}");
     let counters = || registry.counters.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let cert_gen_us = cert.map(|(_, took)| took.as_micros() as u64);
-    let served = crate::apps::serve_window(
-        rss_before,
-        counters,
-        &registry.streams,
-        coordinated,
-        cert_gen_us,
-    );
+    let setup = crate::apps::ServerSetup {
+        cert_gen_us: cert.as_ref().map(|(_, took, _)| took.as_micros() as u64),
+        udp_offload: cert.as_ref().map(|(_, _, offload)| *offload),
+    };
+    let served =
+        crate::apps::serve_window(rss_before, counters, &registry.streams, coordinated, setup);
     rt.shutdown_background();
     served
 }
@@ -809,7 +849,15 @@ async fn accept_tcp(
                     yamux::Mode::Server,
                 );
                 // Polling for inbound streams is also what drives the connection's I/O.
-                while let Some(Ok(stream)) = poll_fn(|cx| conn.poll_next_inbound(cx)).await {
+                loop {
+                    let stream = match poll_fn(|cx| conn.poll_next_inbound(cx)).await {
+                        Some(Ok(s)) => s,
+                        Some(Err(e)) if !yamux_disconnect(&e) => {
+                            eprintln!("ncperf server: yamux closed a connection: {e}");
+                            return;
+                        }
+                        _ => return,
+                    };
                     registry.streams.fetch_add(1, Ordering::Relaxed);
                     let (r, w) = stream.split();
                     let flow = serve_stream(
@@ -831,7 +879,17 @@ async fn accept_tcp(
                     .handshake::<_, Bytes>(tcp);
                 let Ok(mut conn) = handshake.await else { return };
                 // Accepting is also what drives the connection's I/O.
-                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                loop {
+                    let (request, mut respond) = match conn.accept().await {
+                        Some(Ok(r)) => r,
+                        // The client going away is an I/O error; anything else is h2 closing
+                        // the connection itself (its defences against small frames, say).
+                        Some(Err(e)) if !e.is_io() => {
+                            eprintln!("ncperf server: h2 closed a connection: {e}");
+                            return;
+                        }
+                        _ => return,
+                    };
                     let header = request
                         .headers()
                         .get(H2_FLOW_HEADER)

@@ -442,6 +442,7 @@ pub fn run_with(
         cert_gen_ms: server_reports.iter().filter_map(|r| r.cert_gen_us).max().map(ms),
         first_connect_ms: client_reports.first().and_then(|r| r.first_connect_us).map(ms),
         open_ms: client_reports.iter().filter_map(|r| r.open_us).max().map(ms),
+        udp_offload: server_reports.iter().find_map(|r| r.udp_offload),
         latency_cdf: metrics::cdf_points(&hist),
     })
 }
@@ -674,8 +675,11 @@ pub fn print_result(r: &RunResult) {
     }
     if let Some(first) = r.first_connect_ms {
         let cert = r.cert_gen_ms.map_or(String::new(), |m| format!(", certificate {m:.2} ms"));
+        let udp = r.udp_offload.map_or(String::new(), |(gso, gro)| {
+            format!("; UDP offload: GSO {gso}, GRO {gro} segments")
+        });
         println!(
-            "  set-up: first connection {first:.2} ms{cert}, all flows open {:.1} ms",
+            "  set-up: first connection {first:.2} ms{cert}, all flows open {:.1} ms{udp}",
             r.open_ms.unwrap_or(f64::NAN)
         );
     }
