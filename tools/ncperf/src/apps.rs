@@ -248,7 +248,7 @@ pub struct ClientReport {
     #[serde(default)]
     pub rss_window: u64,
     /// Multiplexer stacks: how long the first connection took to be usable (TCP connect, plus
-    /// the HTTP/2 preface or the QUIC+TLS handshake), alone, before any other was opened (us).
+    /// writing the HTTP/2 preface or the QUIC+TLS handshake), alone, before any other (us).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_connect_us: Option<u64>,
     /// Multiplexer stacks: from the start of the process until every flow was open (us).

@@ -52,7 +52,8 @@ pub struct RunResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_gen_ms: Option<f64>,
     /// yamux, quinn, h2: the client's first connection, made alone: TCP connect (yamux), plus
-    /// the HTTP/2 preface exchange (h2), or the QUIC and TLS 1.3 handshake (quinn) (ms).
+    /// writing the HTTP/2 preface (h2, which awaits no reply), or the QUIC and TLS 1.3
+    /// handshake (quinn) (ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_connect_ms: Option<f64>,
     /// yamux, quinn, h2: from the client's start until every connection and stream was open
