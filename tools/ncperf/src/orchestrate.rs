@@ -613,8 +613,20 @@ pub fn print_comparison(c: &Comparison) {
 
 /// The table of a comparison with --with: each stack's medians, then each one's ratio to linux.
 pub fn print_comparison_with(c: &Comparison) {
-    let stacks: Vec<&String> = c.medians.keys().collect();
-    let others: Vec<&String> = c.ratios.keys().collect();
+    print!("{}", comparison_with_table(c));
+}
+
+fn comparison_with_table(c: &Comparison) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    // In the order they ran (linux, netchannel, then --with's), not the maps' sorted order.
+    let mut stacks: Vec<&String> = Vec::new();
+    for r in &c.runs {
+        if !stacks.contains(&&r.stack) {
+            stacks.push(&r.stack);
+        }
+    }
+    let others: Vec<&String> = stacks.iter().copied().filter(|s| *s != "linux").collect();
     let mut head = format!("{:<18}", "metric (median)");
     for s in &stacks {
         head += &format!(" {s:>12}");
@@ -622,7 +634,7 @@ pub fn print_comparison_with(c: &Comparison) {
     for s in &others {
         head += &format!(" {:>12}", format!("{s}/linux"));
     }
-    println!("{head}");
+    let _ = writeln!(out, "{head}");
     let get = |m: &serde_json::Map<String, serde_json::Value>, s: &str, k: &str| {
         m.get(s)
             .and_then(|v| v.get(k))
@@ -637,7 +649,7 @@ pub fn print_comparison_with(c: &Comparison) {
         for s in &others {
             line += &format!(" {:>12}", get(&c.ratios, s, k));
         }
-        println!("{line}");
+        let _ = writeln!(out, "{line}");
     }
     let setup: Vec<String> = c
         .runs
@@ -654,11 +666,12 @@ pub fn print_comparison_with(c: &Comparison) {
         })
         .collect();
     if !setup.is_empty() {
-        println!("set-up (each run):");
+        let _ = writeln!(out, "set-up (each run):");
         for line in setup {
-            println!("{line}");
+            let _ = writeln!(out, "{line}");
         }
     }
+    out
 }
 
 pub fn print_result(r: &RunResult) {
@@ -688,6 +701,49 @@ pub fn print_result(r: &RunResult) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_with_table_keeps_the_run_order_and_ratios_to_linux() {
+        let run = |stack: &str, rps: f64| RunResult {
+            stack: stack.into(),
+            rps,
+            first_connect_ms: (stack == "quinn").then_some(1.5),
+            cert_gen_ms: (stack == "quinn").then_some(0.25),
+            open_ms: (stack == "quinn").then_some(2.0),
+            ..RunResult::default()
+        };
+        let runs = vec![run("linux", 100.0), run("netchannel", 200.0), run("quinn", 50.0)];
+        let mut medians = serde_json::Map::new();
+        let mut ratios = serde_json::Map::new();
+        for r in &runs {
+            medians.insert(r.stack.clone(), serde_json::json!({ "rps": r.rps }));
+            if r.stack != "linux" {
+                ratios.insert(r.stack.clone(), serde_json::json!({ "rps": r.rps / 100.0 }));
+            }
+        }
+        let linux: serde_json::Map<_, _> =
+            [("rps".to_string(), serde_json::json!(100.0))].into_iter().collect();
+        let c = Comparison {
+            repetitions: 1,
+            linux,
+            netchannel: serde_json::Map::new(),
+            ratio: serde_json::Map::new(),
+            medians,
+            ratios,
+            runs,
+        };
+        let t = comparison_with_table(&c);
+        let lines: Vec<&str> = t.lines().collect();
+        let head: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            head[2..],
+            ["linux", "netchannel", "quinn", "netchannel/linux", "quinn/linux"],
+            "{t}"
+        );
+        let rps: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(rps, ["rps", "100.000", "200.000", "50.000", "2.000", "0.500"], "{t}");
+        assert!(t.contains("quinn: first connection 1.50 ms, certificate 0.25 ms"), "{t}");
+    }
 
     #[test]
     fn compare_stacks_interleave_linux_netchannel_then_with() {
