@@ -466,6 +466,7 @@ pub fn run_client(
             roots.add(CertificateDer::from(der.clone())).map_err(io::Error::other)?;
             let mut c = quinn::ClientConfig::with_root_certificates(Arc::new(roots))
                 .map_err(io::Error::other)?;
+            // The streams the server may open to it: none, so quinn's default of 100.
             c.transport_config(Arc::new(quinn_transport(0)));
             Some(c)
         }
