@@ -167,7 +167,7 @@ pub struct Window {
 }
 
 impl Window {
-    fn contains(&self, t: Instant) -> bool {
+    pub fn contains(&self, t: Instant) -> bool {
         t >= self.start && t < self.end
     }
 
@@ -215,20 +215,20 @@ impl Gate {
 
 /// Cumulative counters of one app; the meter snapshots them at the window's edges.
 #[derive(Default)]
-struct Counters {
-    bytes: AtomicU64,
-    rpcs: AtomicU64,
+pub struct Counters {
+    pub bytes: AtomicU64,
+    pub rpcs: AtomicU64,
 }
 
 /// Sum of counters at a moment.
-fn snapshot(counters: &[Arc<Counters>]) -> (u64, u64) {
+pub fn snapshot(counters: &[Arc<Counters>]) -> (u64, u64) {
     counters.iter().fold((0, 0), |(b, r), c| {
         (b + c.bytes.load(Ordering::Relaxed), r + c.rpcs.load(Ordering::Relaxed))
     })
 }
 
 /// Sleeps until `t`.
-fn sleep_until(t: Instant) {
+pub fn sleep_until(t: Instant) {
     let now = Instant::now();
     if t > now {
         std::thread::sleep(t - now);
@@ -247,6 +247,13 @@ pub struct ClientReport {
     pub rss_before: u64,
     #[serde(default)]
     pub rss_window: u64,
+    /// Multiplexer stacks: how long the first connection took to be usable (TCP connect, plus
+    /// writing the HTTP/2 preface or the QUIC+TLS handshake), alone, before any other (us).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_connect_us: Option<u64>,
+    /// Multiplexer stacks: from the start of the process until every flow was open (us).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_us: Option<u64>,
 }
 
 /// What a server process reports: bytes its sink flows received in the window.
@@ -258,6 +265,13 @@ pub struct ServerReport {
     pub rss_before: u64,
     #[serde(default)]
     pub rss_window: u64,
+    /// quinn: generating the self-signed certificate and its TLS server config at start (us).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_gen_us: Option<u64>,
+    /// quinn: UDP segments per send (GSO) and per receive (GRO) the kernel offers quinn-udp
+    /// on the server's address; 1 when it offers none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_offload: Option<(usize, usize)>,
 }
 
 /// This process's resident memory in bytes (VmRSS of /proc/self/status).
@@ -279,6 +293,10 @@ pub struct ClientArgs {
     pub rate: Option<f64>,
     /// Open the flows and leave them idle.
     pub idle: bool,
+    /// Multiplexer stacks: connections per connection group (`mux.rs`).
+    pub mux_connections: usize,
+    /// quinn: the server's certificate (DER), the only one the client trusts.
+    pub server_cert: Option<Vec<u8>>,
 }
 
 struct ClientFlow {
@@ -297,11 +315,11 @@ struct ClientFlow {
     write_interest: bool,
 }
 
-const IO_BUF: usize = 256 * 1024;
+pub const IO_BUF: usize = 256 * 1024;
 /// Bytes one flow may move per turn of its event loop. A flow that still could go on is
 /// served again next turn without waiting: a stack that never says `WouldBlock` (small writes
 /// coalesce) must not keep the loop from seeing the end of the window or its other flows.
-const TURN_BUDGET: u64 = 1 << 20;
+pub const TURN_BUDGET: u64 = 1 << 20;
 
 impl ClientFlow {
     /// Serves the flow until it would block or its turn is used up; true if it could go on.
@@ -503,6 +521,9 @@ pub fn run_client(
     args: ClientArgs,
     window: impl FnOnce() -> io::Result<Window>,
 ) -> io::Result<ClientReport> {
+    if args.stack.is_mux() {
+        return crate::mux::run_client(args, window);
+    }
     let client = Arc::new(Client::new(args.stack, args.server, args.engine)?);
     let rss_before = rss_bytes();
     let gate = Arc::new(Gate::default());
@@ -533,6 +554,7 @@ pub fn run_client(
                     }
                     let header = FlowHeader {
                         echo: spec.echo,
+                        latency: spec.latency,
                         receiver_app: spec.receiver_app,
                         size: spec.size,
                     };
@@ -602,6 +624,8 @@ pub fn run_client(
         flows: args.plan.flows.len() as u64,
         rss_before,
         rss_window,
+        first_connect_us: None,
+        open_us: None,
     })
 }
 
@@ -783,6 +807,29 @@ pub fn run_server(
     let counters = || -> Vec<Arc<Counters>> {
         apps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|a| a.counters.clone()).collect()
     };
+    let served = serve_window(rss_before, counters, &accepted, coordinated, ServerSetup::default());
+    stop.store(true, Ordering::Relaxed);
+    served
+}
+
+/// What a multiplexer server measured at start (`ServerReport`'s fields of the same names).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ServerSetup {
+    pub cert_gen_us: Option<u64>,
+    pub udp_offload: Option<(usize, usize)>,
+}
+
+/// The server's side of the orchestrator's protocol, shared by every stack: with `coordinated`,
+/// reads `go START_NS DUR_NS` from stdin, snapshots the sink counters at the window's edges and
+/// prints its report as JSON when stdin closes (the clients are done). Without it, prints the
+/// received goodput every second until killed.
+pub fn serve_window(
+    rss_before: u64,
+    counters: impl Fn() -> Vec<Arc<Counters>>,
+    accepted: &AtomicU64,
+    coordinated: bool,
+    setup: ServerSetup,
+) -> io::Result<()> {
     if !coordinated {
         let mut last = (Instant::now(), 0u64);
         loop {
@@ -816,12 +863,13 @@ pub fn run_server(
     let (b1, _) = snapshot(&counters());
     // Wait for the orchestrator to close stdin (the clients are done), then report.
     for _ in lines.by_ref() {}
-    stop.store(true, Ordering::Relaxed);
     let report = ServerReport {
         sink_bytes: b1 - b0,
         flows: accepted.load(Ordering::Relaxed),
         rss_before,
         rss_window,
+        cert_gen_us: setup.cert_gen_us,
+        udp_offload: setup.udp_offload,
     };
     println!("{}", serde_json::to_string(&report).map_err(io::Error::other)?);
     io::stdout().flush()

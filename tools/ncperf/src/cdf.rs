@@ -26,7 +26,7 @@ fn median_runs(file: &Path) -> Result<Vec<RunResult>, String> {
     }
     .map_err(|e| format!("{}: not an ncperf result: {e}", file.display()))?;
     let mut picked = Vec::new();
-    for stack in ["linux", "netchannel"] {
+    for stack in ["linux", "netchannel", "yamux", "quinn", "h2"] {
         let mut of: Vec<&RunResult> =
             runs.iter().filter(|r| r.stack == stack && !r.latency_cdf.is_empty()).collect();
         of.sort_by(|a, b| {

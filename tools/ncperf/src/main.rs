@@ -3,6 +3,7 @@
 mod apps;
 mod cdf;
 mod metrics;
+mod mux;
 mod net;
 mod orchestrate;
 mod profile;
@@ -51,6 +52,10 @@ enum Cmd {
         run: RunArgs,
         #[arg(long, default_value_t = 3)]
         repetitions: usize,
+        /// More stacks interleaved with linux and netchannel (yamux, quinn, h2): medians of
+        /// each and ratios against linux.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        with: Vec<Stack>,
         #[arg(long)]
         json: bool,
     },
@@ -151,6 +156,14 @@ enum Cmd {
         /// netchannel: nice value of the latency-class worker (`Config::latency_policy`).
         #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
         latency_nice: i8,
+        /// yamux, quinn, h2: streams one connection may carry (yamux's max_num_streams,
+        /// quinn's max_concurrent_bidi_streams; ncperf run sets it from the plan).
+        #[arg(long, default_value_t = 1000)]
+        max_streams: usize,
+        /// yamux, quinn, h2: worker threads of the server's tokio runtime (ncperf run: the
+        /// plan's receiver apps; 0: one per CPU).
+        #[arg(long, default_value_t = 0)]
+        apps: usize,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -166,6 +179,9 @@ enum Cmd {
         netns: Option<PathBuf>,
         #[arg(long)]
         json: bool,
+        /// quinn: the server's certificate, hex DER, as its `cert` line prints it.
+        #[arg(long)]
+        server_cert: Option<String>,
     },
 }
 
@@ -233,6 +249,10 @@ pub struct RunArgs {
     /// needs CAP_SYS_NICE).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub latency_nice: i8,
+    /// yamux, quinn, h2: connections per pair of sender and receiver apps, the flows spread
+    /// over them (set it to --channels to match netchannel's channel count).
+    #[arg(long, default_value_t = 1)]
+    pub mux_connections: usize,
 }
 
 fn main() {
@@ -260,12 +280,14 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 orchestrate::print_result(&r);
             }
         }
-        Cmd::Compare { run, repetitions, json } => {
-            let c = orchestrate::compare(&run, repetitions)?;
+        Cmd::Compare { run, repetitions, with, json } => {
+            let c = orchestrate::compare(&run, repetitions, &with)?;
             if json {
                 println!("{}", serde_json::to_string(&c).map_err(|e| e.to_string())?);
-            } else {
+            } else if with.is_empty() {
                 orchestrate::print_comparison(&c);
+            } else {
+                orchestrate::print_comparison_with(&c);
             }
         }
         Cmd::Suite { out, quick, hosts, profile } => suite::run(&out, quick, hosts, profile)?,
@@ -339,17 +361,31 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             isolation,
             demote_to,
             latency_nice,
+            max_streams,
+            apps,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
+            if stack.is_mux() {
+                let apps = if apps > 0 {
+                    apps
+                } else {
+                    std::thread::available_parallelism().map_or(1, |n| n.get())
+                };
+                return mux::run_server(stack, listen, coordinated, max_streams, apps)
+                    .map_err(|e| format!("server: {e}"));
+            }
             let opts = EngineOpts { channels, policy, isolation, demote_to, latency_nice };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
         }
-        Cmd::Client { stack, connect, run, coordinated, netns, json } => {
+        Cmd::Client { stack, connect, run, coordinated, netns, json, server_cert } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
-            client(stack, connect, &run, coordinated, json)?;
+            let server_cert = server_cert
+                .map(|h| mux::unhex(&h).map_err(|e| format!("--server-cert: {e}")))
+                .transpose()?;
+            client(stack, connect, &run, coordinated, json, server_cert)?;
         }
     }
     Ok(())
@@ -361,6 +397,7 @@ fn client(
     run: &RunArgs,
     coordinated: bool,
     json: bool,
+    server_cert: Option<Vec<u8>>,
 ) -> Result<(), String> {
     let plan = apps::plan(
         run.workload,
@@ -383,6 +420,8 @@ fn client(
         plan,
         rate: run.rate,
         idle: run.workload == Workload::Idle,
+        mux_connections: run.mux_connections,
+        server_cert,
     };
     let (warmup, duration) = (run.warmup, run.duration);
     let window = move || -> std::io::Result<apps::Window> {
@@ -437,6 +476,9 @@ fn client(
         hosts: "remote".into(),
         processes: 1,
         rpcs: report.rpcs,
+        mux_connections: stack.is_mux().then_some(run.mux_connections),
+        first_connect_ms: report.first_connect_us.map(|us| us as f64 / 1e3),
+        open_ms: report.open_us.map(|us| us as f64 / 1e3),
         ..Default::default()
     };
     if json {

@@ -45,6 +45,24 @@ pub struct RunResult {
     pub processes: usize,
     /// Completed RPCs measured (rr and mixed).
     pub rpcs: u64,
+    /// yamux, quinn, h2: connections per pair of sender and receiver apps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mux_connections: Option<usize>,
+    /// quinn: generating the server's self-signed certificate and TLS config (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_gen_ms: Option<f64>,
+    /// yamux, quinn, h2: the client's first connection, made alone: TCP connect (yamux), plus
+    /// writing the HTTP/2 preface (h2, which awaits no reply), or the QUIC and TLS 1.3
+    /// handshake (quinn) (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_connect_ms: Option<f64>,
+    /// yamux, quinn, h2: from the client's start until every connection and stream was open
+    /// (ms; the slowest client process).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_ms: Option<f64>,
+    /// quinn: UDP segments per send (GSO) and per receive (GRO) the kernel offers quinn-udp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp_offload: Option<(usize, usize)>,
     /// (quantile, microseconds) points of the latency distribution, for CDF plots.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency_cdf: Vec<(f64, f64)>,

@@ -13,6 +13,12 @@ use netchannel::{Class, Config, Engine, Policy, Poller, VSocket};
 pub enum Stack {
     Linux,
     Netchannel,
+    /// yamux (libp2p's stream multiplexer) over kernel TCP, on tokio (`mux.rs`).
+    Yamux,
+    /// QUIC (quinn) over UDP with TLS 1.3, on tokio (`mux.rs`).
+    Quinn,
+    /// HTTP/2 (the h2 crate) over kernel TCP, cleartext, on tokio (`mux.rs`).
+    H2,
 }
 
 impl Stack {
@@ -20,8 +26,25 @@ impl Stack {
         match self {
             Stack::Linux => "linux",
             Stack::Netchannel => "netchannel",
+            Stack::Yamux => "yamux",
+            Stack::Quinn => "quinn",
+            Stack::H2 => "h2",
         }
     }
+
+    /// A stream multiplexer in the application's own process, served by `mux.rs` on tokio
+    /// rather than by the thread-per-app event loops of `apps.rs`.
+    pub fn is_mux(self) -> bool {
+        matches!(self, Stack::Yamux | Stack::Quinn | Stack::H2)
+    }
+}
+
+/// The error of an `apps.rs` entry point asked to serve a multiplexer stack.
+fn mux_here(stack: Stack) -> io::Error {
+    io::Error::other(format!(
+        "the {} stack is served by mux.rs, not by the epoll apps",
+        stack.name()
+    ))
 }
 
 /// The virtual port ncperf servers listen on inside a netchannel engine.
@@ -31,6 +54,9 @@ pub const VPORT: u16 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowHeader {
     pub echo: bool,
+    /// A latency-class flow (mixed workload): a multiplexer with stream priorities (quinn)
+    /// gives its server-side stream the higher one too. The epoll apps ignore it.
+    pub latency: bool,
     pub receiver_app: u16,
     pub size: u32,
 }
@@ -41,6 +67,7 @@ impl FlowHeader {
     pub fn encode(&self) -> [u8; 8] {
         let mut b = [0u8; 8];
         b[0] = self.echo as u8;
+        b[1] = self.latency as u8;
         b[2..4].copy_from_slice(&self.receiver_app.to_be_bytes());
         b[4..8].copy_from_slice(&self.size.to_be_bytes());
         b
@@ -48,14 +75,19 @@ impl FlowHeader {
 
     pub fn decode(b: &[u8; 8]) -> io::Result<Self> {
         let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
-        if b[0] > 1 || b[1] != 0 {
+        if b[0] > 1 || b[1] > 1 {
             return Err(bad("not an ncperf flow header"));
         }
         let size = u32::from_be_bytes(b[4..8].try_into().expect("4 bytes"));
         if size == 0 || size > 64 << 20 {
             return Err(bad("flow message size out of range"));
         }
-        Ok(FlowHeader { echo: b[0] == 1, receiver_app: u16::from_be_bytes([b[2], b[3]]), size })
+        Ok(FlowHeader {
+            echo: b[0] == 1,
+            latency: b[1] == 1,
+            receiver_app: u16::from_be_bytes([b[2], b[3]]),
+            size,
+        })
     }
 }
 
@@ -115,6 +147,7 @@ impl Waiter {
         Ok(match stack {
             Stack::Linux => Waiter::Epoll(Epoll::new()?, std::sync::Mutex::new(Vec::new())),
             Stack::Netchannel => Waiter::Poller(Poller::new()?),
+            other => return Err(mux_here(other)),
         })
     }
 
@@ -240,6 +273,7 @@ impl Server {
                 let l = e.listen(VPORT)?;
                 Server::Virtual(e, l)
             }
+            other => return Err(mux_here(other)),
         })
     }
 
@@ -291,6 +325,7 @@ impl Client {
                 };
                 Client::Virtual(engine(any, opts)?)
             }
+            other => return Err(mux_here(other)),
         })
     }
 
@@ -321,8 +356,10 @@ mod tests {
 
     #[test]
     fn flow_header_round_trip_and_validation() {
-        let h = FlowHeader { echo: true, receiver_app: 7, size: 4096 };
+        let h = FlowHeader { echo: true, latency: false, receiver_app: 7, size: 4096 };
         assert_eq!(FlowHeader::decode(&h.encode()).unwrap(), h);
+        let l = FlowHeader { latency: true, ..h };
+        assert_eq!(FlowHeader::decode(&l.encode()).unwrap(), l);
         let mut bad = h.encode();
         bad[0] = 9;
         assert!(FlowHeader::decode(&bad).is_err());

@@ -108,8 +108,8 @@ pub fn raise_fd_limit() -> u64 {
 
 /// How many client/server process pairs `flows` kernel sockets need.
 pub fn processes_for(stack: Stack, flows: u64, fd_limit: u64) -> Result<usize, String> {
-    if stack == Stack::Netchannel {
-        return Ok(1); // channels, not flows, use file descriptors
+    if stack == Stack::Netchannel || stack.is_mux() {
+        return Ok(1); // channels or multiplexed connections, not flows, use file descriptors
     }
     let per = fd_limit.saturating_sub(FD_SLACK);
     if per == 0 {
@@ -154,6 +154,9 @@ pub fn validate(args: &RunArgs, stack: Stack) -> Result<(), String> {
     }
     if stack == Stack::Netchannel && !(1..=63).contains(&args.channels) {
         return Err("--channels must be between 1 and 63".into());
+    }
+    if stack.is_mux() && !(1..=64).contains(&args.mux_connections) {
+        return Err("--mux-connections must be between 1 and 64".into());
     }
     crate::apps::plan(
         args.workload,
@@ -238,6 +241,25 @@ pub fn run_with(
             )
         }
     };
+    // Each pair's share of the flows and, for the multiplexer stacks, its plan: their servers
+    // size their runtime and their per-connection stream limit from it.
+    let share_of = |i: usize| {
+        if args.workload == Workload::Mixed {
+            args.flows
+        } else {
+            flows / pairs as u64 + u64::from((i as u64) < flows % pairs as u64)
+        }
+    };
+    let plan_of = |i: usize| {
+        crate::apps::plan(
+            args.workload,
+            args.pattern,
+            share_of(i),
+            args.size as u32,
+            mixed_of(i).unwrap_or((0, 0)),
+            args.max_apps,
+        )
+    };
     let common = |v: &mut Vec<String>, i: usize| {
         v.extend(["--stack".into(), stack.name().into()]);
         v.extend(["--channels".into(), args.channels.to_string()]);
@@ -251,23 +273,30 @@ pub fn run_with(
         let mut v = vec!["server".to_string(), "--coordinated".into()];
         v.extend(["--listen".into(), SocketAddr::new(server_ip, 0).to_string()]);
         common(&mut v, i);
+        if stack.is_mux() {
+            let plan = plan_of(i)?;
+            let streams = crate::mux::streams_per_connection(&plan, args.mux_connections);
+            v.extend(["--max-streams".into(), streams.to_string()]);
+            v.extend(["--apps".into(), crate::mux::receiver_apps(&plan).to_string()]);
+        }
         if let Some(ns) = &server_ns {
             v.extend(["--netns".into(), ns.display().to_string()]);
         }
         servers.push(Proc::spawn(&v, format!("server process {i}"))?);
     }
     let mut server_addrs = Vec::new();
+    let mut server_certs = Vec::new();
     for s in &mut servers {
+        if stack == Stack::Quinn {
+            let line = s.expect_line("cert ")?;
+            server_certs.push(line["cert ".len()..].to_string());
+        }
         let line = s.expect_line("ready ")?;
         server_addrs.push(line["ready ".len()..].to_string());
     }
     let mut clients = Vec::new();
     for (i, addr) in server_addrs.iter().enumerate() {
-        let share = if args.workload == Workload::Mixed {
-            args.flows
-        } else {
-            flows / pairs as u64 + u64::from((i as u64) < flows % pairs as u64)
-        };
+        let share = share_of(i);
         let mut v =
             vec!["client".to_string(), "--coordinated".into(), "--connect".into(), addr.clone()];
         common(&mut v, i);
@@ -285,6 +314,12 @@ pub fn run_with(
                 "--throughput-flows".into(),
                 t.to_string(),
             ]);
+        }
+        if stack.is_mux() {
+            v.extend(["--mux-connections".into(), args.mux_connections.to_string()]);
+        }
+        if let Some(cert) = server_certs.get(i) {
+            v.extend(["--server-cert".into(), cert.clone()]);
         }
         if let Some(ns) = &client_ns {
             v.extend(["--netns".into(), ns.display().to_string()]);
@@ -403,8 +438,17 @@ pub fn run_with(
         throughput_flows: args.throughput_flows,
         processes: pairs,
         rpcs,
+        mux_connections: stack.is_mux().then_some(args.mux_connections),
+        cert_gen_ms: server_reports.iter().filter_map(|r| r.cert_gen_us).max().map(ms),
+        first_connect_ms: client_reports.first().and_then(|r| r.first_connect_us).map(ms),
+        open_ms: client_reports.iter().filter_map(|r| r.open_us).max().map(ms),
+        udp_offload: server_reports.iter().find_map(|r| r.udp_offload),
         latency_cdf: metrics::cdf_points(&hist),
     })
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1e3
 }
 
 fn progress_bar(args: &RunArgs, stack: Stack) -> Option<indicatif::ProgressBar> {
@@ -463,19 +507,44 @@ pub struct Comparison {
     pub netchannel: serde_json::Map<String, serde_json::Value>,
     /// netchannel / linux of every metric's median.
     pub ratio: serde_json::Map<String, serde_json::Value>,
+    /// With --with: every stack's medians (linux and netchannel too), by stack name.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub medians: serde_json::Map<String, serde_json::Value>,
+    /// With --with: every other stack's medians over linux's, by stack name.
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty")]
+    pub ratios: serde_json::Map<String, serde_json::Value>,
     pub runs: Vec<RunResult>,
 }
 
-/// Both stacks interleaved (linux, netchannel, linux, ...), medians and ratios.
-pub fn compare(args: &RunArgs, repetitions: usize) -> Result<Comparison, String> {
+/// The stacks of a comparison: linux and netchannel, then those of --with (each once).
+pub fn compare_stacks(with: &[Stack]) -> Result<Vec<Stack>, String> {
+    let mut stacks = vec![Stack::Linux, Stack::Netchannel];
+    for &s in with {
+        if !s.is_mux() {
+            return Err(format!(
+                "--with takes the multiplexer stacks (yamux, quinn, h2); {} is always compared",
+                s.name()
+            ));
+        }
+        if !stacks.contains(&s) {
+            stacks.push(s);
+        }
+    }
+    Ok(stacks)
+}
+
+/// The stacks interleaved (linux, netchannel, then --with's, linux, ...), medians and ratios.
+pub fn compare(args: &RunArgs, repetitions: usize, with: &[Stack]) -> Result<Comparison, String> {
     if repetitions == 0 {
         return Err("--repetitions must be at least 1".into());
     }
-    validate(args, Stack::Linux)?;
-    validate(args, Stack::Netchannel)?;
+    let stacks = compare_stacks(with)?;
+    for &s in &stacks {
+        validate(args, s)?;
+    }
     let mut runs = Vec::new();
     for rep in 0..repetitions {
-        for stack in [Stack::Linux, Stack::Netchannel] {
+        for &stack in &stacks {
             eprintln!("ncperf compare: {} repetition {}/{repetitions}", stack.name(), rep + 1);
             runs.push(run_once(args, stack)?);
         }
@@ -491,13 +560,36 @@ pub fn compare(args: &RunArgs, repetitions: usize) -> Result<Comparison, String>
             })
             .collect()
     };
-    let (l, n) = (medians("linux"), medians("netchannel"));
     let to_map = |m: &[(&str, f64)]| {
         m.iter().map(|(k, v)| (k.to_string(), json_num(*v))).collect::<serde_json::Map<_, _>>()
     };
-    let ratio =
-        l.iter().zip(&n).map(|((k, lv), (_, nv))| (k.to_string(), json_num(nv / lv))).collect();
-    Ok(Comparison { repetitions, linux: to_map(&l), netchannel: to_map(&n), ratio, runs })
+    let over = |a: &[(&str, f64)], b: &[(&str, f64)]| {
+        a.iter()
+            .zip(b)
+            .map(|((k, av), (_, bv))| (k.to_string(), json_num(bv / av)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let (l, n) = (medians("linux"), medians("netchannel"));
+    let ratio = over(&l, &n);
+    let (mut all, mut ratios) = (serde_json::Map::new(), serde_json::Map::new());
+    if !with.is_empty() {
+        for s in &stacks {
+            let m = medians(s.name());
+            all.insert(s.name().into(), to_map(&m).into());
+            if *s != Stack::Linux {
+                ratios.insert(s.name().into(), over(&l, &m).into());
+            }
+        }
+    }
+    Ok(Comparison {
+        repetitions,
+        linux: to_map(&l),
+        netchannel: to_map(&n),
+        ratio,
+        medians: all,
+        ratios,
+        runs,
+    })
 }
 
 fn json_num(v: f64) -> serde_json::Value {
@@ -519,6 +611,69 @@ pub fn print_comparison(c: &Comparison) {
     }
 }
 
+/// The table of a comparison with --with: each stack's medians, then each one's ratio to linux.
+pub fn print_comparison_with(c: &Comparison) {
+    print!("{}", comparison_with_table(c));
+}
+
+fn comparison_with_table(c: &Comparison) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    // In the order they ran (linux, netchannel, then --with's), not the maps' sorted order.
+    let mut stacks: Vec<&String> = Vec::new();
+    for r in &c.runs {
+        if !stacks.contains(&&r.stack) {
+            stacks.push(&r.stack);
+        }
+    }
+    let others: Vec<&String> = stacks.iter().copied().filter(|s| *s != "linux").collect();
+    let mut head = format!("{:<18}", "metric (median)");
+    for s in &stacks {
+        head += &format!(" {s:>12}");
+    }
+    for s in &others {
+        head += &format!(" {:>12}", format!("{s}/linux"));
+    }
+    let _ = writeln!(out, "{head}");
+    let get = |m: &serde_json::Map<String, serde_json::Value>, s: &str, k: &str| {
+        m.get(s)
+            .and_then(|v| v.get(k))
+            .and_then(|v| v.as_f64())
+            .map_or("-".to_string(), |x| format!("{x:.3}"))
+    };
+    for k in c.linux.keys() {
+        let mut line = format!("{k:<18}");
+        for s in &stacks {
+            line += &format!(" {:>12}", get(&c.medians, s, k));
+        }
+        for s in &others {
+            line += &format!(" {:>12}", get(&c.ratios, s, k));
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    let setup: Vec<String> = c
+        .runs
+        .iter()
+        .filter(|r| r.first_connect_ms.is_some())
+        .map(|r| {
+            let cert = r.cert_gen_ms.map_or(String::new(), |m| format!(", certificate {m:.2} ms"));
+            format!(
+                "  {}: first connection {:.2} ms{cert}, all flows open {:.1} ms",
+                r.stack,
+                r.first_connect_ms.unwrap_or(f64::NAN),
+                r.open_ms.unwrap_or(f64::NAN)
+            )
+        })
+        .collect();
+    if !setup.is_empty() {
+        let _ = writeln!(out, "set-up (each run):");
+        for line in setup {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out
+}
+
 pub fn print_result(r: &RunResult) {
     println!(
         "{} {} {} flows={} size={}: goodput {:.2} Gbit/s, {:.0} rps, cpu {:.2} cores (client {:.2}, server {:.2}), {:.2} Gbit/s per core",
@@ -531,6 +686,16 @@ pub fn print_result(r: &RunResult) {
             l.p50, l.p99, l.p999, l.max
         );
     }
+    if let Some(first) = r.first_connect_ms {
+        let cert = r.cert_gen_ms.map_or(String::new(), |m| format!(", certificate {m:.2} ms"));
+        let udp = r.udp_offload.map_or(String::new(), |(gso, gro)| {
+            format!("; UDP offload: GSO {gso}, GRO {gro} segments")
+        });
+        println!(
+            "  set-up: first connection {first:.2} ms{cert}, all flows open {:.1} ms{udp}",
+            r.open_ms.unwrap_or(f64::NAN)
+        );
+    }
 }
 
 #[cfg(test)]
@@ -538,10 +703,64 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_with_table_keeps_the_run_order_and_ratios_to_linux() {
+        let run = |stack: &str, rps: f64| RunResult {
+            stack: stack.into(),
+            rps,
+            first_connect_ms: (stack == "quinn").then_some(1.5),
+            cert_gen_ms: (stack == "quinn").then_some(0.25),
+            open_ms: (stack == "quinn").then_some(2.0),
+            ..RunResult::default()
+        };
+        let runs = vec![run("linux", 100.0), run("netchannel", 200.0), run("quinn", 50.0)];
+        let mut medians = serde_json::Map::new();
+        let mut ratios = serde_json::Map::new();
+        for r in &runs {
+            medians.insert(r.stack.clone(), serde_json::json!({ "rps": r.rps }));
+            if r.stack != "linux" {
+                ratios.insert(r.stack.clone(), serde_json::json!({ "rps": r.rps / 100.0 }));
+            }
+        }
+        let linux: serde_json::Map<_, _> =
+            [("rps".to_string(), serde_json::json!(100.0))].into_iter().collect();
+        let c = Comparison {
+            repetitions: 1,
+            linux,
+            netchannel: serde_json::Map::new(),
+            ratio: serde_json::Map::new(),
+            medians,
+            ratios,
+            runs,
+        };
+        let t = comparison_with_table(&c);
+        let lines: Vec<&str> = t.lines().collect();
+        let head: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            head[2..],
+            ["linux", "netchannel", "quinn", "netchannel/linux", "quinn/linux"],
+            "{t}"
+        );
+        let rps: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(rps, ["rps", "100.000", "200.000", "50.000", "2.000", "0.500"], "{t}");
+        assert!(t.contains("quinn: first connection 1.50 ms, certificate 0.25 ms"), "{t}");
+    }
+
+    #[test]
+    fn compare_stacks_interleave_linux_netchannel_then_with() {
+        assert_eq!(compare_stacks(&[]).unwrap(), vec![Stack::Linux, Stack::Netchannel]);
+        assert_eq!(
+            compare_stacks(&[Stack::Yamux, Stack::Quinn, Stack::Yamux]).unwrap(),
+            vec![Stack::Linux, Stack::Netchannel, Stack::Yamux, Stack::Quinn]
+        );
+        assert!(compare_stacks(&[Stack::Linux]).unwrap_err().contains("--with"));
+    }
+
+    #[test]
     fn kernel_sockets_spread_over_processes_by_fd_limit() {
         assert_eq!(processes_for(Stack::Linux, 10_000, 20_000), Ok(1));
         assert_eq!(processes_for(Stack::Linux, 100_000, 20_000), Ok(6));
         assert_eq!(processes_for(Stack::Netchannel, 1_000_000, 20_000), Ok(1));
+        assert_eq!(processes_for(Stack::Quinn, 1_000_000, 1_024), Ok(1));
         let err = processes_for(Stack::Linux, 1_000_000, 1_024).unwrap_err();
         assert!(err.contains("open-file limit") && err.contains("RLIMIT_NOFILE"), "{err}");
     }

@@ -19,7 +19,12 @@ fn ncperf(args: &[&str]) -> std::process::Output {
 }
 
 fn run_json(extra: &[&str]) -> Value {
-    let mut args = vec!["run", "--duration", "1", "--warmup", "0.2", "--json", "--hosts", hosts()];
+    run_json_for("1", extra)
+}
+
+fn run_json_for(duration: &str, extra: &[&str]) -> Value {
+    let mut args =
+        vec!["run", "--duration", duration, "--warmup", "0.2", "--json", "--hosts", hosts()];
     args.extend_from_slice(extra);
     let out = ncperf(&args);
     assert!(
@@ -142,6 +147,101 @@ fn every_workload_on_both_stacks() {
     }
 }
 
+/// The stream multiplexers (yamux, quinn, h2) through the same orchestration: bytes move,
+/// latency is recorded, the JSON has every field and names the stack, and the set-up costs
+/// (quinn's certificate and handshake) are reported.
+#[test]
+fn multiplexer_stacks_move_bytes_and_record_latency() {
+    for stack in ["yamux", "quinn", "h2"] {
+        let v = run_json_for("0.3", &["--stack", stack, "--workload", "stream", "--size", "65536"]);
+        check_common(&v, stack, "stream");
+        assert!(v["latency_us"].is_null());
+        assert_eq!(v["mux_connections"].as_u64(), Some(1), "{v}");
+        assert!(v["first_connect_ms"].as_f64().unwrap() > 0.0, "{v}");
+        assert!(v["open_ms"].as_f64().unwrap() >= v["first_connect_ms"].as_f64().unwrap());
+        assert_eq!(v["cert_gen_ms"].is_null(), stack != "quinn", "{v}");
+
+        let v = run_json_for(
+            "0.3",
+            &[
+                "--stack",
+                stack,
+                "--workload",
+                "rr",
+                "--size",
+                "4096",
+                "--pattern",
+                "incast",
+                "--flows",
+                "4",
+                "--mux-connections",
+                "2",
+            ],
+        );
+        check_common(&v, stack, "rr");
+        assert!(v["rps"].as_f64().unwrap() > 0.0 && v["rpcs"].as_u64().unwrap() > 0, "{v}");
+        let lat = &v["latency_us"];
+        let (p50, max) = (lat["p50"].as_f64().unwrap(), lat["max"].as_f64().unwrap());
+        assert!(0.0 < p50 && p50 <= max, "{lat}");
+
+        // L and T streams sharing the connections: both measured.
+        let v = run_json_for(
+            "0.3",
+            &[
+                "--stack",
+                stack,
+                "--workload",
+                "mixed",
+                "--latency-flows",
+                "1",
+                "--throughput-flows",
+                "2",
+            ],
+        );
+        check_common(&v, stack, "mixed");
+        assert!(v["latency_us"]["p50"].as_f64().unwrap() > 0.0, "{v}");
+    }
+}
+
+/// compare --with adds the multiplexers' medians and ratios and keeps the two-stack fields.
+#[test]
+fn compare_with_interleaves_more_stacks() {
+    let out = ncperf(&[
+        "compare",
+        "--repetitions",
+        "1",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0.1",
+        "--json",
+        "--hosts",
+        hosts(),
+        "--workload",
+        "rr",
+        "--size",
+        "4096",
+        "--with",
+        "yamux,quinn",
+    ]);
+    assert!(out.status.success(), "compare failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let v: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    for key in ["linux", "netchannel", "ratio"] {
+        assert!(v[key]["rps"].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    for stack in ["linux", "netchannel", "yamux", "quinn"] {
+        assert!(v["medians"][stack]["latency_us.p50"].as_f64().unwrap() > 0.0, "{stack}: {v}");
+    }
+    assert!(v["ratios"]["linux"].is_null());
+    for stack in ["netchannel", "yamux", "quinn"] {
+        assert!(v["ratios"][stack]["rps"].as_f64().unwrap() > 0.0, "{stack}: {v}");
+    }
+    let stacks: Vec<&str> =
+        v["runs"].as_array().unwrap().iter().map(|r| r["stack"].as_str().unwrap()).collect();
+    assert_eq!(stacks, ["linux", "netchannel", "yamux", "quinn"]);
+}
+
 #[test]
 fn impossible_combinations_are_clear_errors() {
     for (args, needle) in [
@@ -160,6 +260,8 @@ fn impossible_combinations_are_clear_errors() {
         ),
         (&["run", "--stack", "linux", "--size", "0"][..], "--size"),
         (&["run", "--stack", "linux", "--split-processes"][..], "--split-processes"),
+        (&["run", "--stack", "yamux", "--mux-connections", "0"][..], "--mux-connections"),
+        (&["compare", "--with", "linux"][..], "--with"),
     ] {
         let out = ncperf(args);
         assert!(!out.status.success(), "{args:?} should fail");
