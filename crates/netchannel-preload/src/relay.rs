@@ -13,17 +13,18 @@
 //! receiver holds the sender back through both kernels' windows (backpressure, nothing dropped).
 
 use std::collections::HashMap;
-use std::ffi::c_int;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use netchannel::sys::{Epoll, EventFd, EDGE, PEER_SHUTDOWN, READABLE, WRITABLE};
 use netchannel::{Poller, VSocket};
+use parking_lot::Mutex;
 
-use crate::{inside, relocate, reset, COUNTERS};
+use crate::interpose::{fd_base, inside, reset, COUNTERS};
 
 /// Bytes moved per read.
 const CHUNK: usize = 64 * 1024;
@@ -33,8 +34,8 @@ const WAKE: u64 = u64::MAX;
 pub(crate) struct Loop {
     /// Connections handed over, not yet registered.
     inbox: Mutex<Vec<(TcpStream, VSocket)>>,
-    /// eventfd: the inbox has something.
-    wake: c_int,
+    /// The inbox has something.
+    wake: EventFd,
 }
 
 /// The relay loops, started on first use. Called where the process's engine is created, with
@@ -50,23 +51,11 @@ pub(crate) fn loops() -> &'static [Arc<Loop>] {
 }
 
 fn start() -> Option<Arc<Loop>> {
-    // SAFETY: plain eventfd and epoll creation; the fds are owned by the loop, which lives as
-    // long as the process.
-    let (wake, ep) = unsafe {
-        (
-            libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK),
-            libc::epoll_create1(libc::EPOLL_CLOEXEC),
-        )
-    };
-    if wake < 0 || ep < 0 {
-        return None;
-    }
+    let wake = EventFd::new().and_then(|e| e.moved_above(fd_base())).ok()?;
+    let ep = Epoll::new().and_then(|e| e.moved_above(fd_base())).ok()?;
     let poller = Poller::new().ok()?;
-    let lp = Arc::new(Loop { inbox: Mutex::new(Vec::new()), wake: relocate(wake) });
-    let ep = relocate(ep);
-    if !epoll_add(ep, lp.wake, libc::EPOLLIN as u32, WAKE) {
-        return None;
-    }
+    let lp = Arc::new(Loop { inbox: Mutex::new(Vec::new()), wake });
+    ep.add(lp.wake.as_fd(), READABLE, WAKE).ok()?;
     let run_lp = lp.clone();
     std::thread::Builder::new()
         .name("nc-relay-loop".into())
@@ -86,10 +75,8 @@ pub(crate) fn relay(app: TcpStream, vs: VSocket) {
         return;
     }
     let lp = &all[NEXT.fetch_add(1, Ordering::Relaxed) % all.len()];
-    lp.inbox.lock().unwrap_or_else(|e| e.into_inner()).push((app, vs));
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes to the loop's eventfd.
-    unsafe { libc::write(lp.wake, &one as *const u64 as *const _, 8) };
+    lp.inbox.lock().push((app, vs));
+    lp.wake.notify();
 }
 
 struct Conn {
@@ -103,21 +90,18 @@ struct Conn {
     down_done: bool,
 }
 
-fn epoll_add(ep: c_int, fd: c_int, events: u32, token: u64) -> bool {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: `ev` is a valid epoll_event; both fds are open.
-    unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) == 0 }
-}
+/// Kernel events the loop takes per round.
+const EVENTS_PER_ROUND: usize = 256;
 
-fn run(lp: &Loop, ep: c_int, poller: Poller) {
+fn run(lp: &Loop, ep: Epoll, poller: Poller) {
     // The loop sleeps in the poller (so it serves its virtual sockets' channels itself, one
     // wake-up per message as an application thread blocked in recv would), woken also by its
     // epoll set of kernel ends, which it polls without blocking each round.
-    poller.wake_on(ep);
+    poller.wake_on(ep.raw());
     let mut conns: HashMap<u64, Conn> = HashMap::new();
     let mut next_id: u64 = 0;
     let mut scratch = vec![0u8; CHUNK];
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    let mut events: Vec<(u64, u32)> = Vec::with_capacity(EVENTS_PER_ROUND);
     let mut tokens = Vec::new();
     let mut due: Vec<u64> = Vec::new();
     let mut sleep = false;
@@ -125,30 +109,27 @@ fn run(lp: &Loop, ep: c_int, poller: Poller) {
         due.clear();
         let _ = poller.wait(&mut tokens, (!sleep).then_some(Duration::ZERO));
         due.extend_from_slice(&tokens);
-        // SAFETY: `events` has room for its length in entries.
-        let n = unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as c_int, 0) };
-        if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return;
-        }
-        for ev in &events[..n.max(0) as usize] {
-            if ev.u64 != WAKE {
-                due.push(ev.u64);
+        events.clear();
+        // An interrupted wait reports no event (the round goes on); other errors end the loop.
+        let n = match ep.wait(&mut events, EVENTS_PER_ROUND, Some(Duration::ZERO)) {
+            Ok(n) => n,
+            Err(_) => return,
+        };
+        for &(token, _) in &events {
+            if token != WAKE {
+                due.push(token);
                 continue;
             }
-            let mut v: u64 = 0;
-            // SAFETY: reading 8 bytes from our eventfd into `v`.
-            unsafe { libc::read(lp.wake, &mut v as *mut u64 as *mut _, 8) };
-            let arrived = std::mem::take(&mut *lp.inbox.lock().unwrap_or_else(|e| e.into_inner()));
+            lp.wake.drain();
+            let arrived = std::mem::take(&mut *lp.inbox.lock());
             for (app, vs) in arrived {
                 let id = next_id;
                 next_id += 1;
                 let _ = app.set_nonblocking(true);
                 let _ = app.set_nodelay(true);
                 vs.set_nonblocking(true);
-                let flags = libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET;
-                if !epoll_add(ep, app.as_raw_fd(), flags as u32, id)
-                    || poller.register(&vs, id).is_err()
-                {
+                let flags = READABLE | WRITABLE | PEER_SHUTDOWN | EDGE;
+                if ep.add(app.as_fd(), flags, id).is_err() || poller.register(&vs, id).is_err() {
                     reset(&app);
                     continue;
                 }
@@ -165,7 +146,7 @@ fn run(lp: &Loop, ep: c_int, poller: Poller) {
             }
         }
         // A full batch of kernel events may have left more: go round without sleeping.
-        sleep = due.is_empty() && (n as usize) < events.len();
+        sleep = due.is_empty() && n < EVENTS_PER_ROUND;
         due.sort_unstable();
         due.dedup();
         for id in &due {

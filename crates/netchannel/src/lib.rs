@@ -1,13 +1,19 @@
 //! NetChannel in user space: virtual sockets with stream semantics, multiplexed over many kernel
 //! TCP connections ("channels") by an engine embedded in the application process.
 //!
-//! Layers (see docs/ARCHITECTURE.md):
-//! - [`wire`]: handshake and frame codec (pure).
-//! - [`proto`]: the sans-IO protocol core: streams, credit, ordering, retention, recovery.
-//! - [`scheduler`]: which stream's chunk each channel carries next.
-//! - [`driver`]: channels (the queues of a multi-queue "device"), framing, the TCP transport.
-//! - [`engine`]: threads and execution model (workers, run to completion).
-//! - [`vns`]: virtual sockets, the application API.
+//! The public API is the engine ([`Engine`], [`Config`]), virtual sockets ([`VSocket`],
+//! [`Listener`], [`Poller`]) and their statistics. Layers, lowest first (see
+//! docs/ARCHITECTURE.md; each uses only those before it, which `tests/layers.rs` checks):
+//! - `sys`: every OS call std does not wrap; the crate's `unsafe` lives only here.
+//! - `wire`: handshake and frame codec (pure).
+//! - `scheduler`: which stream's chunk each channel carries next.
+//! - `proto`: the sans-IO protocol core: streams, credit, ordering, retention, recovery.
+//! - `driver`: channels (the queues of a multi-queue "device"), the TCP transport.
+//! - `engine`: threads and execution model (workers, run to completion).
+//! - `vns`: virtual sockets, the application API.
+//!
+//! The feature `internals` makes `sys` and `wire` public for netchannel's own tools and
+//! tests (ncperf, the preload library, the attack tests); they carry no stability promise.
 //!
 //! ```no_run
 //! use netchannel::{Config, Engine};
@@ -22,16 +28,28 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-pub mod driver;
-pub mod engine;
-pub mod proto;
-pub mod scheduler;
-pub mod sys;
-pub mod vns;
-pub mod wire;
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
-pub use engine::WorkerThread;
-pub use engine::{Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats};
+mod driver;
+mod engine;
+mod proto;
+mod scheduler;
+#[cfg(feature = "internals")]
+pub mod sys;
+#[cfg(not(feature = "internals"))]
+mod sys;
+mod vns;
+#[cfg(feature = "internals")]
+pub mod wire;
+#[cfg(not(feature = "internals"))]
+mod wire;
+
+pub use driver::ChannelStats;
+pub use engine::{
+    Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats, WorkerThread,
+};
 pub use scheduler::Policy;
 pub use sys::{enter_netns, ThreadPolicy};
 pub use vns::poller::Poller;

@@ -9,7 +9,9 @@ use std::collections::VecDeque;
 use std::io::{self, BufRead, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
@@ -198,17 +200,17 @@ struct Gate {
 
 impl Gate {
     fn open(&self, w: Window) {
-        *self.window.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
+        *self.window.lock() = Some(w);
         self.opened.notify_all();
     }
 
     fn wait(&self) -> Window {
-        let mut g = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = self.window.lock();
         loop {
             if let Some(w) = *g {
                 return w;
             }
-            g = self.opened.wait(g).unwrap_or_else(|e| e.into_inner());
+            self.opened.wait(&mut g);
         }
     }
 }
@@ -658,7 +660,7 @@ fn receiver_loop(app: Arc<ReceiverApp>, stop: Arc<AtomicBool>) {
             return;
         }
         tokens.append(&mut hot);
-        for (t, f) in app.inbox.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for (t, f) in app.inbox.lock().drain(..) {
             let t = t as usize;
             if flows.len() <= t {
                 flows.resize_with(t + 1, || None);
@@ -771,7 +773,7 @@ pub fn run_server(
             };
             accepted.fetch_add(1, Ordering::Relaxed);
             let app = {
-                let mut apps = apps.lock().unwrap_or_else(|e| e.into_inner());
+                let mut apps = apps.lock();
                 let want = header.receiver_app as usize + 1;
                 while apps.len() < want {
                     let Ok(waiter) = Waiter::new(stack) else {
@@ -798,15 +800,14 @@ pub fn run_server(
             let flow = ServerFlow { conn, header, got: 0, out: 0, token, write_interest: false };
             // Registered under the inbox lock right after queuing: the app takes that lock
             // before it looks up a token, so it always finds the flow its token names.
-            let mut inbox = app.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            let mut inbox = app.inbox.lock();
             inbox.push((token, flow));
             let (_, f) = inbox.last().expect("just pushed");
             let _ = app.waiter.register(&f.conn, token, false);
         });
     }
-    let counters = || -> Vec<Arc<Counters>> {
-        apps.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|a| a.counters.clone()).collect()
-    };
+    let counters =
+        || -> Vec<Arc<Counters>> { apps.lock().iter().map(|a| a.counters.clone()).collect() };
     let served = serve_window(rss_before, counters, &accepted, coordinated, ServerSetup::default());
     stop.store(true, Ordering::Relaxed);
     served

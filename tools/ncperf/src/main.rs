@@ -1,5 +1,7 @@
 //! ncperf: the host-stack studies' workloads on Linux TCP and on netchannel, side by side.
 
+#![deny(unsafe_code)]
+
 mod apps;
 mod cdf;
 mod metrics;

@@ -142,12 +142,9 @@ pub fn parse_pid_stat(text: &str) -> Option<u64> {
 }
 
 pub fn clock_ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
+    match rustix::param::clock_ticks_per_second() {
+        0 => 100.0,
+        t => t as f64,
     }
 }
 

@@ -29,13 +29,14 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use hdrhistogram::Histogram;
+use parking_lot::Mutex;
 use quinn::rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
@@ -435,7 +436,7 @@ impl App {
     fn record(&self, w: &Window, t0: Instant, now: Instant) {
         if w.contains(now) {
             let us = now.saturating_duration_since(t0).as_micros() as u64;
-            self.hist.lock().unwrap_or_else(|e| e.into_inner()).saturating_record(us.max(1));
+            self.hist.lock().saturating_record(us.max(1));
             self.counters.rpcs.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -532,7 +533,7 @@ pub fn run_client(
     drop(held);
     let mut hist = new_histogram();
     for a in &apps {
-        let h = a.hist.lock().unwrap_or_else(|e| e.into_inner());
+        let h = a.hist.lock();
         hist.add(&*h).map_err(|e| io::Error::other(format!("histogram: {e}")))?;
     }
     // The connections' driver tasks never end by themselves; the process is about to exit.
@@ -703,7 +704,7 @@ async fn open_loop_writes(
         let now = Instant::now();
         let mut due = 0;
         {
-            let mut q = sent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = sent.lock();
             while next <= now {
                 q.push_back(next); // latency counts from the scheduled time
                 next += iv;
@@ -734,7 +735,7 @@ async fn open_loop_reads(
         got += n;
         while got >= size {
             got -= size;
-            let t0 = sent.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+            let t0 = sent.lock().pop_front();
             if let Some(t0) = t0 {
                 app.record(w, t0, Instant::now());
             }
@@ -753,7 +754,7 @@ struct Registry {
 impl Registry {
     fn connection(&self) -> Arc<Counters> {
         let c = Arc::new(Counters::default());
-        self.counters.lock().unwrap_or_else(|e| e.into_inner()).push(c.clone());
+        self.counters.lock().push(c.clone());
         c
     }
 }
@@ -813,7 +814,7 @@ pub fn run_server(
         println!("cert {}", hex(der));
     }
     println!("ready {addr}");
-    let counters = || registry.counters.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let counters = || registry.counters.lock().clone();
     let setup = crate::apps::ServerSetup {
         cert_gen_us: cert.as_ref().map(|(_, took, _)| took.as_micros() as u64),
         udp_offload: cert.as_ref().map(|(_, _, offload)| *offload),

@@ -138,14 +138,14 @@ impl Conn {
 
 /// Edge-triggered readiness for many connections, reported as tokens.
 pub enum Waiter {
-    Epoll(Epoll, std::sync::Mutex<Vec<(u64, u32)>>),
+    Epoll(Epoll, parking_lot::Mutex<Vec<(u64, u32)>>),
     Poller(Poller),
 }
 
 impl Waiter {
     pub fn new(stack: Stack) -> io::Result<Waiter> {
         Ok(match stack {
-            Stack::Linux => Waiter::Epoll(Epoll::new()?, std::sync::Mutex::new(Vec::new())),
+            Stack::Linux => Waiter::Epoll(Epoll::new()?, parking_lot::Mutex::new(Vec::new())),
             Stack::Netchannel => Waiter::Poller(Poller::new()?),
             other => return Err(mux_here(other)),
         })
@@ -178,7 +178,7 @@ impl Waiter {
     pub fn wait(&self, tokens: &mut Vec<u64>, timeout: Duration) -> io::Result<()> {
         match self {
             Waiter::Epoll(ep, events) => {
-                let mut events = events.lock().unwrap_or_else(|e| e.into_inner());
+                let mut events = events.lock();
                 events.clear();
                 ep.wait(&mut events, 256, Some(timeout))?;
                 tokens.clear();

@@ -92,18 +92,14 @@ impl Drop for Proc {
 
 /// The per-process open-file hard limit, after raising the soft limit to it.
 pub fn raise_fd_limit() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit read and write a live rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 1024;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let Some(max) = lim.maximum else { return 1 << 20 }; // unlimited
+    if lim.current < Some(max) {
+        // Best effort: where it fails, the soft limit stays and the caller works within it.
+        let _ = setrlimit(Resource::Nofile, Rlimit { current: Some(max), maximum: Some(max) });
     }
-    lim.rlim_max
+    max
 }
 
 /// How many client/server process pairs `flows` kernel sockets need.

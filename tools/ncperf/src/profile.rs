@@ -361,8 +361,7 @@ pub fn check_perf() -> Result<(), String> {
     if !matches!(ok, Ok(s) if s.success()) {
         return Err("perf not found: install Debian's linux-perf (scripts/setup.sh does)".into());
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -487,8 +486,10 @@ impl Recorder {
     }
 
     fn stop(self) -> Result<(), String> {
-        // SAFETY: sends SIGINT to our own child process, which has not been reaped yet.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        // Our own child, not reaped yet: its pid is still its own.
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        }
         drop(self.ctl);
         let out = self.child.wait_with_output().map_err(|e| format!("perf record: {e}"))?;
         // perf exits 0 after SIGINT once its data is written; a failing exit code is an error.

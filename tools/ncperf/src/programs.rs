@@ -259,9 +259,10 @@ struct Server(Child);
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let pid = self.0.id() as i32;
-        // SAFETY: signalling our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        // Our own child, not reaped yet: its pid is still its own.
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
         let deadline = Instant::now() + Duration::from_secs(3);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.0.try_wait() {

@@ -6,8 +6,7 @@ use std::process::Command;
 use serde_json::Value;
 
 fn hosts() -> &'static str {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if rustix::process::geteuid().is_root() {
         "netns"
     } else {
         "loopback"
@@ -273,8 +272,7 @@ fn impossible_combinations_are_clear_errors() {
 #[test]
 fn profile_classifies_a_run_where_perf_works() {
     let perf = Command::new("perf").arg("--version").output();
-    // SAFETY: geteuid has no preconditions.
-    if !matches!(perf, Ok(ref o) if o.status.success()) || unsafe { libc::geteuid() } != 0 {
+    if !matches!(perf, Ok(ref o) if o.status.success()) || !rustix::process::geteuid().is_root() {
         eprintln!("skipping: perf or root unavailable");
         return;
     }

@@ -40,7 +40,9 @@ pub trait Transport: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelMeta {
     pub index: ChannelIndex,
+    /// Class of the streams it carries.
     pub class: Class,
+    /// The peer engine's id.
     pub peer_engine: u64,
 }
 
@@ -67,16 +69,25 @@ impl std::fmt::Display for ChannelError {
 /// Counters of one channel (a snapshot).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChannelStats {
+    /// Index within the session (0..=63).
     pub index: u16,
+    /// Class of the streams it carries.
     pub class: Class,
+    /// The peer engine's id.
     pub peer_engine: u64,
+    /// Still open (false in `closed_channels`).
     pub open: bool,
+    /// Bytes written to the socket.
     pub tx_bytes: u64,
+    /// Bytes read from the socket.
     pub rx_bytes: u64,
+    /// Frames written whole.
     pub tx_frames: u64,
+    /// Frames received.
     pub rx_frames: u64,
     /// Bytes pulled from the session and not yet written to the socket.
     pub queued_bytes: u64,
+    /// Protocol violations by the peer on this channel (each closes it).
     pub protocol_errors: u64,
     /// Why the channel closed, once it has.
     pub close_reason: Option<String>,
@@ -134,12 +145,6 @@ pub struct TxState {
     pub frames: VecDeque<OutFrame>,
     /// Bytes of the front frame already written.
     pub written: usize,
-}
-
-impl TxState {
-    pub fn queued_bytes(&self) -> usize {
-        self.frames.iter().map(OutFrame::len).sum::<usize>() - self.written
-    }
 }
 
 #[derive(Default)]

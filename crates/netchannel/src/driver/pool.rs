@@ -34,6 +34,7 @@ impl BufPool {
     }
 
     /// Buffers idle in the pool.
+    #[cfg(test)]
     pub fn idle(&self) -> usize {
         self.free.lock().len()
     }

@@ -26,6 +26,7 @@ pub enum Isolation {
 }
 
 #[derive(Clone)]
+/// An engine's configuration: every knob, with safe defaults (`Config::default`).
 pub struct Config {
     /// Address the channel listener binds (IPv4 or IPv6; port 0 picks one).
     pub listen_addr: SocketAddr,
@@ -39,6 +40,7 @@ pub struct Config {
     pub max_channels: usize,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).
     pub latency_channels: usize,
+    /// How the scheduler picks the channel of a stream's next chunk.
     pub policy: Policy,
     /// Unsent bytes a class may hold per channel before senders wait (paper: 2 MB per queue).
     pub channel_queue_threshold: u64,
@@ -50,6 +52,7 @@ pub struct Config {
     pub max_streams: u32,
     /// Out-of-order segments held per virtual socket before the peer is deemed abusive.
     pub max_out_of_order_segments: usize,
+    /// How long `connect` waits for the peer to accept the virtual socket.
     pub connect_timeout: Duration,
     /// Timeout for dialing one channel: TCP connect and handshake. Above TCP's first SYN
     /// retransmission (1 s), so that one lost SYN or ARP request does not fail a connect.
@@ -57,6 +60,8 @@ pub struct Config {
     /// How long the acceptor gives a dialer to complete a channel handshake once its TCP
     /// connection is accepted (a silent dialer holds a handshake slot no longer).
     pub handshake_timeout: Duration,
+    /// Streams the engine accepts for a listener before the application does (more wait
+    /// unanswered, then are refused).
     pub accept_backlog: usize,
     /// Bytes a channel writes per run before another channel gets a turn.
     pub tx_batch_bytes: usize,
@@ -176,6 +181,7 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The defaults, with the channel listener on `listen_addr`.
     pub fn new(listen_addr: SocketAddr) -> Self {
         Config { listen_addr, ..Config::default() }
     }

@@ -167,6 +167,7 @@ impl Engine {
         Ok(engine)
     }
 
+    /// This engine's random id (its peers key their sessions by it).
     pub fn id(&self) -> u64 {
         self.ctx.id
     }
@@ -176,10 +177,12 @@ impl Engine {
         self.ctx.local_addr
     }
 
+    /// The configuration it runs with.
     pub fn config(&self) -> &Config {
         &self.ctx.config
     }
 
+    /// A snapshot of its channels, sockets and counters.
     pub fn stats(&self) -> EngineStats {
         self.ctx.stats()
     }

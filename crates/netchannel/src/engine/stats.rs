@@ -11,17 +11,21 @@ use crate::wire::Class;
 /// Counters of the whole engine.
 #[derive(Debug, Clone, Default)]
 pub struct EngineStats {
+    /// This engine's id.
     pub engine_id: u64,
+    /// Its channel listener's address.
     pub local_addr: Option<SocketAddr>,
     /// Open channels, every peer.
     pub channels: Vec<PeerChannelStats>,
     /// The most recently closed channels, with why they closed.
     pub closed_channels: Vec<PeerChannelStats>,
+    /// Virtual sockets holding state, every peer.
     pub sockets: Vec<SocketStats>,
     /// Virtual sockets holding state (open, or closed and still delivering).
     pub open_sockets: usize,
     /// Channels closed because the peer broke the protocol, handshakes included.
     pub protocol_errors: u64,
+    /// Channel handshakes that failed (refused, timed out, broken).
     pub handshake_failures: u64,
     /// Frames for streams already closed here (normal after a reset; ignored).
     pub stale_frames: u64,
@@ -47,21 +51,32 @@ pub struct EngineStats {
 }
 
 #[derive(Debug, Clone, Default)]
+/// A channel and the peer it goes to.
 pub struct PeerChannelStats {
+    /// The peer engine's address.
     pub peer_addr: Option<SocketAddr>,
+    /// The channel's counters.
     pub channel: ChannelStats,
 }
 
 /// Per-socket counters (a snapshot).
 #[derive(Debug, Clone)]
 pub struct SocketStats {
+    /// The socket's id in its session.
     pub id: u64,
+    /// The virtual port it was opened to or accepted on.
     pub port: u16,
+    /// Its traffic class.
     pub class: Class,
+    /// The peer engine's channel address.
     pub peer_engine_addr: SocketAddr,
+    /// Bytes the application sent.
     pub bytes_sent: u64,
+    /// Bytes received in order.
     pub bytes_received: u64,
+    /// Frames of this socket pulled onto channels.
     pub frames_sent: u64,
+    /// Frames for this socket received.
     pub frames_received: u64,
     /// Received bytes the application has not read yet.
     pub unread_bytes: u64,
@@ -69,7 +84,10 @@ pub struct SocketStats {
     pub unsent_bytes: u64,
     /// Sent bytes the peer application has not read yet.
     pub unacked_bytes: u64,
+    /// Protocol violations by the peer on this socket.
     pub protocol_errors: u32,
+    /// `open`, `connecting`, `incoming`, `write-closed`, `peer-finished`, `finished`,
+    /// `closed` (delivering after close) or `reset`.
     pub state: &'static str,
 }
 

@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -135,15 +135,9 @@ impl Waiter {
             return;
         }
         if let Some((old, _)) = c.take() {
-            // SAFETY: only used to deregister; a closed fd fails harmlessly.
-            let _ = self.epoll.delete(unsafe { BorrowedFd::borrow_raw(old) });
+            let _ = self.epoll.delete_raw(old);
         }
-        // SAFETY: the poller's owner promised `fd` stays open while it is the companion.
-        let b = unsafe { BorrowedFd::borrow_raw(fd) };
-        let flags = READABLE | EDGE;
-        let added = self.epoll.add(b, flags, TOKEN_COMPANION).is_ok()
-            || self.epoll.modify(b, flags, TOKEN_COMPANION).is_ok();
-        if added {
+        if self.epoll.add_or_modify_raw(fd, READABLE | EDGE, TOKEN_COMPANION).is_ok() {
             *c = Some((fd, key));
         }
     }

@@ -63,12 +63,15 @@ pub(crate) struct Worker {
 /// A worker thread as `Engine::stats` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerThread {
+    /// Thread name (`nc-worker-N`).
     pub name: String,
     /// Thread id (as in /proc/PID/task).
     pub tid: i32,
+    /// The class of channels it serves.
     pub class: Class,
     /// The scheduling applied, or why it could not be.
     pub policy: String,
+    /// The cores it is pinned to, if any.
     pub cpus: Option<Vec<usize>>,
 }
 

@@ -201,11 +201,6 @@ impl<B: Buffers> FrameReader<B> {
         Target::Staging(self.buffer(want))
     }
 
-    /// Bytes read and not yet parsed (a truncated frame if the peer closes now).
-    pub fn unparsed(&self) -> usize {
-        self.buf.len()
-    }
-
     pub fn is_deferred(&self) -> bool {
         self.deferred
     }

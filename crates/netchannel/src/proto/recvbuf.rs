@@ -29,10 +29,6 @@ impl Seg {
             Seg::Deferred { len, .. } => *len,
         }
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Slices shorter than this are copied rather than held when they could pin a larger buffer.
@@ -426,6 +422,7 @@ impl RecvBuf {
     }
 
     /// The deferred payloads held, as `(offset, channel)`.
+    #[cfg(test)]
     pub fn deferred(&self) -> Vec<(u64, ChannelIndex)> {
         let mut v = Vec::new();
         let mut at = self.consumed;

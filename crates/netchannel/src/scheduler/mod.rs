@@ -17,9 +17,12 @@ use std::collections::VecDeque;
 use crate::wire::Class;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a stream's chunks are spread over the channels of its class.
 pub enum Policy {
     #[default]
+    /// One queue per class: a chunk per turn, on whichever channel has room.
     RoundRobin,
+    /// A stream keeps to one home channel (its bytes never need reordering).
     Sticky,
 }
 
@@ -69,10 +72,6 @@ impl<S: Copy + Into<u64>, C: Copy + Into<usize>> ActiveQueues<S, C> {
             by_channel: (0..channels).map(|_| VecDeque::new()).collect(),
             channel: std::marker::PhantomData,
         }
-    }
-
-    pub fn policy(&self) -> Policy {
-        self.policy
     }
 
     /// A stream of `class` got unsent bytes; `serving` are the channels that carry its class.

@@ -3,6 +3,9 @@
 //! go through rustix (raw system calls, never through libc's symbols, so an `LD_PRELOAD`
 //! library interposing libc is never re-entered). The crate's few `unsafe` blocks are here.
 
+// The one module where system interfaces demand `unsafe`; every block says why it is sound.
+#![allow(unsafe_code)]
+
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -17,6 +20,7 @@ use rustix::event::{epoll, eventfd, EventfdFlags};
 pub struct EventFd(OwnedFd);
 
 impl EventFd {
+    /// A new eventfd (non-blocking, close-on-exec).
     pub fn new() -> io::Result<Self> {
         Ok(EventFd(eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?))
     }
@@ -33,8 +37,15 @@ impl EventFd {
         matches!(rustix::io::read(&self.0, &mut v), Ok(8))
     }
 
+    /// Its number (for an application's own epoll set).
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+
+    /// The same eventfd under the lowest free number at or above `min` (close-on-exec): an
+    /// interposition library keeps its fds out of the numbers a program expects to get.
+    pub fn moved_above(self, min: RawFd) -> io::Result<Self> {
+        Ok(EventFd(rustix::io::fcntl_dupfd_cloexec(&self.0, min)?))
     }
 }
 
@@ -44,8 +55,11 @@ impl AsFd for EventFd {
     }
 }
 
+/// Epoll interest: readable (`EPOLLIN`).
 pub const READABLE: u32 = epoll::EventFlags::IN.bits();
+/// Epoll interest: writable (`EPOLLOUT`).
 pub const WRITABLE: u32 = epoll::EventFlags::OUT.bits();
+/// Edge-triggered (`EPOLLET`).
 pub const EDGE: u32 = epoll::EventFlags::ET.bits();
 /// Only one of the epoll sets holding the fd (the first with a waiting thread) is woken.
 pub const EXCLUSIVE: u32 = epoll::EventFlags::EXCLUSIVE.bits();
@@ -60,22 +74,53 @@ pub const PEER_SHUTDOWN: u32 = epoll::EventFlags::RDHUP.bits();
 pub struct Epoll(OwnedFd);
 
 impl Epoll {
+    /// A new epoll set (close-on-exec).
     pub fn new() -> io::Result<Self> {
         Ok(Epoll(epoll::create(epoll::CreateFlags::CLOEXEC)?))
     }
 
+    /// The same epoll set under the lowest free number at or above `min` (close-on-exec).
+    pub fn moved_above(self, min: RawFd) -> io::Result<Self> {
+        Ok(Epoll(rustix::io::fcntl_dupfd_cloexec(&self.0, min)?))
+    }
+
+    /// Its number (to nest it, or to hand it to `Poller::wake_on`).
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Adds `fd` with interest `events`, reported with `token`.
     pub fn add(&self, fd: BorrowedFd<'_>, events: u32, token: u64) -> io::Result<()> {
         let flags = epoll::EventFlags::from_bits_retain(events);
         Ok(epoll::add(&self.0, fd, epoll::EventData::new_u64(token), flags)?)
     }
 
+    /// Changes the interest or token of `fd`.
     pub fn modify(&self, fd: BorrowedFd<'_>, events: u32, token: u64) -> io::Result<()> {
         let flags = epoll::EventFlags::from_bits_retain(events);
         Ok(epoll::modify(&self.0, fd, epoll::EventData::new_u64(token), flags)?)
     }
 
+    /// Removes `fd`.
     pub fn delete(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
         Ok(epoll::delete(&self.0, fd)?)
+    }
+
+    /// Adds, or updates, an fd the caller does not own, by number (an application's own epoll
+    /// set it gave to `Poller::wake_on`). Registering keeps no reference that outlives the
+    /// call: the kernel drops the entry when the file closes, and a number that is not open
+    /// is an error (`EBADF`).
+    pub fn add_or_modify_raw(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        // SAFETY: the borrow lives only for these calls; epoll_ctl validates the number and
+        // retains no reference to the caller's object.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        self.add(b, events, token).or_else(|_| self.modify(b, events, token))
+    }
+
+    /// Removes an fd added by number; an fd closed meanwhile is already gone (harmless error).
+    pub fn delete_raw(&self, fd: RawFd) -> io::Result<()> {
+        // SAFETY: as in `add_or_modify_raw`: a borrow for the duration of the call only.
+        self.delete(unsafe { BorrowedFd::borrow_raw(fd) })
     }
 
     /// Waits for events and appends `(token, events)` to `out`. `None` waits forever. Timeouts
@@ -288,6 +333,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
     out
 }
 
+/// A random u64 (engine ids).
 pub fn random_u64() -> u64 {
     u64::from_ne_bytes(random_bytes::<8>())
 }

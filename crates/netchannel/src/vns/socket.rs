@@ -208,10 +208,12 @@ impl VSocket {
         self.session.core().stream(self.id).map_or(0, |s| s.port)
     }
 
+    /// The channel address of the peer engine.
     pub fn peer_engine_addr(&self) -> SocketAddr {
         self.session.peer_addr
     }
 
+    /// Its traffic class.
     pub fn class(&self) -> Class {
         self.session.core().stream(self.id).map_or(Class::Throughput, |s| s.class)
     }
@@ -224,18 +226,22 @@ impl VSocket {
         }
     }
 
+    /// In non-blocking mode `send` and `recv` fail with `WouldBlock` instead of waiting.
     pub fn set_nonblocking(&self, nonblocking: bool) {
         self.nonblocking.store(nonblocking, Ordering::Relaxed);
     }
 
+    /// Whether it is in non-blocking mode.
     pub fn is_nonblocking(&self) -> bool {
         self.nonblocking.load(Ordering::Relaxed)
     }
 
+    /// `recv` fails with `TimedOut` after `t` (as `SO_RCVTIMEO`); `None`: never.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         store_timeout(&self.read_timeout_ns, t)
     }
 
+    /// `send` returns what it sent, or fails with `TimedOut`, after `t` (as `SO_SNDTIMEO`).
     pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         store_timeout(&self.write_timeout_ns, t)
     }
@@ -628,6 +634,7 @@ impl VSocket {
         self.session.core().handle(self.id).writable()
     }
 
+    /// A snapshot of its counters.
     pub fn stats(&self) -> SocketStats {
         let core = self.session.core();
         match core.stream(self.id) {

@@ -20,7 +20,9 @@
 
 use super::{Class, WireError};
 
+/// Bytes of the header every frame starts with.
 pub const COMMON_LEN: usize = 12;
+/// Bytes of a DATA frame before its payload.
 pub const DATA_HEADER_LEN: usize = 24;
 /// Largest DATA payload a peer may send.
 pub const MAX_PAYLOAD: usize = 1 << 20;
@@ -39,6 +41,7 @@ const T_CREDIT: u8 = 6;
 const T_ACK: u8 = 7;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a stream was reset (RST's reason field).
 pub enum RstReason {
     /// No listener on the requested port.
     NoListener,
@@ -53,6 +56,7 @@ pub enum RstReason {
 }
 
 impl RstReason {
+    /// Its code on the wire.
     pub fn code(self) -> u8 {
         match self {
             RstReason::NoListener => 1,
@@ -62,6 +66,7 @@ impl RstReason {
             RstReason::Unknown(n) => n,
         }
     }
+    /// The reason of a code (unknown codes are `Aborted`).
     pub fn from_code(n: u8) -> Self {
         match n {
             1 => RstReason::NoListener,
@@ -76,39 +81,64 @@ impl RstReason {
 /// A decoded frame; DATA borrows its payload from the input buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame<'a> {
+    /// Stream bytes at `offset` (DATA).
     Data {
+        /// The receiver's stream id.
         stream: u64,
+        /// Stream offset of the first payload byte.
         offset: u64,
+        /// 1..=`MAX_PAYLOAD` bytes.
         payload: &'a [u8],
     },
+    /// Opens a stream to `port` (SYN): `src` is the sender's id for it.
     Syn {
+        /// The opener's id for the stream.
         src: u64,
+        /// Virtual port at the receiver.
         port: u16,
+        /// The stream's class.
         class: Class,
+        /// Bytes the opener lets the acceptor send before a CREDIT.
         window: u32,
     },
+    /// Accepts stream `dst` (SYN_ACK): `src` is the acceptor's id for it.
     SynAck {
+        /// The opener's id for the stream.
         dst: u64,
+        /// The acceptor's id for it.
         src: u64,
+        /// Bytes the acceptor lets the opener send before a CREDIT.
         window: u32,
     },
+    /// Aborts stream `dst` (RST).
     Rst {
+        /// The receiver's stream id.
         dst: u64,
+        /// Why.
         reason: RstReason,
     },
+    /// No byte at or beyond `final_offset` will follow (FIN).
     Fin {
+        /// The receiver's stream id.
         dst: u64,
+        /// The stream's length.
         final_offset: u64,
     },
+    /// The receiver consumed `consumed` bytes; the sender may go `window` beyond (CREDIT).
     Credit {
+        /// The receiver's stream id.
         dst: u64,
+        /// Bytes of the stream the sender's application has read.
         consumed: u64,
+        /// Bytes beyond `consumed` the peer may send.
         window: u32,
     },
     /// The sender of this frame has processed `position` bytes of the frames its peer sent on
     /// channel `channel` (counted from the end of the handshake).
     Ack {
+        /// The channel acknowledged (any channel may carry the ACK).
         channel: u16,
+        /// Frame bytes processed on it.
         position: u64,
     },
 }
@@ -121,9 +151,19 @@ pub enum Decoded<'a> {
     /// A valid DATA header whose payload is not all there yet: `header` bytes of header are
     /// followed by the first bytes of a `len`-byte payload. Lets a reader place the rest of the
     /// payload wherever it wants instead of staging it.
-    PartialData { stream: u64, offset: u64, len: usize },
+    PartialData {
+        /// The receiver's stream id.
+        stream: u64,
+        /// Stream offset of the payload.
+        offset: u64,
+        /// Payload bytes.
+        len: usize,
+    },
     /// Not enough bytes to decide; at least `needed` bytes in total are required.
-    Incomplete { needed: usize },
+    Incomplete {
+        /// Bytes needed in total.
+        needed: usize,
+    },
 }
 
 impl Frame<'_> {
@@ -191,6 +231,7 @@ impl Frame<'_> {
     }
 
     /// Appends the whole frame, payload included, to `out`.
+    #[cfg(any(test, feature = "internals"))]
     pub fn encode(&self, out: &mut Vec<u8>) {
         let mut header = [0u8; MAX_HEADER_LEN];
         let n = self.encode_header(&mut header);

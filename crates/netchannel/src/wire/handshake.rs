@@ -25,31 +25,46 @@ use sha2::Sha256;
 
 use super::{Class, WireError};
 
+/// First bytes of every handshake message.
 pub const MAGIC: [u8; 4] = *b"NCHN";
+/// The protocol version this engine speaks.
 pub const VERSION: u16 = 2;
+/// Bytes of every handshake message.
 pub const HANDSHAKE_LEN: usize = 72;
 /// Channel indexes are bits of 64-bit masks.
 pub const MAX_CHANNEL_INDEX: u16 = 63;
+/// Flag: the sender authenticates (holds a pre-shared key).
 pub const FLAG_AUTH: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which message of the handshake.
 pub enum HandshakeKind {
+    /// The dialer's first message.
     Hello,
+    /// The acceptor's answer, with its nonce.
     Challenge,
+    /// Either side refuses, with a reason.
     Reject(RejectReason),
+    /// The dialer's proof.
     Confirm,
+    /// The acceptor admitted the channel (with its proof).
     Accept,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a handshake was refused.
 pub enum RejectReason {
+    /// Not a netchannel engine.
     BadMagic,
+    /// Another protocol version.
     UnsupportedVersion,
+    /// A field out of range or inconsistent.
     BadField,
     /// The acceptor is at a resource limit (channels, sessions, handshakes in progress).
     Limit,
     /// The peer did not prove it holds the pre-shared key (or holds another one).
     AuthFailed,
+    /// A code this version does not know.
     Unknown(u16),
 }
 
@@ -90,14 +105,23 @@ impl std::fmt::Display for RejectReason {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One handshake message (see the module doc for the layout).
 pub struct Handshake {
+    /// Protocol version.
     pub version: u16,
+    /// Which message.
     pub kind: HandshakeKind,
+    /// Class of the channel.
     pub class: Class,
+    /// The sender's engine id.
     pub engine_id: u64,
+    /// Channel index within the session.
     pub channel: u16,
+    /// `FLAG_AUTH` or 0.
     pub flags: u32,
+    /// Fresh random bytes (Hello, Challenge).
     pub nonce: [u8; 16],
+    /// HMAC-SHA256 proof (Confirm, Accept with a key).
     pub mac: [u8; 32],
 }
 
@@ -115,6 +139,7 @@ impl Handshake {
         }
     }
 
+    /// The dialer's Hello for channel `channel`; `auth`: it holds a key.
     pub fn hello(engine_id: u64, channel: u16, class: Class, nonce: [u8; 16], auth: bool) -> Self {
         let mut h = Handshake::new(HandshakeKind::Hello, engine_id, channel, class);
         h.nonce = nonce;
@@ -152,6 +177,7 @@ impl Handshake {
         h
     }
 
+    /// A refusal with `reason`.
     pub fn reject(engine_id: u64, reason: RejectReason) -> Self {
         Handshake::new(HandshakeKind::Reject(reason), engine_id, 0, Class::Throughput)
     }
@@ -180,6 +206,7 @@ impl Handshake {
             && verify(key, b"netchannel v2 confirm", hello, challenge, &confirm.mac)
     }
 
+    /// The message's bytes.
     pub fn encode(&self) -> [u8; HANDSHAKE_LEN] {
         let mut out = [0u8; HANDSHAKE_LEN];
         out[0..4].copy_from_slice(&MAGIC);

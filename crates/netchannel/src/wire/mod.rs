@@ -6,7 +6,9 @@
 pub mod frame;
 pub mod handshake;
 
-pub use frame::{decode, Decoded, Frame, RstReason};
+#[cfg(feature = "internals")]
+pub use frame::decode;
+pub use frame::{Decoded, Frame, RstReason};
 pub use handshake::{Handshake, HandshakeKind, RejectReason};
 
 /// Traffic class of a virtual socket or channel. Latency-class sockets only ever use
@@ -15,17 +17,21 @@ pub use handshake::{Handshake, HandshakeKind, RejectReason};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Class {
     #[default]
+    /// Bulk traffic: throughput channels, work demoted while latency traffic is present.
     Throughput,
+    /// Latency-sensitive traffic: channels and a worker of its own.
     Latency,
 }
 
 impl Class {
+    /// Its code on the wire.
     pub fn code(self) -> u8 {
         match self {
             Class::Throughput => 0,
             Class::Latency => 1,
         }
     }
+    /// The class of a code, if valid.
     pub fn from_code(n: u8) -> Option<Self> {
         match n {
             0 => Some(Class::Throughput),
@@ -33,6 +39,7 @@ impl Class {
             _ => None,
         }
     }
+    /// 0 or 1, for per-class arrays.
     pub fn index(self) -> usize {
         self.code() as usize
     }
@@ -41,10 +48,19 @@ impl Class {
 /// Why bytes from a peer were refused. Any of these closes the channel they arrived on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireError {
+    /// The first bytes are not `NCHN`.
     BadMagic,
+    /// Another protocol version (the peer's).
     UnsupportedVersion(u16),
+    /// A frame type this version does not know.
     UnknownType(u8),
-    BadField { field: &'static str, value: u64 },
+    /// A field out of range: its name and value.
+    BadField {
+        /// The field's name.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+    },
 }
 
 impl std::fmt::Display for WireError {

@@ -288,19 +288,9 @@ impl<U: Default> Session<U> {
 }
 
 impl<U: Default> StreamHandle<'_, U> {
-    /// The stream's id.
-    pub fn id(&self) -> StreamId {
-        self.id
-    }
-
     /// Its state, if it exists.
     pub fn state(&self) -> Option<&Stream<U>> {
         self.session.stream(self.id)
-    }
-
-    /// Its state, to change what the runtime keeps with it (`Stream::user`).
-    pub fn state_mut(&mut self) -> Option<&mut Stream<U>> {
-        self.session.stream_mut(self.id)
     }
 
     /// The listener took the incoming stream: answer SYN_ACK granting `window`.

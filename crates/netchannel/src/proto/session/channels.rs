@@ -78,10 +78,6 @@ impl<U: Default> Session<U> {
         self.classes.iter().map(|c| c.channels.len()).sum()
     }
 
-    pub fn class_channels(&self, class: Class) -> usize {
-        self.classes[class.index()].channels.len()
-    }
-
     /// The channels that carry a class: its own, or the other class's when it has none.
     pub(super) fn serving(&self, class: Class) -> Class {
         if self.classes[class.index()].channels.is_empty() {
@@ -220,6 +216,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Bytes sent on channel `ch` and not yet acknowledged.
+    #[cfg(test)]
     pub fn channel_retained(&self, ch: ChannelIndex) -> u64 {
         self.channels.get(ch.slot()).and_then(Option::as_ref).map_or(0, |st| st.retained_bytes)
     }

@@ -34,7 +34,6 @@ mod input;
 mod lifecycle;
 mod transmit;
 
-pub use app::StreamHandle;
 use channels::ChannelState;
 pub use deferred::DeferredRx;
 use transmit::ClassTx;
@@ -91,10 +90,6 @@ pub struct OutFrame {
 impl OutFrame {
     pub fn len(&self) -> usize {
         self.header_len as usize + self.payload.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn control(frame: Frame<'_>) -> OutFrame {
@@ -231,6 +226,7 @@ impl<U: Default> Session<U> {
         self.now.unwrap_or_else(Instant::now)
     }
 
+    #[cfg(test)]
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
     }
@@ -249,10 +245,6 @@ impl<U: Default> Session<U> {
 
     pub fn stream_count(&self) -> usize {
         self.streams.live()
-    }
-
-    pub fn is_dead(&self) -> bool {
-        self.dead
     }
 
     pub(super) fn readable(&self, id: StreamId) -> bool {

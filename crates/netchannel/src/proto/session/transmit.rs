@@ -251,11 +251,6 @@ impl<U: Default> Session<U> {
         self.streams.get(id).is_some_and(|s| s.owe != 0)
     }
 
-    /// Unsent bytes of a class.
-    pub fn unsent(&self, class: Class) -> u64 {
-        self.classes[class.index()].unsent
-    }
-
     /// RSTs and control frames queued and not yet pulled (a peer that does not read them
     /// should be slowed: stop reading its frames).
     pub fn control_backlog(&self) -> usize {
