@@ -166,7 +166,7 @@ fn wrong_version_is_refused_by_the_acceptor(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});
     let by = Bystander::new(&a, &b);
-    let mut hello = Handshake::hello(1, 0, Class::Throughput, [1; 16], false).encode();
+    let mut hello = Handshake::hello(1, 0, 0, Class::Throughput, [1; 16], false).encode();
     hello[4..6].copy_from_slice(&9u16.to_be_bytes());
     let mut s = raw::peer(&tb, b.local_addr());
     s.write_all(&hello).unwrap();

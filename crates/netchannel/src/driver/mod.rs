@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use std::sync::Arc;
 
 use crate::proto::framing::{FrameReader, Parsed, Target};
-use crate::proto::{ChannelIndex, OutFrame};
+use crate::proto::{ChannelId, OutFrame};
 use crate::sys;
 use crate::wire::Class;
 use pool::BufPool;
@@ -39,7 +39,7 @@ pub trait Transport: Send + Sync + 'static {
 /// Identity of a channel within its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelMeta {
-    pub index: ChannelIndex,
+    pub index: ChannelId,
     /// Class of the streams it carries.
     pub class: Class,
     /// The peer engine's id.
@@ -71,6 +71,8 @@ impl std::fmt::Display for ChannelError {
 pub struct ChannelStats {
     /// Index within the session (0..=63).
     pub index: u16,
+    /// How many times the index was dialed before this channel.
+    pub incarnation: u16,
     /// Class of the streams it carries.
     pub class: Class,
     /// The peer engine's id.
@@ -183,15 +185,15 @@ pub struct Channel {
     /// The peer shut down or the connection failed: the receive half reads until the end (a
     /// short read no longer means nothing more will come: end of stream may follow the data
     /// in the same edge).
-    /// Its receive half stopped because the session holds too many unread bytes; whoever
-    /// lifts the pause serves it again (reads are edge-triggered).
-    pub rx_parked: AtomicBool,
     pub hung_up: AtomicBool,
     open: AtomicBool,
     /// The worker thread that serves this channel when no application thread does.
     pub worker: usize,
     counters: Counters,
     close_reason: Mutex<Option<String>>,
+    /// What the channel holds for as long as it (and its fds) exist: its place in the
+    /// engine's channel budget.
+    _hold: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl Channel {
@@ -201,6 +203,7 @@ impl Channel {
         large: usize,
         worker: usize,
         pool: Arc<BufPool>,
+        hold: Box<dyn std::any::Any + Send + Sync>,
     ) -> io::Result<Self> {
         let hangup = rustix::io::fcntl_dupfd_cloexec(transport.fd(), 0)?;
         Ok(Channel {
@@ -214,8 +217,8 @@ impl Channel {
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
-            rx_parked: AtomicBool::new(false),
             open: AtomicBool::new(true),
+            _hold: hold,
             worker,
             counters: Counters::default(),
             close_reason: Mutex::new(None),
@@ -336,7 +339,8 @@ impl Channel {
     pub fn stats(&self) -> ChannelStats {
         let c = &self.counters;
         ChannelStats {
-            index: self.meta.index.get(),
+            index: self.meta.index.index,
+            incarnation: self.meta.index.incarnation,
             class: self.meta.class,
             peer_engine: self.meta.peer_engine,
             open: self.is_open(),

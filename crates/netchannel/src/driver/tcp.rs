@@ -11,6 +11,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use super::Transport;
+use crate::proto::ChannelId;
 use crate::sys;
 use crate::wire::handshake::{check_prefix, FLAG_AUTH, HANDSHAKE_LEN};
 use crate::wire::{Class, Handshake, HandshakeKind, RejectReason, WireError};
@@ -18,6 +19,16 @@ use crate::wire::{Class, Handshake, HandshakeKind, RejectReason, WireError};
 /// Socket options every channel gets.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpOptions {
+    /// Liveness: an idle channel is probed after this long without traffic (`TCP_KEEPIDLE`),
+    /// then every `keepalive_interval`, `keepalive_count` times; a channel whose sent bytes
+    /// the peer's kernel has not acknowledged for `user_timeout` fails (`TCP_USER_TIMEOUT`).
+    pub keepalive_idle: Duration,
+    /// Time between keepalive probes.
+    pub keepalive_interval: Duration,
+    /// Unanswered probes before the channel fails.
+    pub keepalive_count: u32,
+    /// See `keepalive_idle`.
+    pub user_timeout: Duration,
     /// Unsent bytes the kernel may hold per channel (`TCP_NOTSENT_LOWAT`): the rest waits in
     /// user space, where the scheduler still decides.
     pub notsent_lowat: u32,
@@ -48,6 +59,16 @@ impl TcpTransport {
 /// Applies the channel options for `class`.
 pub fn configure(sock: &TcpStream, class: Class, opts: &TcpOptions) -> io::Result<()> {
     sock.set_nodelay(true)?;
+    let secs = |d: Duration| d.as_secs().clamp(1, i32::MAX as u64) as i32;
+    let fd = sock.as_fd();
+    sys::set_int_sockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    sys::set_int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(opts.keepalive_idle))?;
+    let interval = secs(opts.keepalive_interval);
+    sys::set_int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, interval)?;
+    let count = opts.keepalive_count.clamp(1, 127) as i32;
+    sys::set_int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, count)?;
+    let user_timeout = opts.user_timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    sys::set_int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_timeout)?;
     let lowat = match class {
         Class::Throughput => opts.notsent_lowat,
         Class::Latency => opts.latency_notsent_lowat,
@@ -74,9 +95,43 @@ fn refused(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionRefused, msg)
 }
 
+/// Reads exactly `buf.len()` bytes by `deadline` (one timeout for the whole read, not per
+/// byte: a peer that dribbles a byte at a time cannot stretch it).
+fn read_by(sock: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "handshake deadline passed"));
+        }
+        sock.set_read_timeout(Some(left))?;
+        match sock.read(&mut buf[got..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` by `deadline`.
+fn write_by(sock: &mut TcpStream, buf: &[u8], deadline: Instant) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "handshake deadline passed"));
+    }
+    sock.set_write_timeout(Some(left))?;
+    sock.write_all(buf)
+}
+
 /// Reads one handshake message, naming a peer of another protocol version from the first six
 /// bytes (its messages have another size).
-fn read_message(sock: &mut TcpStream, addr: SocketAddr) -> io::Result<Handshake> {
+fn read_message(
+    sock: &mut TcpStream,
+    addr: SocketAddr,
+    deadline: Instant,
+) -> io::Result<Handshake> {
     let mut buf = [0u8; HANDSHAKE_LEN];
     let map_io = |e: io::Error| match e.kind() {
         io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
@@ -88,57 +143,75 @@ fn read_message(sock: &mut TcpStream, addr: SocketAddr) -> io::Result<Handshake>
         ),
         _ => e,
     };
-    sock.read_exact(&mut buf[..6]).map_err(map_io)?;
+    read_by(sock, &mut buf[..6], deadline).map_err(map_io)?;
     check_prefix(buf[..6].try_into().expect("6 bytes")).map_err(|e| match e {
         WireError::UnsupportedVersion(_) => refused(format!("engine at {addr}: {e}")),
         e => io::Error::new(io::ErrorKind::InvalidData, format!("engine at {addr}: {e}")),
     })?;
-    sock.read_exact(&mut buf[6..]).map_err(map_io)?;
+    read_by(sock, &mut buf[6..], deadline).map_err(map_io)?;
     Handshake::decode(&buf)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("engine at {addr}: {e}")))
 }
 
 /// Dials a peer engine's channel listener and performs the handshake (the `create` of the
-/// paper's API, dial side). Fails with `ConnectionRefused` when nothing listens, the peer
-/// refuses or speaks another version, `PermissionDenied` when authentication fails either way,
-/// `InvalidData` when the peer is not an engine, `TimedOut` when it is silent. Returns the
-/// socket (non-blocking) and the acceptor's engine id.
+/// paper's API, dial side), all of it within `timeout` (connect and every message: a peer that
+/// answers a byte at a time cannot hold the dial longer). Fails with `ConnectionRefused` when
+/// nothing listens, the peer refuses or speaks another version, `PermissionDenied` when
+/// authentication fails either way, `InvalidData` when the peer is not an engine (or is this
+/// engine itself), `TimedOut` when it is silent or slow. Returns the socket (non-blocking) and
+/// the acceptor's engine id.
 #[allow(clippy::too_many_arguments)]
 pub fn dial(
     addr: SocketAddr,
     engine_id: u64,
-    channel: u16,
+    channel: ChannelId,
     class: Class,
     key: Option<&[u8]>,
     timeout: Duration,
     opts: &TcpOptions,
 ) -> io::Result<(TcpStream, u64)> {
+    let deadline = Instant::now() + timeout;
     let mut sock = sys::tcp_connect(&addr, timeout)?;
     configure(&sock, class, opts)?;
-    sock.set_read_timeout(Some(timeout))?;
-    sock.set_write_timeout(Some(timeout))?;
-    let hello = Handshake::hello(engine_id, channel, class, sys::random_bytes(), key.is_some());
-    sock.write_all(&hello.encode())?;
+    let (index, incarnation) = (channel.index, channel.incarnation);
+    let nonce = sys::random_bytes();
+    let hello = Handshake::hello(engine_id, index, incarnation, class, nonce, key.is_some());
+    write_by(&mut sock, &hello.encode(), deadline)?;
     let denied = |msg: String| io::Error::new(io::ErrorKind::PermissionDenied, msg);
-    let challenge = expect(&mut sock, addr, HandshakeKind::Challenge)?;
+    let challenge = expect(&mut sock, addr, HandshakeKind::Challenge, deadline)?;
+    if challenge.engine_id == engine_id {
+        // A connection to ourselves, or our own messages reflected back by a machine in the
+        // middle: never a channel.
+        let _ = write_by(
+            &mut sock,
+            &Handshake::reject(engine_id, RejectReason::BadField).encode(),
+            deadline,
+        );
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("engine at {addr} answered with this engine's own id (a self-connection or a reflection)"),
+        ));
+    }
     if key.is_none() && challenge.flags & FLAG_AUTH != 0 {
-        let _ = sock.write_all(&Handshake::reject(engine_id, RejectReason::AuthFailed).encode());
+        let reject = Handshake::reject(engine_id, RejectReason::AuthFailed);
+        let _ = write_by(&mut sock, &reject.encode(), deadline);
         return Err(denied(format!(
             "engine at {addr} requires authentication: configure the pre-shared key"
         )));
     }
-    sock.write_all(&Handshake::confirm(&hello, &challenge, key).encode())?;
-    let accept = expect(&mut sock, addr, HandshakeKind::Accept)?;
-    if accept.channel != channel || accept.class != class {
+    write_by(&mut sock, &Handshake::confirm(&hello, &challenge, key, addr).encode(), deadline)?;
+    let accept = expect(&mut sock, addr, HandshakeKind::Accept, deadline)?;
+    if accept.channel != index || accept.incarnation != incarnation || accept.class != class {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("engine at {addr} accepted another channel than the one dialed"),
         ));
     }
     if let Some(k) = key {
-        if !Handshake::verify_accept(k, &hello, &challenge, &accept) {
+        if !Handshake::verify_accept(k, &hello, &challenge, &accept, addr) {
             return Err(denied(format!(
-                "engine at {addr} did not prove the pre-shared key (it has none or another)"
+                "engine at {addr} did not prove the pre-shared key for this address (it has \
+                 none or another, or the answer was relayed from elsewhere)"
             )));
         }
     }
@@ -150,8 +223,13 @@ pub fn dial(
 
 /// Reads the next handshake message and checks it is of `kind`, mapping a reject to the error
 /// a TCP user expects.
-fn expect(sock: &mut TcpStream, addr: SocketAddr, kind: HandshakeKind) -> io::Result<Handshake> {
-    let m = read_message(sock, addr)?;
+fn expect(
+    sock: &mut TcpStream,
+    addr: SocketAddr,
+    kind: HandshakeKind,
+    deadline: Instant,
+) -> io::Result<Handshake> {
+    let m = read_message(sock, addr, deadline)?;
     match m.kind {
         k if k == kind => Ok(m),
         HandshakeKind::Reject(RejectReason::AuthFailed) => Err(io::Error::new(
@@ -173,6 +251,10 @@ pub struct Incoming {
     pub sock: TcpStream,
     pub peer: Option<SocketAddr>,
     pub deadline: Instant,
+    /// The address the dialer reached this engine at, as the transcript binds it: the
+    /// engine's advertised address if it has one (address translation in between), else the
+    /// socket's own local address.
+    pub acceptor: SocketAddr,
     buf: [u8; HANDSHAKE_LEN],
     have: usize,
     /// The hello and our challenge, once sent.
@@ -190,12 +272,21 @@ pub enum Progress {
 }
 
 impl Incoming {
-    pub fn new(sock: TcpStream, timeout: Duration) -> io::Result<Self> {
+    pub fn new(
+        sock: TcpStream,
+        timeout: Duration,
+        advertised: Option<SocketAddr>,
+    ) -> io::Result<Self> {
         sock.set_nonblocking(true)?;
         let peer = sock.peer_addr().ok();
+        let acceptor = match advertised {
+            Some(a) => a,
+            None => sock.local_addr()?,
+        };
         Ok(Incoming {
             sock,
             peer,
+            acceptor,
             deadline: Instant::now() + timeout,
             buf: [0; HANDSHAKE_LEN],
             have: 0,
@@ -250,6 +341,11 @@ impl Incoming {
             };
             match (self.sent, msg.kind) {
                 (None, HandshakeKind::Hello) => {
+                    if msg.engine_id == local {
+                        // Our own id: a connection to ourselves, or our Hello reflected back.
+                        let why = "channel refused: the dialer claims this engine's id".into();
+                        return self.reject(local, RejectReason::BadField, why);
+                    }
                     if let Err(reason) = check_hello(&msg) {
                         return self.reject(local, reason, format!("channel refused: {reason}"));
                     }
@@ -266,7 +362,8 @@ impl Incoming {
                 }
                 (Some((hello, challenge)), HandshakeKind::Confirm) => {
                     if let Some(k) = key {
-                        if !Handshake::verify_confirm(k, &hello, &challenge, &msg) {
+                        let at = self.acceptor;
+                        if !Handshake::verify_confirm(k, &hello, &challenge, &msg, at) {
                             return self.reject(
                                 local,
                                 RejectReason::AuthFailed,
@@ -290,7 +387,8 @@ impl Incoming {
     /// Admits the channel: sends `Accept` (with the acceptor's proof) and returns the socket.
     pub fn admit(self, key: Option<&[u8]>) -> io::Result<TcpStream> {
         let (hello, challenge) = self.sent.ok_or_else(|| io::Error::other("not confirmed"))?;
-        match (&self.sock).write(&Handshake::accept(&hello, &challenge, key).encode()) {
+        let accept = Handshake::accept(&hello, &challenge, key, self.acceptor);
+        match (&self.sock).write(&accept.encode()) {
             Ok(HANDSHAKE_LEN) => Ok(self.sock),
             Ok(_) => Err(io::Error::other("short write of the handshake")),
             Err(e) => Err(e),

@@ -84,14 +84,22 @@ pub struct Config {
     pub max_handshakes: usize,
     /// Peers (sessions) this engine accepts at once; a channel from one more is refused.
     pub max_sessions: usize,
-    /// Received bytes one peer may make this engine hold for applications that have not read
-    /// them. Above it the engine stops reading that peer's channels (TCP backpressure) until
-    /// the applications read.
+    /// Receive credit one peer may be granted beyond each stream's own window
+    /// (`unaccepted_window`, which every stream gets, as every TCP socket has a receive
+    /// buffer): the received bytes it can make this engine hold for applications that have not
+    /// read them. Streams that want more wait for applications to read; the channels are always
+    /// read, so acknowledgements and credits keep flowing.
     pub max_peer_buffered: u64,
-    /// The same bound over every peer together.
+    /// The same over every peer together (each session gets a share, one stream window at
+    /// least).
     pub max_buffered: u64,
-    /// Window granted to a stream the engine accepted and the application has not (yet): a
-    /// peer cannot make an unaccepted backlog hold `accept_backlog` full windows.
+    /// Unsent and unacknowledged bytes of every peer together (each session gets a share):
+    /// senders wait beyond it. With `max_retained_bytes` per channel, what a peer that reads
+    /// or acknowledges nothing can make this engine hold for it.
+    pub max_send_buffered: u64,
+    /// The window every stream gets whatever the receive budget: what a stream the engine
+    /// accepted and the application has not (yet) is granted (a peer cannot make an unaccepted
+    /// backlog hold `accept_backlog` full windows), and the least any stream is granted.
     pub unaccepted_window: u32,
     /// Control frames (RSTs to unknown streams) queued per session and class for a peer that
     /// does not read; past it they are dropped and counted.
@@ -117,6 +125,36 @@ pub struct Config {
     /// Pre-shared key: when set, every channel is authenticated both ways (HMAC-SHA256
     /// challenge-response) before it is admitted, and peers without the key are refused.
     pub psk: Option<Vec<u8>>,
+    /// The address dialers use to reach this engine, where it differs from the address the
+    /// listener sees (address translation in between). The key's proofs bind the address a
+    /// dialer dialed; without this the acceptor binds the local address of each channel.
+    pub advertised_addr: Option<SocketAddr>,
+    /// Channel handshakes in progress from one source (an IPv4 address or IPv6 /64): one
+    /// source cannot hold every handshake slot; at `max_handshakes` a newcomer from a quieter
+    /// source takes the oldest slot of the busiest one.
+    pub max_handshakes_per_source: usize,
+    /// Channels open at once, every peer (each costs two file descriptors). 0: a quarter of
+    /// the process's file-descriptor limit, so that the engine uses at most half of it.
+    pub max_channels_total: usize,
+    /// Channels accepted from one source (an IPv4 address or IPv6 /64) at once.
+    pub max_channels_per_source: usize,
+    /// Bytes of DATA a channel holds unacknowledged by the peer before it takes no more (the
+    /// senders then wait): what a peer that stops acknowledging can make this engine keep.
+    pub max_retained_bytes: u64,
+    /// Frames a channel holds unacknowledged before it takes no more.
+    pub max_retained_frames: usize,
+    /// A channel whose peer acknowledged nothing for this long while frames waited for it is
+    /// closed (its frames go on the other channels): a peer that stopped processing.
+    pub ack_timeout: Duration,
+    /// An idle channel is probed after this long without traffic (TCP keepalive).
+    pub keepalive_idle: Duration,
+    /// Between keepalive probes.
+    pub keepalive_interval: Duration,
+    /// Unanswered probes before an idle channel is dead.
+    pub keepalive_count: u32,
+    /// Sent bytes the peer's kernel has not acknowledged for this long fail the channel
+    /// (`TCP_USER_TIMEOUT`): a black-holed busy channel.
+    pub user_timeout: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -165,8 +203,9 @@ impl Default for Config {
             linger: Duration::from_secs(30),
             max_handshakes: 64,
             max_sessions: 256,
-            max_peer_buffered: 256 << 20,
-            max_buffered: 4 << 30,
+            max_peer_buffered: 64 << 20,
+            max_buffered: 1 << 30,
+            max_send_buffered: 1 << 30,
             unaccepted_window: 64 * 1024,
             max_control_backlog: 4096,
             isolation: Isolation::Auto,
@@ -176,6 +215,17 @@ impl Default for Config {
             latency_cpus: None,
             default_class: Class::Throughput,
             psk: None,
+            advertised_addr: None,
+            max_handshakes_per_source: 16,
+            max_channels_total: 0,
+            max_channels_per_source: 256,
+            max_retained_bytes: 4 << 20,
+            max_retained_frames: 1 << 16,
+            ack_timeout: Duration::from_secs(20),
+            keepalive_idle: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(2),
+            keepalive_count: 3,
+            user_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -221,9 +271,6 @@ impl Config {
         if self.unaccepted_window == 0 || self.unaccepted_window > self.stream_window {
             return bad("unaccepted_window must be in 1..=stream_window".into());
         }
-        if self.max_peer_buffered < 2 * self.stream_window as u64 {
-            return bad("max_peer_buffered must hold at least two stream windows".into());
-        }
         for cpus in [&self.throughput_cpus, &self.latency_cpus].into_iter().flatten() {
             if cpus.is_empty() || cpus.iter().any(|&c| c >= 1024) {
                 return bad("a core set must name at least one core, each below 1024".into());
@@ -237,6 +284,41 @@ impl Config {
         if self.psk.as_ref().is_some_and(|k| k.len() < 16) {
             return bad("the pre-shared key must be at least 16 bytes".into());
         }
+        if self.max_handshakes_per_source == 0 || self.max_channels_per_source == 0 {
+            return bad("max_handshakes_per_source and max_channels_per_source must be > 0".into());
+        }
+        if self.max_retained_bytes < self.max_frame_payload as u64 || self.max_retained_frames < 64
+        {
+            return bad(
+                "max_retained_bytes must hold a frame, max_retained_frames at least 64".into()
+            );
+        }
+        if self.ack_timeout.is_zero() || self.user_timeout.is_zero() || self.keepalive_count == 0 {
+            return bad("ack_timeout, user_timeout and keepalive_count must be > 0".into());
+        }
+        if self.keepalive_idle < Duration::from_secs(1)
+            || self.keepalive_interval < Duration::from_secs(1)
+        {
+            return bad(
+                "keepalive_idle and keepalive_interval are whole seconds, at least 1".into()
+            );
+        }
+        let channels = self.channels + self.latency_channels;
+        if self.effective_max_channels_total() < channels {
+            return bad(format!(
+                "max_channels_total ({}) is below the channels of one session ({channels})",
+                self.effective_max_channels_total()
+            ));
+        }
         Ok(())
+    }
+
+    /// `max_channels_total`, or a quarter of the file-descriptor limit when it is 0 (two fds
+    /// per channel: the engine takes at most half, the application keeps the rest).
+    pub fn effective_max_channels_total(&self) -> usize {
+        if self.max_channels_total > 0 {
+            return self.max_channels_total;
+        }
+        (crate::sys::fd_limit() / 4).max(64)
     }
 }

@@ -7,6 +7,7 @@
 //! on itself; workers serve channels only while no application thread does (see `waiter`).
 
 pub(crate) mod acceptor;
+pub(crate) mod budget;
 pub mod config;
 pub(crate) mod listener;
 pub(crate) mod priority;
@@ -31,7 +32,7 @@ pub use worker::WorkerThread;
 
 use crate::driver::tcp::{self, Incoming, TcpOptions, TcpTransport};
 use crate::driver::{Channel, ChannelMeta, ChannelStats};
-use crate::proto::{ChannelIndex, CoreConfig};
+use crate::proto::{ChannelId, CoreConfig};
 use crate::sys::EventFd;
 use crate::wire::{Class, Handshake, RejectReason};
 use listener::ListenerShared;
@@ -52,6 +53,19 @@ pub(crate) struct EngineCounters {
 struct Sessions {
     dialed: HashMap<SocketAddr, Arc<SessionRt>>,
     accepted: HashMap<u64, Arc<SessionRt>>,
+    /// Destinations being dialed: a second connect to one waits for that dial, and dials to
+    /// other peers go on meanwhile (no engine-wide lock is held across a dial).
+    dialing: HashMap<SocketAddr, Arc<DialSlot>>,
+}
+
+/// How a dial ended, for the connects that waited for it (an `io::Error` is not `Clone`).
+type DialResult = Result<Arc<SessionRt>, (io::ErrorKind, String)>;
+
+/// A dial in progress to one destination and, once done, how it ended.
+#[derive(Default)]
+struct DialSlot {
+    result: parking_lot::Mutex<Option<DialResult>>,
+    done: parking_lot::Condvar,
 }
 
 /// What every part of the engine shares.
@@ -67,15 +81,14 @@ pub(crate) struct EngineCtx {
     pub stopping: AtomicBool,
     pub counters: EngineCounters,
     sessions: Mutex<Sessions>,
-    dial_lock: Mutex<()>,
+    /// File descriptors: open channels, engine-wide and per source address.
+    pub channel_budget: Arc<budget::ChannelBudget>,
     closed_channels: Mutex<VecDeque<PeerChannelStats>>,
     refusals: Mutex<HashMap<String, u64>>,
     /// Sessions retired (all channels lost) but still referenced: their counters stay visible.
     retired_stale: AtomicU64,
     /// Received bytes held for applications, every session (see `SessionRt::account_held`).
     pub rx_held: AtomicU64,
-    /// Sessions whose channels are not read while memory is at a limit.
-    pub rx_paused: Mutex<Vec<std::sync::Weak<SessionRt>>>,
     /// Application threads doing throughput-class work may be demoted to `throughput_policy`
     /// meanwhile (see `priority`): the process can put them back.
     pub demote_app_threads: bool,
@@ -133,16 +146,22 @@ impl Engine {
                 notsent_lowat: config.notsent_lowat,
                 latency_notsent_lowat: config.latency_notsent_lowat,
                 latency_priority: 6,
+                keepalive_idle: config.keepalive_idle,
+                keepalive_interval: config.keepalive_interval,
+                keepalive_count: config.keepalive_count,
+                user_timeout: config.user_timeout,
             },
             stopping: AtomicBool::new(false),
             counters: EngineCounters::default(),
             sessions: Mutex::new(Sessions::default()),
-            dial_lock: Mutex::new(()),
+            channel_budget: budget::ChannelBudget::new(
+                config.effective_max_channels_total(),
+                config.max_channels_per_source,
+            ),
             closed_channels: Mutex::new(VecDeque::new()),
             refusals: Mutex::new(HashMap::new()),
             retired_stale: AtomicU64::new(0),
             rx_held: AtomicU64::new(0),
-            rx_paused: Mutex::new(Vec::new()),
             demote_app_threads: config.isolation != config::Isolation::Never
                 && priority::can_demote(config.throughput_policy),
             latency_sockets: std::sync::atomic::AtomicUsize::new(0),
@@ -291,6 +310,12 @@ impl EngineCtx {
             max_pending_rsts: c.max_control_backlog,
             connect_timeout: c.connect_timeout,
             linger: c.linger,
+            rx_budget: c.max_peer_buffered,
+            min_window: c.unaccepted_window,
+            tx_budget: c.max_send_buffered,
+            max_retained_bytes: c.max_retained_bytes,
+            max_retained_frames: c.max_retained_frames,
+            ack_timeout: c.ack_timeout,
         }
     }
 
@@ -308,54 +333,144 @@ impl EngineCtx {
         index as usize % throughput
     }
 
-    /// The session to the engine at `addr`, dialing its channels if there is none.
+    /// The session to the engine at `addr`, dialing it if there is none. The first channel
+    /// must be admitted within `dial_timeout`; the others are dialed within the same deadline
+    /// and, where one fails, dialed again in the background. Only connects to `addr` wait for
+    /// this dial: no lock shared with other peers is held while dialing.
     pub fn session_to(self: &Arc<Self>, addr: SocketAddr) -> io::Result<Arc<SessionRt>> {
-        let existing =
-            |me: &Self| me.sessions.lock().dialed.get(&addr).filter(|s| s.is_alive()).cloned();
-        if let Some(s) = existing(self) {
-            return Ok(s);
+        let slot = loop {
+            let mut s = self.sessions.lock();
+            if let Some(existing) = s.dialed.get(&addr).filter(|s| s.is_alive()) {
+                return Ok(existing.clone());
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
+            }
+            if let Some(slot) = s.dialing.get(&addr).cloned() {
+                drop(s);
+                let mut r = slot.result.lock();
+                while r.is_none() {
+                    slot.done.wait(&mut r);
+                }
+                match r.as_ref().expect("set") {
+                    Ok(session) if session.is_alive() => return Ok(session.clone()),
+                    Ok(_) => continue, // dialed, then lost already: dial again
+                    Err((kind, msg)) => return Err(io::Error::new(*kind, msg.clone())),
+                }
+            }
+            let slot = Arc::new(DialSlot::default());
+            s.dialing.insert(addr, slot.clone());
+            break slot;
+        };
+        let r = self.dial_session(addr);
+        let mut s = self.sessions.lock();
+        s.dialing.remove(&addr);
+        if let Ok(session) = &r {
+            s.dialed.insert(addr, session.clone());
         }
-        let _dialing = self.dial_lock.lock();
-        if let Some(s) = existing(self) {
-            return Ok(s);
+        drop(s);
+        if r.is_ok() {
+            self.rebudget();
         }
-        if self.stopping.load(Ordering::Acquire) {
-            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
-        }
+        *slot.result.lock() = Some(match &r {
+            Ok(session) => Ok(session.clone()),
+            Err(e) => Err((e.kind(), e.to_string())),
+        });
+        slot.done.notify_all();
+        r
+    }
+
+    /// Dials the channels of a new session to `addr` (see `session_to`).
+    fn dial_session(self: &Arc<Self>, addr: SocketAddr) -> io::Result<Arc<SessionRt>> {
         let plan: Vec<(u16, Class)> = std::iter::repeat_n(Class::Throughput, self.config.channels)
             .chain(std::iter::repeat_n(Class::Latency, self.config.latency_channels))
             .enumerate()
             .map(|(i, c)| (i as u16, c))
             .collect();
+        let deadline = std::time::Instant::now() + self.config.dial_timeout;
         let me = self.clone();
-        let dialed = in_netns(self.config.netns.clone(), move || {
-            plan.iter().map(|&(index, class)| me.dial_channel(addr, index, class)).collect()
-        });
-        let channels: Vec<Arc<Channel>> = dialed?;
-        let peer = channels[0].meta.peer_engine;
-        let session = SessionRt::new(self.clone(), addr, peer, true, channels.len() as u16);
-        for ch in channels {
-            session.add_channel(ch);
+        let (first, rest) = (plan[0], plan[1..].to_vec());
+        let ch = in_netns(self.config.netns.clone(), move || {
+            me.dial_channel(addr, ChannelId::new(first.0, 0), first.1, None)
+        })?;
+        let peer = ch.meta.peer_engine;
+        let session = SessionRt::new(self.clone(), addr, peer, true, plan.len() as u16);
+        session.add_channel(ch);
+        for (index, class) in rest {
+            let me = self.clone();
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let r = in_netns(self.config.netns.clone(), move || {
+                me.dial_channel(addr, ChannelId::new(index, 0), class, Some(left))
+            });
+            match r {
+                Ok(ch) if ch.meta.peer_engine == peer => {
+                    session.add_channel(ch);
+                }
+                // Another engine answers at this address now: not this session's channel.
+                Ok(_) => self.refused("a dialed channel reached another engine than its session's"),
+                // The session works with fewer channels meanwhile.
+                Err(_) => self.redial(session.clone(), ChannelId::new(index, 0), class),
+            }
         }
-        self.sessions.lock().dialed.insert(addr, session.clone());
         Ok(session)
     }
 
-    fn dial_channel(&self, addr: SocketAddr, index: u16, class: Class) -> io::Result<Arc<Channel>> {
+    /// Dials one channel within `timeout` (default `dial_timeout`), holding a place in the
+    /// channel budget.
+    fn dial_channel(
+        &self,
+        addr: SocketAddr,
+        id: ChannelId,
+        class: Class,
+        timeout: Option<std::time::Duration>,
+    ) -> io::Result<Arc<Channel>> {
+        let ticket = self.channel_budget.take(None).map_err(|_| {
+            self.refused("channels at max_channels_total (dialing)");
+            io::Error::other(format!(
+                "cannot dial: {} channels open, the engine's limit (max_channels_total)",
+                self.channel_budget.in_use()
+            ))
+        })?;
         let (sock, peer) = tcp::dial(
             addr,
             self.id,
-            index,
+            id,
             class,
             self.config.psk.as_deref(),
-            self.config.dial_timeout,
+            timeout.unwrap_or(self.config.dial_timeout),
             &self.tcp_options,
         )?;
-        let meta = ChannelMeta { index: ChannelIndex(index), class, peer_engine: peer };
-        let worker = self.pick_worker(index, class);
+        let meta = ChannelMeta { index: id, class, peer_engine: peer };
+        let worker = self.pick_worker(id.index, class);
         let transport = Box::new(TcpTransport::new(sock));
         let large = self.config.defer_min.max(1);
-        Ok(Arc::new(Channel::new(meta, transport, large, worker, self.pool.clone())?))
+        let pool = self.pool.clone();
+        Ok(Arc::new(Channel::new(meta, transport, large, worker, pool, Box::new(ticket))?))
+    }
+
+    /// Whether `session` is still this engine's session to its peer (it may have died and
+    /// been replaced while a channel was dialed for it).
+    fn is_current(&self, session: &Arc<SessionRt>) -> bool {
+        let s = self.sessions.lock();
+        let found = if session.initiator {
+            s.dialed.get(&session.peer_addr)
+        } else {
+            s.accepted.get(&session.peer_engine)
+        };
+        found.is_some_and(|x| Arc::ptr_eq(x, session)) && session.is_alive()
+    }
+
+    /// Adds a channel this engine dialed to `session`, if the session is still current and the
+    /// channel reached the same peer engine; false (the channel is dropped) otherwise.
+    fn join_dialed(&self, session: &Arc<SessionRt>, ch: Arc<Channel>) -> bool {
+        if ch.meta.peer_engine != session.peer_engine {
+            self.refused("a dialed channel reached another engine than its session's");
+            return false;
+        }
+        if self.stopping.load(Ordering::Acquire) || !self.is_current(session) {
+            return false;
+        }
+        session.add_channel(ch)
     }
 
     /// Adds a throughput channel to a session this engine dialed (NetScheduler's channel
@@ -381,45 +496,47 @@ impl EngineCtx {
         }
         let me = self.clone();
         let netns = self.config.netns.clone();
+        let growing = session.clone();
         let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
             let r = in_netns(netns, {
                 let me = me.clone();
                 let addr = session.peer_addr;
-                move || me.dial_channel(addr, index, class)
+                move || me.dial_channel(addr, ChannelId::new(index, 0), class, None)
             });
             match r {
-                Ok(ch) if !me.stopping.load(Ordering::Acquire) => {
-                    session.add_channel(ch);
+                Ok(ch) => {
+                    me.join_dialed(&session, ch);
                 }
-                Ok(_) => {}
                 // Do not redial a refusing or unreachable peer on every full queue.
                 Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
             }
             session.growing.store(false, Ordering::Release);
         });
         if spawned.is_err() {
-            // Out of threads: stay at this size.
+            growing.growing.store(false, Ordering::Release); // out of threads: stay at this size
         }
     }
 
-    /// Dials a lost channel again, with the same index and class, while the session lives
-    /// (its other channels carried on meanwhile). Gives up after a few tries.
-    fn redial(self: &Arc<Self>, session: Arc<SessionRt>, index: u16, class: Class) {
+    /// Dials a lost channel again, with the same index and class and the next incarnation,
+    /// while the session lives (its other channels carried on meanwhile). Gives up after a
+    /// few tries.
+    fn redial(self: &Arc<Self>, session: Arc<SessionRt>, lost: ChannelId, class: Class) {
         let me = self.clone();
+        let next = ChannelId::new(lost.index, lost.incarnation.wrapping_add(1));
         let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
             for delay_ms in [5, 50, 250, 1000, 3000] {
                 std::thread::sleep(std::time::Duration::from_millis(delay_ms));
-                if me.stopping.load(Ordering::Acquire) || !session.is_alive() {
+                if me.stopping.load(Ordering::Acquire) || !me.is_current(&session) {
                     return;
                 }
                 let r = in_netns(me.config.netns.clone(), {
                     let me = me.clone();
                     let addr = session.peer_addr;
-                    move || me.dial_channel(addr, index, class)
+                    move || me.dial_channel(addr, next, class, None)
                 });
                 // The peer may not have noticed the loss yet (the index is still taken there).
                 let Ok(ch) = r else { continue };
-                if !me.stopping.load(Ordering::Acquire) && session.add_channel(ch) {
+                if me.join_dialed(&session, ch) {
                     me.counters.redialed_channels.fetch_add(1, Ordering::Relaxed);
                 }
                 return;
@@ -430,7 +547,8 @@ impl EngineCtx {
         }
     }
 
-    /// Refuses a hello before anything is answered (the channel index is taken).
+    /// Refuses a hello before anything is answered: the channel index is taken in that
+    /// engine's session, or a new session would exceed `max_sessions`.
     pub fn check_hello(&self, hello: &Handshake) -> Result<(), RejectReason> {
         let (existing, count) = {
             let sessions = self.sessions.lock();
@@ -439,9 +557,7 @@ impl EngineCtx {
             (existing, sessions.accepted.values().filter(|s| s.is_alive()).count())
         };
         match existing {
-            Some(s) if s.channel(ChannelIndex(hello.channel)).is_some() => {
-                Err(RejectReason::BadField)
-            }
+            Some(s) if s.core().slot_taken(hello.channel) => Err(RejectReason::BadField),
             Some(_) => Ok(()),
             None if count >= self.config.max_sessions => {
                 self.refused("sessions at max_sessions");
@@ -451,33 +567,42 @@ impl EngineCtx {
         }
     }
 
-    /// A confirmed handshake: admit the channel into the peer's session.
+    /// A confirmed handshake: admits the channel into the peer's session. Either the channel
+    /// joins a session (a new one is registered only now) or nothing is left behind.
     pub fn admit(self: &Arc<Self>, mut inc: Incoming, hello: Handshake) {
         if self.stopping.load(Ordering::Acquire) {
             return;
         }
         let peer_addr = inc.peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
-        let session = {
-            let mut s = self.sessions.lock();
-            if s.accepted.get(&hello.engine_id).is_some_and(|x| !x.is_alive()) {
-                s.accepted.remove(&hello.engine_id);
-            }
-            if !s.accepted.contains_key(&hello.engine_id)
-                && s.accepted.values().filter(|x| x.is_alive()).count() >= self.config.max_sessions
-            {
-                drop(s);
-                self.refused("sessions at max_sessions");
+        let source = inc.peer.map(budget::SourceKey::of);
+        let ticket = match self.channel_budget.take(source) {
+            Ok(t) => t,
+            Err(why) => {
+                self.refused(match why {
+                    budget::Refusal::EngineFull => "channels at max_channels_total",
+                    budget::Refusal::SourceFull => "channels at max_channels_per_source",
+                });
                 inc.refuse(self.id, RejectReason::Limit);
                 return;
             }
-            s.accepted
-                .entry(hello.engine_id)
-                .or_insert_with(|| {
-                    SessionRt::new(self.clone(), peer_addr, hello.engine_id, false, 0)
-                })
-                .clone()
         };
-        if session.channel(ChannelIndex(hello.channel)).is_some() {
+        let id = ChannelId::new(hello.channel, hello.incarnation);
+        let (session, is_new) = {
+            let s = self.sessions.lock();
+            match s.accepted.get(&hello.engine_id).filter(|x| x.is_alive()) {
+                Some(existing) => (existing.clone(), false),
+                None if s.accepted.values().filter(|x| x.is_alive()).count()
+                    >= self.config.max_sessions =>
+                {
+                    drop(s);
+                    self.refused("sessions at max_sessions");
+                    inc.refuse(self.id, RejectReason::Limit);
+                    return;
+                }
+                None => (SessionRt::new(self.clone(), peer_addr, hello.engine_id, false, 0), true),
+            }
+        };
+        if session.core().slot_taken(hello.channel) {
             inc.refuse(self.id, RejectReason::BadField);
             self.handshake_failed(inc.peer, "channel index already in use".into());
             return;
@@ -486,19 +611,45 @@ impl EngineCtx {
             Ok(s) => s,
             Err(e) => return self.handshake_failed(Some(peer_addr), format!("{e}")),
         };
-        let meta = ChannelMeta {
-            index: ChannelIndex(hello.channel),
-            class: hello.class,
-            peer_engine: hello.engine_id,
-        };
+        let meta = ChannelMeta { index: id, class: hello.class, peer_engine: hello.engine_id };
         let worker = self.pick_worker(hello.channel, hello.class);
         let transport = Box::new(TcpTransport::new(sock));
         let large = self.config.defer_min.max(1);
-        match Channel::new(meta, transport, large, worker, self.pool.clone()) {
-            Ok(ch) => {
-                session.add_channel(Arc::new(ch));
+        let pool = self.pool.clone();
+        let ch = match Channel::new(meta, transport, large, worker, pool, Box::new(ticket)) {
+            Ok(ch) => Arc::new(ch),
+            Err(e) => {
+                return self
+                    .handshake_failed(Some(peer_addr), format!("cannot set up channel: {e}"))
             }
-            Err(e) => self.handshake_failed(Some(peer_addr), format!("cannot set up channel: {e}")),
+        };
+        if is_new {
+            let mut s = self.sessions.lock();
+            s.accepted.retain(|_, x| x.is_alive());
+            s.accepted.insert(hello.engine_id, session.clone());
+        }
+        session.add_channel(ch);
+        if is_new {
+            self.rebudget();
+        }
+    }
+
+    /// Shares the engine's budgets among the live sessions: each may grant its peer at most
+    /// `max_peer_buffered` of receive credit beyond the streams' minimum windows, and no more
+    /// than its share of `max_buffered` (one stream window at least); each may hold its share
+    /// of `max_send_buffered` unsent and unacknowledged (`MIN_SEND_SHARE` at least).
+    pub fn rebudget(&self) {
+        const MIN_SEND_SHARE: u64 = 16 << 20;
+        let sessions: Vec<_> = self.all_sessions().into_iter().filter(|s| s.is_alive()).collect();
+        let c = &self.config;
+        let n = sessions.len().max(1) as u64;
+        let rx = c.max_peer_buffered.min((c.max_buffered / n).max(c.stream_window as u64));
+        let tx = (c.max_send_buffered / n).max(MIN_SEND_SHARE);
+        for s in sessions {
+            s.with_core(|core| {
+                core.set_rx_budget(rx);
+                core.set_tx_budget(tx);
+            });
         }
     }
 
@@ -543,14 +694,18 @@ impl EngineCtx {
         }
         if session.is_alive() {
             if session.initiator {
-                self.redial(session.clone(), ch.meta.index.get(), ch.meta.class);
+                self.redial(session.clone(), ch.meta.index, ch.meta.class);
             }
             return;
         }
         self.retired_stale.fetch_add(session.core().stats().stale_frames, Ordering::Relaxed);
-        let mut s = self.sessions.lock();
-        s.dialed.retain(|_, v| !Arc::ptr_eq(v, session));
-        s.accepted.retain(|_, v| !Arc::ptr_eq(v, session));
+        {
+            let mut s = self.sessions.lock();
+            s.dialed.retain(|_, v| !Arc::ptr_eq(v, session));
+            s.accepted.retain(|_, v| !Arc::ptr_eq(v, session));
+        }
+        // Fewer sessions: the others' shares of the receive budget grow.
+        self.rebudget();
     }
 
     fn stats(&self) -> EngineStats {
@@ -566,6 +721,8 @@ impl EngineCtx {
             refusals: self.refusals.lock().iter().map(|(k, v)| (k.clone(), *v)).collect(),
             redialed_channels: self.counters.redialed_channels.load(Ordering::Relaxed),
             held_bytes: self.rx_held.load(Ordering::Relaxed),
+            channels_open: self.channel_budget.in_use(),
+            max_channels_total: self.channel_budget.max_total(),
             workers: self.workers.iter().filter_map(|w| w.info.lock().clone()).collect(),
             app_threads_demoted: self.demote_app_threads,
             isolating: self.isolating(),
@@ -583,6 +740,8 @@ impl EngineCtx {
             stats.stale_frames += cs.stale_frames;
             stats.retransmitted_bytes += cs.retransmitted_bytes;
             stats.open_sockets += cs.streams;
+            stats.rx_granted += core.rx_granted();
+            stats.rx_budget += if s.is_alive() { core.config().rx_budget } else { 0 };
             for (id, st) in core.streams() {
                 stats.sockets.push(SocketStats::of(id, st, s.peer_addr));
             }

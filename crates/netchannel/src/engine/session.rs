@@ -22,7 +22,7 @@ use super::readiness::{StreamUser, Wakes};
 use super::EngineCtx;
 use crate::driver::{Channel, ChannelError};
 use crate::proto::framing::Verdict;
-use crate::proto::{ChannelIndex, OutFrame, Session, StreamId};
+use crate::proto::{ChannelId, OutFrame, Session, StreamId};
 use crate::sys::{HANGUP, READABLE, WRITABLE};
 use crate::wire::{Class, RstReason};
 
@@ -96,9 +96,6 @@ pub(crate) struct SessionRt {
     cursor: AtomicUsize,
     /// `core.rx_held()` as last added to the engine's total.
     held_seen: AtomicU64,
-    /// Reading this session's channels is paused: it (or the engine) holds too many unread
-    /// bytes.
-    pub rx_paused: AtomicBool,
 }
 
 impl SessionRt {
@@ -121,7 +118,6 @@ impl SessionRt {
             growing: AtomicBool::new(false),
             cursor: AtomicUsize::new(0),
             held_seen: AtomicU64::new(0),
-            rx_paused: AtomicBool::new(false),
         })
     }
 
@@ -139,7 +135,7 @@ impl SessionRt {
         self.channels.read().clone()
     }
 
-    pub fn channel(&self, index: ChannelIndex) -> Option<Arc<Channel>> {
+    pub fn channel(&self, index: ChannelId) -> Option<Arc<Channel>> {
         self.channels.read().iter().find(|c| c.meta.index == index).cloned()
     }
 
@@ -173,81 +169,20 @@ impl SessionRt {
     }
 
     /// Brings the engine's count of unread bytes up to date with this session's (the caller
-    /// holds the core lock), and pauses or resumes reading the peer at the memory bounds.
-    fn account_held(self: &Arc<Self>, core: &Core) {
+    /// holds the core lock): statistics only, the receive budget bounds the bytes themselves.
+    fn account_held(&self, core: &Core) {
         let held = core.rx_held();
         // Written only under the core lock: a load and a store, not a read-modify-write.
         let last = self.held_seen.load(Ordering::Relaxed);
-        if held == last && !self.rx_paused.load(Ordering::Relaxed) {
+        if held == last {
             return;
         }
         self.held_seen.store(held, Ordering::Relaxed);
-        let total = &self.ctx.rx_held;
-        let total = if held >= last {
-            total.fetch_add(held - last, Ordering::AcqRel) + (held - last)
+        if held > last {
+            self.ctx.rx_held.fetch_add(held - last, Ordering::Relaxed);
         } else {
-            total.fetch_sub(last - held, Ordering::AcqRel) - (last - held)
-        };
-        let cfg = &self.ctx.config;
-        let engine_over = total > cfg.max_buffered;
-        let over = held > cfg.max_peer_buffered || (engine_over && held > 0);
-        let paused = self.rx_paused.load(Ordering::SeqCst);
-        if over && !paused {
-            self.rx_paused.store(true, Ordering::SeqCst);
-            self.ctx.refused(if engine_over {
-                "reading paused: the engine holds max_buffered unread bytes"
-            } else {
-                "reading paused: a peer holds max_peer_buffered unread bytes"
-            });
-            // Listed once: a session paused, resumed on its own and paused again is not
-            // added twice (the list stays within the number of sessions).
-            let mut list = self.ctx.rx_paused.lock();
-            if !list.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(self))) {
-                list.push(Arc::downgrade(self));
-            }
-        } else if !over && paused {
-            self.resume_rx();
+            self.ctx.rx_held.fetch_sub(last - held, Ordering::Relaxed);
         }
-        if held < last && !engine_over {
-            // Memory was freed: sessions paused only by the engine's total may go on.
-            let cap = cfg.max_peer_buffered;
-            let mut list = self.ctx.rx_paused.lock();
-            list.retain(|w| match w.upgrade() {
-                Some(s) if s.held_seen.load(Ordering::Relaxed) <= cap => {
-                    s.resume_rx();
-                    false
-                }
-                Some(s) => s.rx_paused.load(Ordering::Relaxed),
-                None => false,
-            });
-        }
-    }
-
-    /// Lifts a pause on reading: channels that stopped are served again.
-    fn resume_rx(&self) {
-        if !self.rx_paused.swap(false, Ordering::SeqCst) {
-            return;
-        }
-        for ch in self.channels.read().iter() {
-            if ch.rx_parked.swap(false, Ordering::SeqCst) {
-                self.ctx.workers[ch.worker].service(ch.uid);
-            }
-        }
-    }
-
-    /// Whether reading `ch` must stop for now (its session is paused); marks it so that the
-    /// resume serves it again.
-    fn rx_must_pause(&self, ch: &Channel) -> bool {
-        if !self.rx_paused.load(Ordering::SeqCst) {
-            return false;
-        }
-        ch.rx_parked.store(true, Ordering::SeqCst);
-        if self.rx_paused.load(Ordering::SeqCst) {
-            return true;
-        }
-        // Resumed in between: whoever resumed may have missed the mark; go on ourselves.
-        ch.rx_parked.store(false, Ordering::SeqCst);
-        false
     }
 
     /// Delivers the core's events: wake-ups of waiting threads and pollers (collected in
@@ -340,9 +275,6 @@ impl SessionRt {
             if st.reader.want() == 0 {
                 return Ok(true);
             }
-            if self.rx_must_pause(ch) {
-                return Ok(true);
-            }
             let (n, asked) = match ch.read(&mut st) {
                 Ok((0, _)) if st.reader.mid_frame() => {
                     return Err(ChannelError::Protocol(
@@ -411,6 +343,8 @@ impl SessionRt {
             // Settled now: the listener's answers to new streams are part of what is due.
             core.settle();
             let control_due = core.has_transmit(index) || core.ack_due(None);
+            // Channels the peer's acknowledgements let take frames again.
+            let freed = core.take_tx_ready();
             if core.owes_ack() {
                 // Carried by the next frames out; if none go, the worker's tick sends it.
                 self.ctx.workers[ch.worker].demand_tick();
@@ -422,6 +356,11 @@ impl SessionRt {
             if control_due {
                 // Answers (SYN_ACK, RST) and due acknowledgements leave now.
                 self.transmit_channel(ch);
+            }
+            for id in freed {
+                if let Some(other) = self.channel(id) {
+                    self.transmit_channel(&other);
+                }
             }
             if st.reader.want() == 0 || st.reader.is_deferred() {
                 return Ok(());
@@ -606,18 +545,39 @@ impl SessionRt {
         }
     }
 
-    /// Runs the core's timers (connect and linger deadlines).
+    /// Runs the core's timers (connect and linger deadlines) and closes channels whose peer
+    /// acknowledged nothing for `ack_timeout` while frames waited for it.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
-        let pending = self.with_core(|core| {
+        let (pending, dead) = self.with_core(|core| {
+            let dead = core.unacknowledging_channels(now);
             if core.poll_timeout().is_none_or(|t| t > now) {
-                return false;
+                return (false, dead);
             }
             core.handle_timeout(now);
-            core.control_backlog() > 0
+            (core.control_backlog() > 0, dead)
         });
+        for id in dead {
+            if let Some(ch) = self.channel(id) {
+                let why = format!(
+                    "the peer acknowledged nothing for {:?} (ack_timeout)",
+                    self.ctx.config.ack_timeout
+                );
+                self.channel_failed(
+                    &ch,
+                    ChannelError::Io(io::Error::new(io::ErrorKind::TimedOut, why)),
+                );
+            }
+        }
         if pending {
             self.transmit_all();
         }
+    }
+
+    /// When the worker must next run this session's timers (stream deadlines, the peer's
+    /// acknowledgement deadline).
+    pub fn next_deadline(self: &Arc<Self>) -> Option<Instant> {
+        let mut core = self.core();
+        [core.poll_timeout(), core.next_ack_deadline()].into_iter().flatten().min()
     }
 
     // ------------------------------------------------------------------ failures

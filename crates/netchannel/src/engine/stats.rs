@@ -39,6 +39,15 @@ pub struct EngineStats {
     pub redialed_channels: u64,
     /// Received bytes held for applications that have not read them, every peer.
     pub held_bytes: u64,
+    /// Receive credit granted to peers and not yet read, every peer (received bytes can never
+    /// exceed it), and what the sessions may grant in all (their budgets).
+    pub rx_granted: u64,
+    /// See `rx_granted`.
+    pub rx_budget: u64,
+    /// Channels open (two file descriptors each) and the engine's limit.
+    pub channels_open: usize,
+    /// See `channels_open`.
+    pub max_channels_total: usize,
     /// The worker threads: which class each serves and how it is scheduled.
     pub workers: Vec<WorkerThread>,
     /// Application threads run their throughput-class work (channel writes and reads, waits)

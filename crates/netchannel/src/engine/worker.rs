@@ -232,7 +232,7 @@ impl Worker {
                 timeout = Some(next_tick.saturating_duration_since(Instant::now()));
             }
             for (_, s) in channels.values() {
-                if let Some(t) = s.core().poll_timeout() {
+                if let Some(t) = s.next_deadline() {
                     let d = t.saturating_duration_since(Instant::now());
                     timeout = Some(timeout.map_or(d, |x: Duration| x.min(d)));
                 }

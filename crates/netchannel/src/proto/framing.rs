@@ -321,7 +321,9 @@ pub fn owned_control(frame: Frame<'_>) -> Frame<'static> {
         Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
         Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
         Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
-        Frame::Ack { channel, position } => Frame::Ack { channel, position },
+        Frame::Ack { channel, incarnation, position } => {
+            Frame::Ack { channel, incarnation, position }
+        }
     }
 }
 

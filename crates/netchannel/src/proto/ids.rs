@@ -37,31 +37,34 @@ impl PeerStreamId {
     pub fn get(self) -> u64 {
         self.0
     }
-
-    /// The slot of the peer's stream table it names.
-    pub(crate) fn index(self) -> usize {
-        table::index_of(self.0)
-    }
 }
 
-/// A channel's index within its session (0..=63, `wire::handshake::MAX_CHANNEL_INDEX`).
+/// A channel of a session: its index (0..=63, `wire::handshake::MAX_CHANNEL_INDEX`) and its
+/// incarnation (a channel dialed again under the same index is another channel: frames, ACKs
+/// and runners of the old one must not act on the new one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct ChannelIndex(pub u16);
+pub struct ChannelId {
+    /// Its index within the session.
+    pub index: u16,
+    /// How many times the index was dialed before this channel (wrapping).
+    pub incarnation: u16,
+}
 
-impl ChannelIndex {
-    /// The index as it travels on the wire.
-    pub fn get(self) -> u16 {
-        self.0
+impl ChannelId {
+    /// Channel `index`, incarnation `incarnation`.
+    pub const fn new(index: u16, incarnation: u16) -> Self {
+        ChannelId { index, incarnation }
     }
 
+    /// The session's slot for the index (any incarnation).
     pub(crate) fn slot(self) -> usize {
-        self.0 as usize
+        self.index as usize
     }
 }
 
-impl std::fmt::Display for ChannelIndex {
+impl std::fmt::Display for ChannelId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
+        write!(f, "{}.{}", self.index, self.incarnation)
     }
 }
 
@@ -72,9 +75,9 @@ impl From<StreamId> for u64 {
     }
 }
 
-impl From<ChannelIndex> for usize {
-    /// For the scheduler's per-channel queues.
-    fn from(ch: ChannelIndex) -> usize {
-        ch.0 as usize
+impl From<ChannelId> for usize {
+    /// For the scheduler's per-channel queues (by index: one incarnation at a time).
+    fn from(ch: ChannelId) -> usize {
+        ch.index as usize
     }
 }

@@ -24,6 +24,6 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
-pub use ids::{ChannelIndex, StreamId};
+pub use ids::{ChannelId, StreamId};
 pub use session::{CoreConfig, OpenError, OutFrame, Recv, Session, EV_READ, EV_WRITE};
 pub use stream::{Phase, ResetCause, SendError, Stream};

@@ -14,12 +14,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 
-use super::ids::ChannelIndex;
+use super::ids::ChannelId;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seg {
     Data(Bytes),
-    Deferred { channel: ChannelIndex, len: u64 },
+    Deferred { channel: ChannelId, len: u64 },
 }
 
 impl Seg {
@@ -102,7 +102,7 @@ impl RecvBuf {
     }
 
     /// The payload at the front is in a channel's socket: `(channel, bytes)`.
-    pub fn front_deferred(&self) -> Option<(ChannelIndex, u64)> {
+    pub fn front_deferred(&self) -> Option<(ChannelId, u64)> {
         match self.ready.front() {
             Some(Seg::Deferred { channel, len }) => Some((*channel, *len)),
             _ => None,
@@ -238,7 +238,7 @@ impl RecvBuf {
     pub fn insert_deferred(
         &mut self,
         offset: u64,
-        channel: ChannelIndex,
+        channel: ChannelId,
         len: u64,
         max_segments: usize,
     ) -> Result<(), TooManySegments> {
@@ -423,7 +423,7 @@ impl RecvBuf {
 
     /// The deferred payloads held, as `(offset, channel)`.
     #[cfg(test)]
-    pub fn deferred(&self) -> Vec<(u64, ChannelIndex)> {
+    pub fn deferred(&self) -> Vec<(u64, ChannelId)> {
         let mut v = Vec::new();
         let mut at = self.consumed;
         for seg in &self.ready {
@@ -499,18 +499,18 @@ mod tests {
     fn deferred_payloads_read_staged_and_lost() {
         let mut rb = RecvBuf::default();
         rb.insert_data(0, Bytes::from_static(b"head"), 8).unwrap();
-        rb.insert_deferred(4, ChannelIndex(2), 100, 8).unwrap();
+        rb.insert_deferred(4, ChannelId::new(2, 0), 100, 8).unwrap();
         assert!(rb.is_new(104, 5) && !rb.is_new(50, 1));
         rb.insert_data(104, Bytes::from_static(b"tail!"), 8).unwrap();
         assert_eq!(rb.contiguous_end(), 109);
         assert_eq!(read_all(&mut rb), b"head");
-        assert_eq!(rb.front_deferred(), Some((ChannelIndex(2), 100)));
+        assert_eq!(rb.front_deferred(), Some((ChannelId::new(2, 0), 100)));
         rb.consume_deferred(40);
-        assert_eq!(rb.front_deferred(), Some((ChannelIndex(2), 60)));
+        assert_eq!(rb.front_deferred(), Some((ChannelId::new(2, 0), 60)));
         rb.stage_deferred(44, Bytes::from(vec![9u8; 10]));
         assert_eq!(rb.ready_data(), 15);
         assert_eq!(read_all(&mut rb), vec![9u8; 10]);
-        assert_eq!(rb.deferred(), vec![(54, ChannelIndex(2))]);
+        assert_eq!(rb.deferred(), vec![(54, ChannelId::new(2, 0))]);
         assert!(rb.has_deferred());
         // The channel dies: the rest of the payload is gone, the tail is out of order again.
         rb.remove_deferred(54);

@@ -91,14 +91,15 @@ pub(crate) const OWE_CREDIT: u8 = 4;
 pub(crate) const OWE_FIN: u8 = 8;
 
 /// Flags of `Stream::flags`.
-pub(crate) const F_ACTIVE: u8 = 1; // in an active (unsent data) queue
-pub(crate) const F_CONTROL: u8 = 2; // in a control queue
-pub(crate) const F_EVENT: u8 = 4; // in the event queue
-pub(crate) const F_SPACE_WAIT: u8 = 8; // waiting for class space
-pub(crate) const F_DEFERRED_EMPTY: u8 = 16; // the front deferred payload had no bytes yet
-pub(crate) const F_FIN_SENT: u8 = 32; // the FIN left (pulled at least once)
-pub(crate) const F_PINNED: u8 = 64; // holds slices of channel read buffers (see `compact`)
-pub(crate) const F_WRITE_LOST: u8 = 128; // every channel is gone; only reading goes on
+pub(crate) const F_ACTIVE: u16 = 1; // in an active (unsent data) queue
+pub(crate) const F_CONTROL: u16 = 2; // in a control queue
+pub(crate) const F_EVENT: u16 = 4; // in the event queue
+pub(crate) const F_SPACE_WAIT: u16 = 8; // waiting for class space
+pub(crate) const F_DEFERRED_EMPTY: u16 = 16; // the front deferred payload has no bytes for now
+pub(crate) const F_FIN_SENT: u16 = 32; // the FIN left (pulled at least once)
+pub(crate) const F_PINNED: u16 = 64; // holds slices of channel read buffers (see `compact`)
+pub(crate) const F_WRITE_LOST: u16 = 128; // every channel is gone; only reading goes on
+pub(crate) const F_STARVED: u16 = 256; // wants more credit than the receive budget has room for
 
 pub struct Stream<U> {
     /// What the runtime keeps with the stream (wakers, poller registration).
@@ -112,7 +113,7 @@ pub struct Stream<U> {
     /// The application closed its handle; the state lingers until the stream is done.
     pub app_closed: bool,
     pub(crate) owe: u8,
-    pub(crate) flags: u8,
+    pub(crate) flags: u16,
     /// Pending event bits (`EV_*`), while `F_EVENT` is set.
     pub(crate) events: u8,
     /// Frames of this stream pulled onto channels and not yet acknowledged.
@@ -135,7 +136,12 @@ pub struct Stream<U> {
 
     // receive half
     pub(crate) rx: RecvBuf,
+    /// The limit advertised to the peer: it may send bytes below it (SYN, SYN_ACK, CREDIT).
     pub(crate) granted: u64,
+    /// What this stream holds of the session's receive budget (`Session::recharge`).
+    pub(crate) rx_charge: u64,
+    /// The window the application wants (the grant grows toward `consumed + window` as the
+    /// budget allows).
     pub(crate) window: u32,
     /// The final offset the peer announced (`NO_FIN` until its FIN).
     fin: u64,
@@ -168,7 +174,9 @@ impl<U> Stream<U> {
             write_closed: false,
             tx: SendBuf::default(),
             rx: RecvBuf::default(),
-            granted: window as u64,
+            // Nothing is granted until the session grants it within its budget.
+            granted: 0,
+            rx_charge: 0,
             window,
             fin: NO_FIN,
         }
@@ -243,22 +251,13 @@ impl<U> Stream<U> {
         self.fin == self.rx.consumed()
     }
 
-    /// The receive limit the peer would see after a CREDIT now has grown by a quarter window
-    /// or more since the last one. Batching credits
-    /// keeps control traffic to a few frames per window of data.
-    pub(crate) fn credit_due(&self) -> bool {
+    /// Bytes the grant would grow by to reach `consumed + window` (0 once the peer finished
+    /// or the stream was reset, or before it is open).
+    pub(crate) fn credit_wanted(&self) -> u64 {
         if self.fin != NO_FIN || self.reset.is_some() || self.phase != Phase::Open {
-            return false;
+            return 0;
         }
-        let limit = self.rx.consumed() + self.window as u64;
-        limit - self.granted >= (self.window as u64 / 4).max(1)
-    }
-
-    pub fn readable(&self) -> bool {
-        self.reset.is_some()
-            || self.rx.ready_data() > 0
-            || (self.rx.front_deferred().is_some() && self.flags & F_DEFERRED_EMPTY == 0)
-            || self.at_eof()
+        (self.rx.consumed() + self.window as u64).saturating_sub(self.granted)
     }
 
     /// Credit (ignores class space) or a terminal state to report.

@@ -107,13 +107,6 @@ impl<T> Table<T> {
         Some(value)
     }
 
-    /// The id of the stream in slot `index`, if any.
-    pub fn id_at(&self, index: usize) -> Option<StreamId> {
-        let slot = self.slots.get(index)?;
-        slot.value.as_ref()?;
-        Some(StreamId((slot.generation << INDEX_BITS) | index as u64))
-    }
-
     pub fn live(&self) -> usize {
         self.live
     }

@@ -44,7 +44,7 @@ struct Dir {
 }
 
 struct Link {
-    index: ChannelIndex,
+    index: ChannelId,
     alive: bool,
     /// `dirs[s]`: bytes sent by side `s`, read by side `1 - s`.
     dirs: [Dir; 2],
@@ -93,8 +93,16 @@ impl Pair {
         p
     }
 
+    /// Adds channel `index`: its next incarnation if the index was used before.
     fn add_link(&mut self, index: u16, class: Class) {
-        let index = ChannelIndex(index);
+        let incarnation = self
+            .links
+            .iter()
+            .filter(|l| l.index.index == index)
+            .map(|l| l.index.incarnation.wrapping_add(1))
+            .max()
+            .unwrap_or(0);
+        let index = ChannelId::new(index, incarnation);
         for s in &mut self.sides {
             s.add_channel(index, class);
         }
@@ -108,9 +116,10 @@ impl Pair {
         });
     }
 
+    /// Kills the live channel with index `index`.
     fn kill(&mut self, index: u16) {
-        let index = ChannelIndex(index);
-        let l = self.links.iter_mut().find(|l| l.index == index).unwrap();
+        let l = self.links.iter_mut().find(|l| l.index.index == index && l.alive).unwrap();
+        let index = l.index;
         l.alive = false;
         l.dirs[0].pipe.clear();
         l.dirs[1].pipe.clear();
@@ -195,7 +204,7 @@ impl Pair {
             // The engine closes the channel a bad frame came on; both ends see it go.
             self.violations += 1;
             let index = self.links[li].index;
-            self.kill(index.get());
+            self.kill(index.index);
         }
     }
 
@@ -465,11 +474,12 @@ fn losing_a_channel_mid_transfer_loses_no_byte() {
         for _ in 0..2_000_000 {
             t.drive(&mut p, &mut sendbuf, &mut recvbuf, 1 << 20);
             // Kill the channel carrying the most unacknowledged bytes, once a third arrived.
-            let victim =
-                (0..4u16).max_by_key(|&c| p.sides[0].channel_retained(ChannelIndex(c))).unwrap();
+            let victim = (0..4u16)
+                .max_by_key(|&c| p.sides[0].channel_retained(ChannelId::new(c, 0)))
+                .unwrap();
             if !killed
                 && t.received > t.len / 3
-                && p.sides[0].channel_retained(ChannelIndex(victim)) > 0
+                && p.sides[0].channel_retained(ChannelId::new(victim, 0)) > 0
             {
                 p.kill(victim);
                 killed = true;
@@ -516,7 +526,7 @@ fn latency_frames_never_wait_behind_throughput_frames() {
     p.sides[0].handle(bulk).send(&vec![1u8; 500_000]).unwrap();
     p.sides[0].handle(lat).send(&[2u8; 100]).unwrap();
     let mut out = Vec::new();
-    p.sides[0].poll_transmit(ChannelIndex(1), 1 << 20, 64, false, &mut out);
+    p.sides[0].poll_transmit(ChannelId::new(1, 0), 1 << 20, 64, false, &mut out);
     let lat_peer = p.sides[0].stream(lat).unwrap().peer;
     let data = |out: &[OutFrame]| -> Vec<u64> {
         out.iter()
@@ -526,7 +536,7 @@ fn latency_frames_never_wait_behind_throughput_frames() {
     };
     assert_eq!(data(&out), vec![lat_peer.get()], "only the latency stream's frame");
     out.clear();
-    p.sides[0].poll_transmit(ChannelIndex(0), 1 << 20, 64, false, &mut out);
+    p.sides[0].poll_transmit(ChannelId::new(0, 0), 1 << 20, 64, false, &mut out);
     let bulk = data(&out);
     assert!(!bulk.is_empty() && !bulk.contains(&lat_peer.get()));
 }
@@ -590,7 +600,7 @@ fn sticky_policy_keeps_a_stream_on_one_channel() {
     let mut used = HashSet::new();
     let mut out = Vec::new();
     for ch in 0..4u16 {
-        p.sides[0].poll_transmit(ChannelIndex(ch), 1 << 20, 64, false, &mut out);
+        p.sides[0].poll_transmit(ChannelId::new(ch, 0), 1 << 20, 64, false, &mut out);
         if out.iter().any(|f| f.header[0] == 1) {
             used.insert(ch);
         }
@@ -628,7 +638,7 @@ fn an_idle_session_falls_silent() {
     for side in 0..2 {
         assert!(!p.sides[side].owes_ack(), "side {side} still owes an acknowledgement");
         for ch in 0..2 {
-            p.sides[side].poll_transmit(ChannelIndex(ch), 1 << 20, 64, true, &mut out);
+            p.sides[side].poll_transmit(ChannelId::new(ch, 0), 1 << 20, 64, true, &mut out);
         }
     }
     assert!(out.is_empty(), "an idle session sent {} frames", out.len());
@@ -688,7 +698,7 @@ fn feed_tiny_frames(p: &mut Pair, id: StreamId, offsets: impl Iterator<Item = u6
     for (i, off) in offsets.enumerate() {
         let payload = read_buffer.slice(i % 1024..i % 1024 + 1);
         let item = Parsed::Data { stream: id.get(), offset: off, payload };
-        p.sides[1].receive(ChannelIndex(0), item, p.now, |_, _| false).expect("valid frame");
+        p.sides[1].receive(ChannelId::new(0, 0), item, p.now, |_, _| false).expect("valid frame");
     }
 }
 
@@ -755,7 +765,7 @@ mod fuzz {
             p.step();
         }
         assert!(
-            p.sides[1].has_channel(ChannelIndex(1)),
+            p.sides[1].has_channel(ChannelId::new(1, 0)),
             "the attack closed a channel it did not use"
         );
         let (a, b) = p.open(81, Class::Throughput);
@@ -780,7 +790,7 @@ mod fuzz {
         Rst { id: u8, reason: u8 },
         Fin { id: u8, offset: u64 },
         Credit { id: u8, consumed: u64, window: u32 },
-        Ack { channel: u16, position: u64 },
+        Ack { channel: u16, incarnation: u16, position: u64 },
     }
 
     /// Stream ids a peer might use: the real ones, stale generations, never issued, zero.
@@ -807,8 +817,8 @@ mod fuzz {
             1 => (any::<u8>(), offset.clone()).prop_map(|(id, offset)| Spec::Fin { id, offset }),
             2 => (any::<u8>(), offset.clone(), window)
                 .prop_map(|(id, consumed, window)| Spec::Credit { id, consumed, window }),
-            1 => (0u16..80, prop_oneof![0u64..100_000, any::<u64>()])
-                .prop_map(|(channel, position)| Spec::Ack { channel, position }),
+            1 => (0u16..80, prop_oneof![Just(0u16), any::<u16>()], prop_oneof![0u64..100_000, any::<u64>()])
+                .prop_map(|(channel, incarnation, position)| Spec::Ack { channel, incarnation, position }),
         ]
     }
 
@@ -832,7 +842,9 @@ mod fuzz {
             Spec::Credit { id, consumed, window } => {
                 Frame::Credit { dst: id_of(id, real), consumed, window }
             }
-            Spec::Ack { channel, position } => Frame::Ack { channel, position },
+            Spec::Ack { channel, incarnation, position } => {
+                Frame::Ack { channel, incarnation, position }
+            }
         };
         f.encode(out);
     }

@@ -5,6 +5,8 @@
 
 // The one module where system interfaces demand `unsafe`; every block says why it is sound.
 #![allow(unsafe_code)]
+// Some wrappers serve only netchannel's tools (the preload library), through `internals`.
+#![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -436,6 +438,27 @@ pub fn set_thread_policy(policy: ThreadPolicy, cpus: Option<&[usize]>) -> io::Re
         rustix::thread::sched_setaffinity(None, &set)?;
     }
     Ok(())
+}
+
+/// An fd kept in reserve (on /dev/null) to be closed when the process runs out of fds: room
+/// to accept one waiting connection and refuse it.
+pub fn spare_fd() -> io::Result<OwnedFd> {
+    Ok(rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?)
+}
+
+/// Whether an error says the process (`EMFILE`) or the system (`ENFILE`) is out of fds.
+pub fn out_of_fds(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// The process's soft limit on open file descriptors (`RLIMIT_NOFILE`; large when unlimited).
+pub fn fd_limit() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    limit.current.unwrap_or(1 << 20).min(1 << 24) as usize
 }
 
 /// The calling thread's id (as in /proc/self/task).

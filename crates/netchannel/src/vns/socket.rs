@@ -28,7 +28,7 @@ use crate::engine::session::{Core, SessionRt};
 use crate::engine::waiter;
 use crate::engine::{EngineCtx, SocketStats};
 use crate::proto::{
-    ChannelIndex, OpenError, Phase, Recv, ResetCause, SendError, StreamId, EV_READ, EV_WRITE,
+    ChannelId, OpenError, Phase, Recv, ResetCause, SendError, StreamId, EV_READ, EV_WRITE,
 };
 use crate::wire::{Class, RstReason};
 
@@ -453,7 +453,7 @@ impl VSocket {
 
     /// Reads the payload waiting in a channel's socket straight into `buf` (direct
     /// placement), then goes on serving that channel. `None`: nothing read (try again).
-    fn read_deferred(&self, index: ChannelIndex, buf: &mut [u8]) -> Option<usize> {
+    fn read_deferred(&self, index: ChannelId, buf: &mut [u8]) -> Option<usize> {
         let s = &self.session;
         let ch = s.channel(index)?;
         if !ch.rx_run.try_acquire() {

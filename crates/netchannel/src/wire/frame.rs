@@ -138,6 +138,9 @@ pub enum Frame<'a> {
     Ack {
         /// The channel acknowledged (any channel may carry the ACK).
         channel: u16,
+        /// Its incarnation: a channel dialed again under the same index is another channel,
+        /// and an ACK meant for the one before it must not act on it.
+        incarnation: u16,
         /// Frame bytes processed on it.
         position: u64,
     },
@@ -222,8 +225,9 @@ impl Frame<'_> {
                 rest[8..12].copy_from_slice(&window.to_be_bytes());
                 24
             }
-            Frame::Ack { channel, position } => {
+            Frame::Ack { channel, incarnation, position } => {
                 rest[0..2].copy_from_slice(&channel.to_be_bytes());
+                rest[2..4].copy_from_slice(&incarnation.to_be_bytes());
                 rest[4..12].copy_from_slice(&position.to_be_bytes());
                 24
             }
@@ -354,8 +358,11 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
             if stream != 0 {
                 return Err(WireError::BadField { field: "ack stream", value: stream });
             }
-            zero(&buf[r + 2..r + 4], "reserved")?;
-            Frame::Ack { channel: be_u16(buf, r), position: be_u64(buf, r + 4) }
+            Frame::Ack {
+                channel: be_u16(buf, r),
+                incarnation: be_u16(buf, r + 2),
+                position: be_u64(buf, r + 4),
+            }
         }
         _ => unreachable!("type checked above"),
     };
@@ -391,7 +398,7 @@ mod tests {
             3 => Frame::Rst { dst: *s, reason: RstReason::from_code((*port % 5) as u8) },
             4 => Frame::Fin { dst: *s, final_offset: *off },
             5 => Frame::Credit { dst: *s, consumed: *off, window: *win },
-            _ => Frame::Ack { channel: *port, position: *off },
+            _ => Frame::Ack { channel: *port, incarnation: *win as u16, position: *off },
         }
     }
 
@@ -465,7 +472,7 @@ mod tests {
         c[20..24].copy_from_slice(&(MAX_WINDOW + 1).to_be_bytes());
         assert!(matches!(decode(&c), Err(WireError::BadField { field: "window", .. })));
         let mut a = Vec::new();
-        Frame::Ack { channel: 3, position: 9 }.encode(&mut a);
+        Frame::Ack { channel: 3, incarnation: 1, position: 9 }.encode(&mut a);
         a[11] = 1;
         assert!(matches!(decode(&a), Err(WireError::BadField { field: "ack stream", .. })));
     }

@@ -1,24 +1,28 @@
-//! The channel handshake: the first messages each side writes on a new channel (version 2).
+//! The channel handshake: the first messages each side writes on a new channel (version 3).
 //!
 //! Four fixed-size messages: the dialer's `Hello`, the acceptor's `Challenge`, the dialer's
 //! `Confirm`, and the acceptor's `Accept`; either side may answer `Reject` instead. With a
-//! pre-shared key, `Confirm` and `Accept` each carry an HMAC-SHA256 over both nonces, both engine
-//! ids, the channel index and the class: the dialer proves it holds the key before the acceptor
-//! grants it anything, then the acceptor proves it, and its `Accept` also says the channel was
-//! admitted. Layout (big-endian), see docs/PROTOCOL.md:
+//! pre-shared key, `Confirm` and `Accept` each carry an HMAC-SHA256 over a transcript that binds
+//! both roles (who dialed, who accepted: their engine ids in that order, and a label per role),
+//! both nonces, the channel, its incarnation and class, and the address the dialer dialed (which
+//! the acceptor knows as the address it accepted on): the dialer proves it holds the key before
+//! the acceptor grants it anything, then the acceptor proves it, and its `Accept` also says the
+//! channel was admitted. Layout (big-endian), see docs/PROTOCOL.md:
 //!
 //! ```text
 //!  0  magic        [u8; 4] = "NCHN"
-//!  4  version      u16 = 2
+//!  4  version      u16 = 3
 //!  6  kind         u8   1 Hello, 2 Challenge, 3 Reject, 4 Confirm, 5 Accept
 //!  7  class        u8   0 Throughput, 1 Latency
 //!  8  engine_id    u64
 //! 16  channel      u16  channel index within the session (< 64)
-//! 18  reason       u16  0 unless kind == Reject
+//! 18  incarnation  u16  Reject: the reason; otherwise the channel's incarnation
 //! 20  flags        u32  bit 0: the sender authenticates (holds a pre-shared key)
 //! 24  nonce        [u8; 16]  fresh random bytes (Hello, Challenge)
 //! 40  mac          [u8; 32]  HMAC-SHA256 (Confirm, Accept with a key), else zero
 //! ```
+
+use std::net::{IpAddr, SocketAddr};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -28,7 +32,7 @@ use super::{Class, WireError};
 /// First bytes of every handshake message.
 pub const MAGIC: [u8; 4] = *b"NCHN";
 /// The protocol version this engine speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Bytes of every handshake message.
 pub const HANDSHAKE_LEN: usize = 72;
 /// Channel indexes are bits of 64-bit masks.
@@ -117,6 +121,8 @@ pub struct Handshake {
     pub engine_id: u64,
     /// Channel index within the session.
     pub channel: u16,
+    /// How many times this index was dialed before (0 for a Reject).
+    pub incarnation: u16,
     /// `FLAG_AUTH` or 0.
     pub flags: u32,
     /// Fresh random bytes (Hello, Challenge).
@@ -133,15 +139,24 @@ impl Handshake {
             class,
             engine_id,
             channel,
+            incarnation: 0,
             flags: 0,
             nonce: [0; 16],
             mac: [0; 32],
         }
     }
 
-    /// The dialer's Hello for channel `channel`; `auth`: it holds a key.
-    pub fn hello(engine_id: u64, channel: u16, class: Class, nonce: [u8; 16], auth: bool) -> Self {
+    /// The dialer's Hello for channel `channel` (its `incarnation`); `auth`: it holds a key.
+    pub fn hello(
+        engine_id: u64,
+        channel: u16,
+        incarnation: u16,
+        class: Class,
+        nonce: [u8; 16],
+        auth: bool,
+    ) -> Self {
         let mut h = Handshake::new(HandshakeKind::Hello, engine_id, channel, class);
+        h.incarnation = incarnation;
         h.nonce = nonce;
         h.flags = if auth { FLAG_AUTH } else { 0 };
         h
@@ -150,29 +165,44 @@ impl Handshake {
     /// The acceptor's answer to `hello`: its id and nonce; `auth` says it requires a proof.
     pub fn challenge(engine_id: u64, hello: &Handshake, nonce: [u8; 16], auth: bool) -> Self {
         let mut h = Handshake::new(HandshakeKind::Challenge, engine_id, hello.channel, hello.class);
+        h.incarnation = hello.incarnation;
         h.nonce = nonce;
         h.flags = if auth { FLAG_AUTH } else { 0 };
         h
     }
 
-    /// The dialer's answer to the challenge; with a key, it carries the dialer's proof.
-    pub fn confirm(hello: &Handshake, challenge: &Handshake, key: Option<&[u8]>) -> Self {
+    /// The dialer's answer to the challenge; with a key, it carries the dialer's proof over
+    /// the transcript, `acceptor` being the address it dialed.
+    pub fn confirm(
+        hello: &Handshake,
+        challenge: &Handshake,
+        key: Option<&[u8]>,
+        acceptor: SocketAddr,
+    ) -> Self {
         let mut h =
             Handshake::new(HandshakeKind::Confirm, hello.engine_id, hello.channel, hello.class);
+        h.incarnation = hello.incarnation;
         if let Some(key) = key {
             h.flags = FLAG_AUTH;
-            h.mac = proof(key, b"netchannel v2 confirm", hello, challenge);
+            h.mac = proof(key, CONFIRM, hello, challenge, acceptor);
         }
         h
     }
 
-    /// The acceptor admitted the channel; with a key, it carries the acceptor's proof.
-    pub fn accept(hello: &Handshake, challenge: &Handshake, key: Option<&[u8]>) -> Self {
+    /// The acceptor admitted the channel; with a key, it carries the acceptor's proof,
+    /// `acceptor` being the address it accepted the channel on.
+    pub fn accept(
+        hello: &Handshake,
+        challenge: &Handshake,
+        key: Option<&[u8]>,
+        acceptor: SocketAddr,
+    ) -> Self {
         let mut h =
             Handshake::new(HandshakeKind::Accept, challenge.engine_id, hello.channel, hello.class);
+        h.incarnation = hello.incarnation;
         if let Some(key) = key {
             h.flags = FLAG_AUTH;
-            h.mac = proof(key, b"netchannel v2 accept", hello, challenge);
+            h.mac = proof(key, ACCEPT, hello, challenge, acceptor);
         }
         h
     }
@@ -182,28 +212,33 @@ impl Handshake {
         Handshake::new(HandshakeKind::Reject(reason), engine_id, 0, Class::Throughput)
     }
 
-    /// Checks the acceptor's proof in `accept` (dialer side).
+    /// Checks the acceptor's proof in `accept` (dialer side; `acceptor`: the address dialed).
     pub fn verify_accept(
         key: &[u8],
         hello: &Handshake,
         challenge: &Handshake,
         accept: &Handshake,
+        acceptor: SocketAddr,
     ) -> bool {
         accept.flags & FLAG_AUTH != 0
             && accept.engine_id == challenge.engine_id
-            && verify(key, b"netchannel v2 accept", hello, challenge, &accept.mac)
+            && accept.incarnation == hello.incarnation
+            && verify(key, ACCEPT, hello, challenge, acceptor, &accept.mac)
     }
 
-    /// Checks the dialer's proof in `confirm` (acceptor side).
+    /// Checks the dialer's proof in `confirm` (acceptor side; `acceptor`: the address the
+    /// channel was accepted on).
     pub fn verify_confirm(
         key: &[u8],
         hello: &Handshake,
         challenge: &Handshake,
         confirm: &Handshake,
+        acceptor: SocketAddr,
     ) -> bool {
         confirm.flags & FLAG_AUTH != 0
             && confirm.engine_id == hello.engine_id
-            && verify(key, b"netchannel v2 confirm", hello, challenge, &confirm.mac)
+            && confirm.incarnation == hello.incarnation
+            && verify(key, CONFIRM, hello, challenge, acceptor, &confirm.mac)
     }
 
     /// The message's bytes.
@@ -211,18 +246,18 @@ impl Handshake {
         let mut out = [0u8; HANDSHAKE_LEN];
         out[0..4].copy_from_slice(&MAGIC);
         out[4..6].copy_from_slice(&self.version.to_be_bytes());
-        let (kind, reason) = match self.kind {
-            HandshakeKind::Hello => (1, 0),
-            HandshakeKind::Challenge => (2, 0),
+        let (kind, field) = match self.kind {
+            HandshakeKind::Hello => (1, self.incarnation),
+            HandshakeKind::Challenge => (2, self.incarnation),
             HandshakeKind::Reject(r) => (3, r.code()),
-            HandshakeKind::Confirm => (4, 0),
-            HandshakeKind::Accept => (5, 0),
+            HandshakeKind::Confirm => (4, self.incarnation),
+            HandshakeKind::Accept => (5, self.incarnation),
         };
         out[6] = kind;
         out[7] = self.class.code();
         out[8..16].copy_from_slice(&self.engine_id.to_be_bytes());
         out[16..18].copy_from_slice(&self.channel.to_be_bytes());
-        out[18..20].copy_from_slice(&reason.to_be_bytes());
+        out[18..20].copy_from_slice(&field.to_be_bytes());
         out[20..24].copy_from_slice(&self.flags.to_be_bytes());
         out[24..40].copy_from_slice(&self.nonce);
         out[40..72].copy_from_slice(&self.mac);
@@ -235,18 +270,16 @@ impl Handshake {
     /// only 24 bytes: it is recognised from the first 6, so callers read those first.
     pub fn decode(buf: &[u8; HANDSHAKE_LEN]) -> Result<Self, WireError> {
         check_prefix(buf[..6].try_into().expect("6 bytes"))?;
-        let reason = u16::from_be_bytes([buf[18], buf[19]]);
+        let field = u16::from_be_bytes([buf[18], buf[19]]);
         let kind = match buf[6] {
             1 => HandshakeKind::Hello,
             2 => HandshakeKind::Challenge,
-            3 => HandshakeKind::Reject(RejectReason::from_code(reason)),
+            3 => HandshakeKind::Reject(RejectReason::from_code(field)),
             4 => HandshakeKind::Confirm,
             5 => HandshakeKind::Accept,
             k => return Err(WireError::BadField { field: "handshake kind", value: k as u64 }),
         };
-        if !matches!(kind, HandshakeKind::Reject(_)) && reason != 0 {
-            return Err(WireError::BadField { field: "handshake reason", value: reason as u64 });
-        }
+        let incarnation = if matches!(kind, HandshakeKind::Reject(_)) { 0 } else { field };
         let class = Class::from_code(buf[7])
             .ok_or(WireError::BadField { field: "class", value: buf[7] as u64 })?;
         let engine_id = u64::from_be_bytes(buf[8..16].try_into().expect("8 bytes"));
@@ -264,6 +297,7 @@ impl Handshake {
             class,
             engine_id,
             channel,
+            incarnation,
             flags,
             nonce: buf[24..40].try_into().expect("16 bytes"),
             mac: buf[40..72].try_into().expect("32 bytes"),
@@ -295,25 +329,77 @@ pub fn check_prefix(prefix: &[u8; 6]) -> Result<(), WireError> {
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn keyed(key: &[u8], label: &[u8], hello: &Handshake, challenge: &Handshake) -> HmacSha256 {
+/// The dialer's role: it proves the key first, in its Confirm.
+const CONFIRM: &[u8] = b"netchannel v3 dialer confirms";
+/// The acceptor's role: it proves the key in its Accept.
+const ACCEPT: &[u8] = b"netchannel v3 acceptor accepts";
+
+/// An address as the transcript holds it: family, address bytes, port. An IPv4-mapped IPv6
+/// address is its IPv4 address (one host, either way a socket reports it).
+fn address_bytes(a: SocketAddr, out: &mut Vec<u8>) {
+    let ip = match a.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => {
+            out.push(4);
+            out.extend_from_slice(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            out.push(6);
+            out.extend_from_slice(&v6.octets());
+        }
+    }
+    out.extend_from_slice(&a.port().to_be_bytes());
+}
+
+/// The transcript both proofs cover: who dialed (the Hello's engine id) and who accepted (the
+/// Challenge's), in that order, both nonces, the channel, its incarnation and class, and the
+/// acceptor's address as the dialer dialed it. Each field has a fixed size, so no two
+/// transcripts read alike.
+fn keyed(
+    key: &[u8],
+    label: &[u8],
+    hello: &Handshake,
+    challenge: &Handshake,
+    acceptor: SocketAddr,
+) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts any key length");
-    mac.update(label);
-    mac.update(&hello.nonce);
-    mac.update(&challenge.nonce);
-    mac.update(&hello.engine_id.to_be_bytes());
-    mac.update(&challenge.engine_id.to_be_bytes());
-    mac.update(&hello.channel.to_be_bytes());
-    mac.update(&[hello.class.code()]);
+    let mut t = Vec::with_capacity(96);
+    t.extend_from_slice(label);
+    t.extend_from_slice(&hello.engine_id.to_be_bytes());
+    t.extend_from_slice(&challenge.engine_id.to_be_bytes());
+    t.extend_from_slice(&hello.nonce);
+    t.extend_from_slice(&challenge.nonce);
+    t.extend_from_slice(&hello.channel.to_be_bytes());
+    t.extend_from_slice(&hello.incarnation.to_be_bytes());
+    t.push(hello.class.code());
+    address_bytes(acceptor, &mut t);
+    mac.update(&t);
     mac
 }
 
-fn proof(key: &[u8], label: &[u8], hello: &Handshake, challenge: &Handshake) -> [u8; 32] {
-    keyed(key, label, hello, challenge).finalize().into_bytes().into()
+fn proof(
+    key: &[u8],
+    label: &[u8],
+    hello: &Handshake,
+    challenge: &Handshake,
+    acceptor: SocketAddr,
+) -> [u8; 32] {
+    keyed(key, label, hello, challenge, acceptor).finalize().into_bytes().into()
 }
 
-fn verify(key: &[u8], label: &[u8], hello: &Handshake, challenge: &Handshake, mac: &[u8]) -> bool {
+fn verify(
+    key: &[u8],
+    label: &[u8],
+    hello: &Handshake,
+    challenge: &Handshake,
+    acceptor: SocketAddr,
+    mac: &[u8],
+) -> bool {
     // Constant-time comparison, from the hmac crate.
-    keyed(key, label, hello, challenge).verify_slice(mac).is_ok()
+    keyed(key, label, hello, challenge, acceptor).verify_slice(mac).is_ok()
 }
 
 #[cfg(test)]
@@ -321,45 +407,93 @@ mod tests {
     use super::*;
 
     fn hello() -> Handshake {
-        Handshake::hello(7, 3, Class::Latency, [1; 16], true)
+        Handshake::hello(7, 3, 2, Class::Latency, [1; 16], true)
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
     }
 
     #[test]
     fn round_trip() {
         let h = hello();
         let c = Handshake::challenge(u64::MAX, &h, [2; 16], true);
+        let at = addr("10.0.0.2:7450");
         for hs in [
             h,
             c,
-            Handshake::confirm(&h, &c, Some(b"key")),
-            Handshake::accept(&h, &c, Some(b"key")),
+            Handshake::confirm(&h, &c, Some(b"key"), at),
+            Handshake::accept(&h, &c, Some(b"key"), at),
             Handshake::reject(1, RejectReason::UnsupportedVersion),
             Handshake::reject(1, RejectReason::AuthFailed),
         ] {
             assert_eq!(Handshake::decode(&hs.encode()).unwrap(), hs);
         }
+        assert_eq!(c.incarnation, 2, "the challenge echoes the incarnation");
     }
 
     #[test]
     fn proofs_need_the_same_key_and_the_same_nonces() {
         let h = hello();
+        let at = addr("10.0.0.2:7450");
         let ch = Handshake::challenge(9, &h, [2; 16], true);
-        let c = Handshake::confirm(&h, &ch, Some(b"secret"));
-        assert!(Handshake::verify_confirm(b"secret", &h, &ch, &c));
-        assert!(!Handshake::verify_confirm(b"other", &h, &ch, &c));
-        let a = Handshake::accept(&h, &ch, Some(b"secret"));
-        assert!(Handshake::verify_accept(b"secret", &h, &ch, &a));
-        assert!(!Handshake::verify_accept(b"other", &h, &ch, &a));
+        let c = Handshake::confirm(&h, &ch, Some(b"secret"), at);
+        assert!(Handshake::verify_confirm(b"secret", &h, &ch, &c, at));
+        assert!(!Handshake::verify_confirm(b"other", &h, &ch, &c, at));
+        let a = Handshake::accept(&h, &ch, Some(b"secret"), at);
+        assert!(Handshake::verify_accept(b"secret", &h, &ch, &a, at));
+        assert!(!Handshake::verify_accept(b"other", &h, &ch, &a, at));
         // A confirm recorded for one acceptor nonce is worthless for another (no replay).
         let ch2 = Handshake::challenge(9, &h, [3; 16], true);
-        assert!(!Handshake::verify_confirm(b"secret", &h, &ch2, &c));
+        assert!(!Handshake::verify_confirm(b"secret", &h, &ch2, &c, at));
         // The accept's proof cannot be reused as a confirm (labels differ).
         let mut forged = c;
         forged.mac = a.mac;
-        assert!(!Handshake::verify_confirm(b"secret", &h, &ch, &forged));
+        assert!(!Handshake::verify_confirm(b"secret", &h, &ch, &forged, at));
         // Without a key nothing verifies.
-        let unauth = Handshake::accept(&h, &ch, None);
-        assert!(!Handshake::verify_accept(b"secret", &h, &ch, &unauth));
+        let unauth = Handshake::accept(&h, &ch, None, at);
+        assert!(!Handshake::verify_accept(b"secret", &h, &ch, &unauth, at));
+        // An IPv4-mapped address is its IPv4 address.
+        assert!(Handshake::verify_confirm(b"secret", &h, &ch, &c, addr("[::ffff:10.0.0.2]:7450")));
+    }
+
+    #[test]
+    fn a_proof_made_for_one_acceptor_is_worthless_at_another() {
+        // The relay attack: a keyless machine in the middle gets a key holder to dial it (or
+        // intercepts its dial to P), opens its own connection to another holder A and passes
+        // the handshake through. The dialer's proof names the address it dialed, so A (which
+        // accepted on its own address) refuses it.
+        let h = hello();
+        let ch = Handshake::challenge(9, &h, [2; 16], true);
+        let dialed = addr("10.0.0.66:7450");
+        let c = Handshake::confirm(&h, &ch, Some(b"secret"), dialed);
+        assert!(!Handshake::verify_confirm(b"secret", &h, &ch, &c, addr("10.0.0.2:7450")));
+        // Nor does another incarnation or channel of the same exchange verify.
+        let mut other = h;
+        other.incarnation += 1;
+        assert!(!Handshake::verify_confirm(b"secret", &other, &ch, &c, dialed));
+    }
+
+    #[test]
+    fn the_roles_cannot_be_swapped() {
+        // Reflection: a dialer's own messages turned around. A Hello and a Challenge with the
+        // engine ids swapped make another transcript, and neither proof serves the other role.
+        let h = Handshake::hello(1, 0, 0, Class::Throughput, [1; 16], true);
+        let ch = Handshake::challenge(2, &h, [2; 16], true);
+        let at = addr("10.0.0.2:7450");
+        let confirm = Handshake::confirm(&h, &ch, Some(b"secret"), at);
+        let swapped_hello = Handshake::hello(2, 0, 0, Class::Throughput, [2; 16], true);
+        let swapped_challenge = Handshake::challenge(1, &swapped_hello, [1; 16], true);
+        let mut as_accept = Handshake::accept(&swapped_hello, &swapped_challenge, None, at);
+        as_accept.flags = FLAG_AUTH;
+        as_accept.mac = confirm.mac;
+        assert!(!Handshake::verify_accept(
+            b"secret",
+            &swapped_hello,
+            &swapped_challenge,
+            &as_accept,
+            at
+        ));
     }
 
     #[test]
@@ -378,7 +512,7 @@ mod tests {
     #[test]
     fn invalid_fields_are_refused() {
         let good = hello().encode();
-        for (at, v) in [(16, 0u8), (7, 9), (6, 9), (19, 1), (23, 2)] {
+        for (at, v) in [(16, 0u8), (7, 9), (6, 9), (23, 2)] {
             let mut b = good;
             if at == 16 {
                 b[16..18].copy_from_slice(&64u16.to_be_bytes());
@@ -415,12 +549,13 @@ mod tests {
             nonce in proptest::prelude::any::<[u8; 16]>(),
             key in proptest::collection::vec(proptest::prelude::any::<u8>(), 16..40),
         ) {
-            let h = Handshake::hello(id, channel, Class::Throughput, nonce, true);
+            let h = Handshake::hello(id, channel, 0, Class::Throughput, nonce, true);
             let c = Handshake::challenge(id ^ 1, &h, [9; 16], true);
-            let confirm = Handshake::confirm(&h, &c, Some(&key));
+            let at = "10.1.2.3:7450".parse().unwrap();
+            let confirm = Handshake::confirm(&h, &c, Some(&key), at);
             let mut other = key.clone();
             other[0] ^= 1;
-            proptest::prop_assert!(confirm.mac != Handshake::confirm(&h, &c, Some(&other)).mac);
+            proptest::prop_assert!(confirm.mac != Handshake::confirm(&h, &c, Some(&other), at).mac);
         }
     }
 }

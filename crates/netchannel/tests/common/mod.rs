@@ -295,7 +295,8 @@ pub mod raw {
         key: Option<&[u8]>,
     ) -> Result<TcpStream, RejectReason> {
         let mut s = peer(tb, to);
-        let hello = Handshake::hello(engine_id, index, Class::Throughput, [7; 16], key.is_some());
+        let hello =
+            Handshake::hello(engine_id, index, 0, Class::Throughput, [7; 16], key.is_some());
         s.write_all(&hello.encode()).unwrap();
         let Some(challenge) = try_read_handshake(&mut s) else {
             return Err(RejectReason::Unknown(0));
@@ -305,7 +306,8 @@ pub mod raw {
             HandshakeKind::Reject(why) => return Err(why),
             other => panic!("unexpected {other:?}"),
         }
-        s.write_all(&Handshake::confirm(&hello, &challenge, key).encode()).unwrap();
+        // The proof binds the address dialed, as the engine's dialer does.
+        s.write_all(&Handshake::confirm(&hello, &challenge, key, to).encode()).unwrap();
         let Some(answer) = try_read_handshake(&mut s) else {
             return Err(RejectReason::Unknown(0));
         };

@@ -26,6 +26,8 @@ impl<U: Default> Session<U> {
             .streams
             .insert_with(|_| Stream::new(user, port, class, Phase::Connecting, window))
             .ok_or(OpenError::Limit)?;
+        // The SYN grants the peer what the receive budget has room for.
+        self.grant(id);
         let deadline = now + self.cfg.connect_timeout;
         self.set_deadline(id, Some(deadline));
         self.owe(id, OWE_SYN);
@@ -40,7 +42,7 @@ impl<U: Default> Session<U> {
         }
         s.phase = Phase::Open;
         s.window = window;
-        s.granted = window as u64;
+        self.grant(id);
         self.owe(id, OWE_SYN_ACK);
         self.emit(id, EV_WRITE);
     }
@@ -49,7 +51,7 @@ impl<U: Default> Session<U> {
     pub(super) fn set_window(&mut self, id: StreamId, window: u32) {
         let Some(s) = self.streams.get_mut(id) else { return };
         s.window = window;
-        if s.phase == Phase::Open && s.credit_due() {
+        if s.phase == Phase::Open && self.credit_due(id) {
             self.owe(id, OWE_CREDIT);
         }
     }
@@ -68,11 +70,13 @@ impl<U: Default> Session<U> {
     /// Room for unsent bytes of `class`, or `NoSpace` (registering `id` to be woken).
     pub(super) fn space(&mut self, id: StreamId, class: Class) -> Result<u64, SendError> {
         let limit = self.class_limit(class);
+        let room = self.room(class);
         let c = &mut self.classes[class.index()];
-        if c.unsent < limit {
-            return Ok(limit - c.unsent);
+        if room > 0 {
+            return Ok(room);
         }
-        c.congested = true;
+        // Out of class space (not of the session's send budget): the cue to add a channel.
+        c.congested |= c.unsent >= limit;
         let s = self.streams.get_mut(id).expect("caller checked");
         if s.flags & F_SPACE_WAIT == 0 {
             s.flags |= F_SPACE_WAIT;
@@ -138,14 +142,13 @@ impl<U: Default> Session<U> {
             self.after_consume(id);
             return Recv::Data(n);
         }
-        let front = s.rx.front_deferred();
-        let (empty, eof) = (s.flags & F_DEFERRED_EMPTY != 0, s.at_eof());
+        let (front, eof) = (s.rx.front_deferred(), s.at_eof());
         if let Some((channel, len)) = front {
-            let taken = self.deferred(channel).is_none_or(|d| d.taken);
-            if taken || empty {
-                return Recv::Empty;
+            // Exactly when `readable` says so (a staged payload arrives with an event).
+            if self.deferred_ready(id, channel) {
+                return Recv::Deferred { channel, max: len.min(max) };
             }
-            return Recv::Deferred { channel, max: len.min(max) };
+            return Recv::Empty;
         }
         if eof {
             return Recv::Eof;
@@ -166,10 +169,14 @@ impl<U: Default> Session<U> {
         }
     }
 
+    /// The application consumed bytes of `id`: its budget share shrinks, and it, or streams
+    /// waiting for room, may owe a CREDIT.
     pub(super) fn after_consume(&mut self, id: StreamId) {
-        if self.streams.get(id).is_some_and(|s| s.credit_due()) {
+        self.recharge(id);
+        if self.credit_due(id) {
             self.owe(id, OWE_CREDIT);
         }
+        self.feed_starved();
     }
 
     /// Closes the write half: the peer reads end of stream after the last byte sent.
@@ -336,13 +343,13 @@ impl<U: Default> StreamHandle<'_, U> {
 
     /// How many bytes of the payload deferred at the stream's front may be read straight from
     /// `channel` now (the caller holds the channel's receive half).
-    pub fn deferred_readable(&self, channel: ChannelIndex) -> Option<u64> {
+    pub fn deferred_readable(&self, channel: ChannelId) -> Option<u64> {
         self.session.deferred_readable(self.id, channel)
     }
 
     /// `n` bytes of the deferred payload were read straight into the application's buffer;
     /// false if they are not the stream's any more (the caller must not deliver them).
-    pub fn deferred_read(&mut self, channel: ChannelIndex, n: u64) -> bool {
+    pub fn deferred_read(&mut self, channel: ChannelId, n: u64) -> bool {
         self.session.deferred_read(self.id, channel, n)
     }
 

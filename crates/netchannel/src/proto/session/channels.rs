@@ -18,6 +18,9 @@ pub(super) enum Retained {
 
 /// The protocol state of one channel.
 pub(super) struct ChannelState {
+    /// Its index and incarnation: input addressed to another incarnation of the slot is not
+    /// this channel's.
+    pub(super) id: ChannelId,
     pub(super) class: Class,
     /// Bytes of frames pulled for this channel.
     pub(super) tx_pos: u64,
@@ -34,6 +37,9 @@ pub(super) struct ChannelState {
     pub(super) rx_acked: u64,
     /// Since when bytes are unacknowledged.
     pub(super) ack_since: Option<Instant>,
+    /// Since when the peer has not acknowledged anything while frames wait for it (reset to
+    /// now by every acknowledgement that makes progress): the peer's liveness.
+    pub(super) unacked_since: Option<Instant>,
     pub(super) deferred: Option<DeferredRx>,
 }
 
@@ -47,12 +53,15 @@ impl ChannelState {
 }
 
 impl<U: Default> Session<U> {
-    pub fn add_channel(&mut self, index: ChannelIndex, class: Class) {
+    /// A channel joined the session (a new index, or an index whose previous incarnation was
+    /// lost).
+    pub fn add_channel(&mut self, index: ChannelId, class: Class) {
         let Some(slot) = self.channels.get_mut(index.slot()) else { return };
         if slot.is_some() {
             return;
         }
         *slot = Some(ChannelState {
+            id: index,
             class,
             tx_pos: 0,
             acked: 0,
@@ -62,6 +71,7 @@ impl<U: Default> Session<U> {
             rx_pos: 0,
             rx_acked: 0,
             ack_since: None,
+            unacked_since: None,
             deferred: None,
         });
         self.classes[class.index()].channels.push(index);
@@ -70,10 +80,17 @@ impl<U: Default> Session<U> {
         self.wake_space_waiters(class);
     }
 
-    pub fn has_channel(&self, index: ChannelIndex) -> bool {
-        self.channels.get(index.slot()).is_some_and(Option::is_some)
+    /// Whether the session holds this channel (this incarnation).
+    pub fn has_channel(&self, index: ChannelId) -> bool {
+        self.channel(index).is_some()
     }
 
+    /// Whether the slot of `index` holds any incarnation.
+    pub fn slot_taken(&self, index: u16) -> bool {
+        self.channels.get(index as usize).is_some_and(Option::is_some)
+    }
+
+    /// Open channels.
     pub fn channel_count(&self) -> usize {
         self.classes.iter().map(|c| c.channels.len()).sum()
     }
@@ -90,10 +107,14 @@ impl<U: Default> Session<U> {
     /// A channel failed. What it carried unacknowledged is queued again on the channels that
     /// remain; a payload deferred in it is forgotten (the peer sends it again). When it was the
     /// last channel, every stream is reset.
-    pub fn channel_lost(&mut self, index: ChannelIndex) {
+    pub fn channel_lost(&mut self, index: ChannelId) {
+        if !self.has_channel(index) {
+            return; // another incarnation, or gone already
+        }
         let Some(state) = self.channels.get_mut(index.slot()).and_then(Option::take) else {
             return;
         };
+        self.retained_total -= state.retained_bytes;
         let class = state.class;
         self.classes[class.index()].channels.retain(|&c| c != index);
         for id in self.active.take_channel(index) {
@@ -156,18 +177,26 @@ impl<U: Default> Session<U> {
         self.wake_space_waiters(class);
     }
 
-    pub(super) fn channel_mut(&mut self, ch: ChannelIndex) -> Option<&mut ChannelState> {
-        self.channels.get_mut(ch.slot()).and_then(Option::as_mut)
+    /// The state of channel `ch`, this incarnation only.
+    pub(super) fn channel(&self, ch: ChannelId) -> Option<&ChannelState> {
+        self.channels.get(ch.slot())?.as_ref().filter(|st| st.id == ch)
+    }
+
+    /// The state of channel `ch`, this incarnation only.
+    pub(super) fn channel_mut(&mut self, ch: ChannelId) -> Option<&mut ChannelState> {
+        self.channels.get_mut(ch.slot())?.as_mut().filter(|st| st.id == ch)
     }
 
     pub(super) fn on_ack(
         &mut self,
-        channel: ChannelIndex,
+        channel: ChannelId,
         position: u64,
-        _now: Instant,
+        now: Instant,
     ) -> Result<(), Violation> {
-        let Some(st) = self.channels.get_mut(channel.slot()).and_then(Option::as_mut) else {
-            // A channel already lost here: its frames were queued again.
+        let (max_bytes, max_frames) = (self.cfg.max_retained_bytes, self.cfg.max_retained_frames);
+        let Some(st) = self.channel_mut(channel) else {
+            // A channel already lost here (its frames were queued again), or an earlier
+            // incarnation of one that was dialed again.
             return Ok(());
         };
         if position > st.tx_pos {
@@ -176,18 +205,34 @@ impl<U: Default> Session<U> {
         if position <= st.acked {
             return Ok(());
         }
+        let full =
+            |st: &ChannelState| st.retained_bytes >= max_bytes || st.retained.len() >= max_frames;
+        let was_full = full(st);
         st.acked = position;
         let mut done = Vec::new();
+        let mut freed = 0;
         while st.retained.front().is_some_and(|(end, _)| *end <= position) {
             let (_, r) = st.retained.pop_front().expect("front exists");
             match r {
                 Retained::Data { stream, bytes, .. } => {
                     st.retained_bytes -= bytes.len() as u64;
+                    freed += bytes.len() as u64;
                     done.push(stream);
                 }
                 Retained::Control { stream, .. } => done.push(stream),
                 Retained::Rst { .. } => st.retained_rsts -= 1,
             }
+        }
+        // Progress: the peer is alive; what still waits is timed from now.
+        st.unacked_since = (!st.retained.is_empty()).then_some(now);
+        if was_full && !full(st) && !self.tx_ready.contains(&channel) {
+            self.tx_ready.push(channel);
+        }
+        if freed > 0 {
+            // The send budget has room again: senders waiting for it may go on.
+            self.retained_total -= freed;
+            self.wake_space_waiters(Class::Throughput);
+            self.wake_space_waiters(Class::Latency);
         }
         for id in done {
             if let Some(s) = self.streams.get_mut(id) {
@@ -217,24 +262,64 @@ impl<U: Default> Session<U> {
 
     /// Bytes sent on channel `ch` and not yet acknowledged.
     #[cfg(test)]
-    pub fn channel_retained(&self, ch: ChannelIndex) -> u64 {
-        self.channels.get(ch.slot()).and_then(Option::as_ref).map_or(0, |st| st.retained_bytes)
+    pub fn channel_retained(&self, ch: ChannelId) -> u64 {
+        self.channel(ch).map_or(0, |st| st.retained_bytes)
     }
 
     /// Bytes sent on channels and not yet acknowledged.
     pub fn retained_bytes(&self) -> u64 {
-        self.channels.iter().flatten().map(|st| st.retained_bytes).sum()
+        self.retained_total
     }
 
     /// Records a pulled frame in the channel's retention; returns its length.
-    pub(super) fn retain(&mut self, ch: ChannelIndex, len: usize, what: Retained) -> usize {
+    pub(super) fn retain(&mut self, ch: ChannelId, len: usize, what: Retained) -> usize {
+        let now = self.clock();
         let st = self.channel_mut(ch).expect("pulling for a live channel");
         st.tx_pos += len as u64;
         if let Retained::Data { bytes, .. } = &what {
             st.retained_bytes += bytes.len() as u64;
+            self.retained_total += bytes.len() as u64;
         }
+        let st = self.channel_mut(ch).expect("pulling for a live channel");
         let end = st.tx_pos;
+        if st.retained.is_empty() {
+            st.unacked_since = Some(now);
+        }
         st.retained.push_back((end, what));
         len
+    }
+
+    /// Whether channel `ch` may take more frames that wait for the peer's acknowledgement:
+    /// below `max_retained_bytes` and `max_retained_frames` (a peer that does not acknowledge
+    /// slows its senders down instead of growing our memory).
+    pub(super) fn may_retain(&self, ch: ChannelId) -> bool {
+        self.channel(ch).is_some_and(|st| {
+            st.retained_bytes < self.cfg.max_retained_bytes
+                && st.retained.len() < self.cfg.max_retained_frames
+        })
+    }
+
+    /// Channels whose peer acknowledged nothing for `ack_timeout` while frames waited for it:
+    /// the peer is gone or does not acknowledge; the caller closes them.
+    pub fn unacknowledging_channels(&self, now: Instant) -> Vec<ChannelId> {
+        self.channels
+            .iter()
+            .flatten()
+            .filter(|st| {
+                st.unacked_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.ack_timeout)
+            })
+            .map(|st| st.id)
+            .collect()
+    }
+
+    /// The next time a channel may become unacknowledging (for the runtime's timers).
+    pub fn next_ack_deadline(&self) -> Option<Instant> {
+        self.channels
+            .iter()
+            .flatten()
+            .filter_map(|st| st.unacked_since)
+            .min()
+            .map(|t| t + self.cfg.ack_timeout)
     }
 }

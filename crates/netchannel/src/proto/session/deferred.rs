@@ -35,7 +35,7 @@ impl<U: Default> Session<U> {
     /// How many bytes stream `id` may read straight from `channel` now: the payload at its
     /// front must still be deferred in that channel (another thread may have staged it, or the
     /// channel may be gone). The caller holds the channel's receive half.
-    pub(super) fn deferred_readable(&self, id: StreamId, channel: ChannelIndex) -> Option<u64> {
+    pub(super) fn deferred_readable(&self, id: StreamId, channel: ChannelId) -> Option<u64> {
         let d = self.deferred(channel).filter(|d| !d.taken)?;
         let s = self.streams.get(id)?;
         match s.rx.front_deferred() {
@@ -49,12 +49,12 @@ impl<U: Default> Session<U> {
     /// `n` bytes of the deferred payload at the front of `id` were read straight from `channel`
     /// into the application's buffer. False if they are not the stream's any more (the channel
     /// was lost meanwhile and the peer sends them again): the caller must not deliver them.
-    pub(super) fn deferred_read(&mut self, id: StreamId, channel: ChannelIndex, n: u64) -> bool {
+    pub(super) fn deferred_read(&mut self, id: StreamId, channel: ChannelId, n: u64) -> bool {
         if self.deferred_readable(id, channel).is_none_or(|max| max < n) {
             return false;
         }
         let now = self.clock();
-        let st = self.channels[channel.slot()].as_mut().expect("checked");
+        let st = self.channel_mut(channel).expect("checked");
         st.received(n, now);
         let d = st.deferred.as_mut().expect("checked");
         d.offset += n;
@@ -80,7 +80,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Bytes arrived on a channel blocked on a deferred payload: its reader may go on.
-    pub fn channel_readable(&mut self, channel: ChannelIndex) {
+    pub fn channel_readable(&mut self, channel: ChannelId) {
         let Some(d) = self.deferred(channel) else { return };
         if let Some(s) = self.streams.get_mut(d.stream) {
             s.flags &= !F_DEFERRED_EMPTY;
@@ -89,14 +89,14 @@ impl<U: Default> Session<U> {
     }
 
     /// The payload deferred in `channel`, if any.
-    pub fn deferred(&self, channel: ChannelIndex) -> Option<DeferredRx> {
-        self.channels.get(channel.slot())?.as_ref()?.deferred
+    pub fn deferred(&self, channel: ChannelId) -> Option<DeferredRx> {
+        self.channel(channel)?.deferred
     }
 
     /// The engine reads the payload deferred in `channel` itself from now on (its reader did
     /// not come in time, or is gone): it arrives with `stage_deferred` or `discard_deferred`.
-    pub(super) fn take_over_deferred(&mut self, channel: ChannelIndex) -> Option<DeferredRx> {
-        let st = self.channels.get_mut(channel.slot())?.as_mut()?;
+    pub(super) fn take_over_deferred(&mut self, channel: ChannelId) -> Option<DeferredRx> {
+        let st = self.channel_mut(channel)?;
         let d = st.deferred.as_mut()?;
         d.taken = true;
         Some(*d)
@@ -104,7 +104,7 @@ impl<U: Default> Session<U> {
 
     /// Whether the stream of the payload deferred in `channel` still wants it (else the
     /// runtime reads and drops it with `discard_deferred`).
-    pub fn deferred_wanted(&self, channel: ChannelIndex) -> bool {
+    pub fn deferred_wanted(&self, channel: ChannelId) -> bool {
         self.deferred(channel).is_some_and(|d| {
             self.streams.get(d.stream).is_some_and(|s| s.reset.is_none() && !s.app_closed)
         })
@@ -112,9 +112,9 @@ impl<U: Default> Session<U> {
 
     /// The next `data.len()` bytes of the payload deferred in `channel` were read into user
     /// space by the engine (the reader did not come for them in time).
-    pub(super) fn stage_deferred(&mut self, channel: ChannelIndex, data: Bytes) {
+    pub(super) fn stage_deferred(&mut self, channel: ChannelId, data: Bytes) {
         let now = self.clock();
-        let Some(st) = self.channels.get_mut(channel.slot()).and_then(Option::as_mut) else {
+        let Some(st) = self.channel_mut(channel) else {
             return;
         };
         let Some(d) = st.deferred.as_mut() else { return };
@@ -138,9 +138,9 @@ impl<U: Default> Session<U> {
     }
 
     /// `n` bytes of the payload deferred in `channel` were read and dropped.
-    pub(super) fn discard_deferred(&mut self, channel: ChannelIndex, n: u64) {
+    pub(super) fn discard_deferred(&mut self, channel: ChannelId, n: u64) {
         let now = self.clock();
-        let Some(st) = self.channels.get_mut(channel.slot()).and_then(Option::as_mut) else {
+        let Some(st) = self.channel_mut(channel) else {
             return;
         };
         st.received(n, now);

@@ -16,6 +16,10 @@ use crate::wire::RstReason;
 const PINNED_STREAMS: usize = 64;
 /// In-order segments of one stream before its small ones are merged.
 const SEGMENTS_BEFORE_COMPACT: usize = 64;
+/// Bookkeeping of out-of-order segments (`OOO_SEG_COST` each) a session may hold beyond the
+/// bytes it granted; past it the peer is abusive (honest peers reorder little: what is in flight
+/// on other channels).
+const OUT_OF_ORDER_ALLOWANCE: u64 = 8 << 20;
 
 impl<U: Default> Session<U> {
     /// Puts received bytes in stream `id`'s buffer, keeping the count of bytes held and the
@@ -33,6 +37,10 @@ impl<U: Default> Session<U> {
         let r = s.rx.insert_data(offset, data, max);
         let after = s.rx.held_bytes();
         self.rx_held = self.rx_held + after - before;
+        // Received bytes never exceed what was granted; what is held beyond is bookkeeping.
+        if self.rx_held > self.rx_granted + OUT_OF_ORDER_ALLOWANCE {
+            return Err(TooManySegments);
+        }
         if small && after > before {
             if s.rx.ready_segments() > SEGMENTS_BEFORE_COMPACT {
                 self.stats.compacted_bytes += s.rx.compact();
@@ -88,7 +96,7 @@ impl<U: Default> Session<U> {
     /// the verdict returned must be handed to the reader (`FrameReader::verdict`).
     pub fn receive(
         &mut self,
-        ch: ChannelIndex,
+        ch: ChannelId,
         item: Parsed,
         now: Instant,
         may_defer: impl FnOnce(&Self, StreamId) -> bool,
@@ -132,7 +140,7 @@ impl<U: Default> Session<U> {
     /// dropped) and goes on.
     pub fn reader_may_read<B: Buffers>(
         &mut self,
-        ch: ChannelIndex,
+        ch: ChannelId,
         reader: &mut FrameReader<B>,
         now: Instant,
         grace: Duration,
@@ -158,7 +166,7 @@ impl<U: Default> Session<U> {
 
     /// The engine reads the payload deferred in `ch` itself from now on, into user space (for
     /// `MSG_PEEK`, which cannot read from the socket without consuming it).
-    pub fn take_over_reader<B: Buffers>(&mut self, ch: ChannelIndex, reader: &mut FrameReader<B>) {
+    pub fn take_over_reader<B: Buffers>(&mut self, ch: ChannelId, reader: &mut FrameReader<B>) {
         if let Some(d) = self.take_over_deferred(ch) {
             reader.take_over_deferred(d.remaining, true);
         }
@@ -167,7 +175,7 @@ impl<U: Default> Session<U> {
     /// A whole frame (DATA with its `payload`).
     pub(super) fn on_frame(
         &mut self,
-        ch: ChannelIndex,
+        ch: ChannelId,
         frame: Frame<'_>,
         payload: Option<Bytes>,
         now: Instant,
@@ -210,7 +218,7 @@ impl<U: Default> Session<U> {
                         s.send_limit = s.send_limit.max(window as u64);
                         s.frames_received += 1;
                         self.set_deadline(id, None);
-                        if self.streams.get(id).is_some_and(|s| s.credit_due()) {
+                        if self.credit_due(id) {
                             self.owe(id, OWE_CREDIT);
                         }
                         self.emit(id, EV_READ | EV_WRITE);
@@ -236,6 +244,8 @@ impl<U: Default> Session<U> {
                 if let Err(v) = s.on_fin(final_offset) {
                     return Err(self.violated(id, v));
                 }
+                // Nothing will come beyond the final offset: the rest of the grant is free.
+                self.recharge(id);
                 self.emit(id, EV_READ);
                 self.maybe_free(id);
                 Ok(())
@@ -251,14 +261,15 @@ impl<U: Default> Session<U> {
                 }
                 Ok(())
             }
-            Frame::Ack { channel, position } => self.on_ack(ChannelIndex(channel), position, now),
+            Frame::Ack { channel, incarnation, position } => {
+                self.on_ack(ChannelId::new(channel, incarnation), position, now)
+            }
         }
     }
 
     /// The stream the peer's stream `src` opened here, if it still exists.
     pub(super) fn opened_from(&self, src: PeerStreamId) -> Option<StreamId> {
-        let ours = *self.opened_by_peer.get(src.index())?;
-        let id = self.streams.id_at(ours.checked_sub(1)? as usize)?;
+        let id = *self.opened_by_peer.get(&src)?;
         self.streams.get(id).filter(|s| s.peer == src && s.phase != Phase::Connecting)?;
         Some(id)
     }
@@ -279,11 +290,8 @@ impl<U: Default> Session<U> {
         }) else {
             return self.queue_rst(class, src, RstReason::Refused);
         };
-        let slot = src.index();
-        if self.opened_by_peer.len() <= slot {
-            self.opened_by_peer.resize(slot + 1, 0);
-        }
-        self.opened_by_peer[slot] = id.index() as u32 + 1;
+        // One entry per stream held here, whatever ids the peer chooses.
+        self.opened_by_peer.insert(src, id);
         self.incoming.push_back(id);
     }
 
@@ -326,7 +334,7 @@ impl<U: Default> Session<U> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn data_header(
         &mut self,
-        ch: ChannelIndex,
+        ch: ChannelId,
         stream: u64,
         offset: u64,
         len: u64,
@@ -395,13 +403,7 @@ impl<U: Default> Session<U> {
     }
 
     /// A piece of a staged payload (after `Verdict::Stage`).
-    pub(super) fn data_piece(
-        &mut self,
-        ch: ChannelIndex,
-        stream: StreamId,
-        offset: u64,
-        data: Bytes,
-    ) {
+    pub(super) fn data_piece(&mut self, ch: ChannelId, stream: StreamId, offset: u64, data: Bytes) {
         let now = self.clock();
         match self.channel_mut(ch) {
             Some(st) => st.received(data.len() as u64, now),
@@ -422,7 +424,7 @@ impl<U: Default> Session<U> {
     }
 
     /// `n` bytes of a discarded payload were read and dropped.
-    pub(super) fn discard(&mut self, ch: ChannelIndex, n: u64) {
+    pub(super) fn discard(&mut self, ch: ChannelId, n: u64) {
         let now = self.clock();
         if let Some(st) = self.channel_mut(ch) {
             st.received(n, now);

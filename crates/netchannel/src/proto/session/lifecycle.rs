@@ -103,6 +103,8 @@ impl<U: Default> Session<U> {
         s.owe = 0;
         let (class, peer, phase, closed) = (s.class, s.peer, s.phase, s.app_closed);
         self.classes[class.index()].unsent -= dropped;
+        self.recharge(id);
+        self.feed_starved();
         if tell_peer && phase != Phase::Connecting {
             self.queue_rst(class, peer, rst_reason(cause));
         }
@@ -151,14 +153,13 @@ impl<U: Default> Session<U> {
     pub(super) fn free(&mut self, id: StreamId) {
         if let Some(s) = self.streams.remove(id) {
             self.rx_held -= s.rx.held_bytes();
-            let slot = s.peer.index();
-            if s.phase != Phase::Connecting
-                && self.opened_by_peer.get(slot) == Some(&(id.index() as u32 + 1))
-            {
-                self.opened_by_peer[slot] = 0;
+            self.rx_granted -= s.rx_charge;
+            if s.phase != Phase::Connecting && self.opened_by_peer.get(&s.peer) == Some(&id) {
+                self.opened_by_peer.remove(&s.peer);
             }
             let n = s.tx.bytes();
             self.classes[s.class.index()].unsent -= n;
+            self.feed_starved();
         }
     }
 }

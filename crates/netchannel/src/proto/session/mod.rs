@@ -14,12 +14,12 @@
 //! freed only when nothing it depends on is in flight.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::ids::{ChannelIndex, PeerStreamId, StreamId};
+use super::ids::{ChannelId, PeerStreamId, StreamId};
 use super::stream::*;
 use super::table::Table;
 use crate::scheduler::{ActiveQueues, Policy};
@@ -29,6 +29,7 @@ use crate::wire::{Class, Frame};
 
 mod app;
 mod channels;
+mod credit;
 mod deferred;
 mod input;
 mod lifecycle;
@@ -61,6 +62,20 @@ pub struct CoreConfig {
     pub connect_timeout: Duration,
     /// How long a closed stream may take to deliver its last bytes before it is reset.
     pub linger: Duration,
+    /// Receive credit the session may grant beyond each stream's `min_window` (bytes its streams
+    /// may be sent and not yet have read): what a peer can make this side hold (see `credit`).
+    pub rx_budget: u64,
+    /// The window every stream gets whatever the budget (as a socket's own receive buffer).
+    pub min_window: u32,
+    /// Unsent and unacknowledged bytes the session may hold, every class (see `room`).
+    pub tx_budget: u64,
+    /// Bytes of DATA a channel may hold unacknowledged by the peer before it pulls no more
+    /// (a peer that does not acknowledge slows its senders, it cannot grow our memory).
+    pub max_retained_bytes: u64,
+    /// Frames a channel may hold unacknowledged before it pulls no more.
+    pub max_retained_frames: usize,
+    /// A channel whose peer acknowledged nothing for this long while frames waited is dead.
+    pub ack_timeout: Duration,
 }
 
 impl Default for CoreConfig {
@@ -76,6 +91,12 @@ impl Default for CoreConfig {
             max_pending_rsts: 4096,
             connect_timeout: Duration::from_secs(5),
             linger: Duration::from_secs(30),
+            rx_budget: 256 << 20,
+            min_window: 64 * 1024,
+            tx_budget: 1 << 30,
+            max_retained_bytes: 8 << 20,
+            max_retained_frames: 1 << 16,
+            ack_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -107,7 +128,7 @@ pub enum Recv {
     /// The next bytes are in channel `channel`'s socket: read at most `max` of them into the
     /// application's buffer, then report with `deferred_read`.
     Deferred {
-        channel: ChannelIndex,
+        channel: ChannelId,
         max: u64,
     },
     /// The peer finished and every byte was read.
@@ -156,11 +177,12 @@ pub struct Session<U> {
     channels: Vec<Option<ChannelState>>,
     classes: [ClassTx; 2],
     /// Streams with unsent bytes: the scheduler's queues.
-    active: ActiveQueues<StreamId, ChannelIndex>,
-    /// For each index of the peer's stream table, the index (+1) of the stream it opened here
-    /// from it, so a SYN sent again after a channel loss does not open a second stream. Dense,
-    /// like the peer's ids: 4 bytes per stream instead of a hash-map entry.
-    opened_by_peer: Vec<u32>,
+    active: ActiveQueues<StreamId, ChannelId>,
+    /// The stream each of the peer's streams opened here, so a SYN sent again after a channel
+    /// loss does not open a second one. Keyed by the peer's id, one entry per stream held here:
+    /// nothing is sized by a number the peer chooses (a dense table indexed by the peer's ids
+    /// let one SYN claiming a high index allocate 64 MiB).
+    opened_by_peer: HashMap<PeerStreamId, StreamId>,
     events: VecDeque<StreamId>,
     incoming: VecDeque<StreamId>,
     /// Stream deadlines on the session's compact clock (entries whose stream has another
@@ -177,6 +199,14 @@ pub struct Session<U> {
     rx_held: u64,
     /// Streams that took small slices of channel read buffers since the last compaction.
     pinned: Vec<StreamId>,
+    /// Channels that left their retention limit since the runtime last asked.
+    tx_ready: Vec<ChannelId>,
+    /// Sum of every stream's `rx_charge`: receive credit granted and not yet consumed.
+    rx_granted: u64,
+    /// DATA bytes retained on every channel (the sum of their `retained_bytes`).
+    retained_total: u64,
+    /// Streams that want more credit than the receive budget had room for, in order.
+    starved: VecDeque<StreamId>,
 }
 
 impl<U: Default> Session<U> {
@@ -187,7 +217,7 @@ impl<U: Default> Session<U> {
             cfg,
             channels: (0..=MAX_CHANNEL_INDEX).map(|_| None).collect(),
             classes: [ClassTx::default(), ClassTx::default()],
-            opened_by_peer: Vec::new(),
+            opened_by_peer: HashMap::new(),
             events: VecDeque::new(),
             incoming: VecDeque::new(),
             timers: BinaryHeap::new(),
@@ -197,7 +227,16 @@ impl<U: Default> Session<U> {
             epoch: None,
             rx_held: 0,
             pinned: Vec::new(),
+            tx_ready: Vec::new(),
+            rx_granted: 0,
+            retained_total: 0,
+            starved: VecDeque::new(),
         }
+    }
+
+    /// The session's configuration (its receive budget as last set).
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
     }
 
     /// Received bytes held in user space across every stream.
@@ -226,11 +265,6 @@ impl<U: Default> Session<U> {
         self.now.unwrap_or_else(Instant::now)
     }
 
-    #[cfg(test)]
-    pub fn config(&self) -> &CoreConfig {
-        &self.cfg
-    }
-
     pub fn stream(&self, id: StreamId) -> Option<&Stream<U>> {
         self.streams.get(id)
     }
@@ -247,8 +281,28 @@ impl<U: Default> Session<U> {
         self.streams.live()
     }
 
+    /// `recv` would return something other than `Empty`: bytes, end of stream, an error, or
+    /// a payload its reader can read from a channel now. The same test `recv` makes, so that a
+    /// reader woken for "readable" never finds nothing (a reader that spun on a payload the
+    /// engine had taken over took both cores).
     pub(super) fn readable(&self, id: StreamId) -> bool {
-        self.streams.get(id).is_none_or(|s| s.readable())
+        let Some(s) = self.streams.get(id) else { return true };
+        if s.reset.is_some() || s.rx.ready_data() > 0 {
+            return true;
+        }
+        match s.rx.front_deferred() {
+            Some((channel, _)) => self.deferred_ready(id, channel),
+            None => s.at_eof(),
+        }
+    }
+
+    /// The payload deferred at the front of `id` can be read from `channel` now: the channel
+    /// still defers it for this stream, the engine has not taken it over, and bytes came since
+    /// a read found none.
+    pub(super) fn deferred_ready(&self, id: StreamId, channel: ChannelId) -> bool {
+        let Some(s) = self.streams.get(id) else { return false };
+        s.flags & F_DEFERRED_EMPTY == 0
+            && self.deferred(channel).is_some_and(|d| d.stream == id && !d.taken)
     }
 
     /// `send` would take bytes (or fail at once).
@@ -260,7 +314,7 @@ impl<U: Default> Session<U> {
         if s.reset.is_some() || s.write_closed {
             return true;
         }
-        self.classes[s.class.index()].unsent < self.class_limit(s.class)
+        self.room(s.class) > 0
     }
 
     pub fn stats(&self) -> CoreStats {

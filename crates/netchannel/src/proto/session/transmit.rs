@@ -14,7 +14,7 @@ const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 #[derive(Default)]
 pub(super) struct ClassTx {
     /// Open channels of the class, in the order they arrived.
-    pub(super) channels: Vec<ChannelIndex>,
+    pub(super) channels: Vec<ChannelId>,
     /// Streams owing control frames.
     pub(super) control: VecDeque<StreamId>,
     /// RSTs owed for streams that have no state here (refused, aborted, stale).
@@ -30,17 +30,25 @@ impl<U: Default> Session<U> {
         [class, other(class)].into_iter().filter(|&k| self.serving(k) == class).collect()
     }
 
-    /// Whether channel `ch` has frames to pull (acknowledgements aside).
-    pub fn has_transmit(&self, ch: ChannelIndex) -> bool {
-        let Some(st) = self.channels.get(ch.slot()).and_then(Option::as_ref) else {
+    /// Whether channel `ch` has frames to pull (acknowledgements aside). A channel at its
+    /// retention limit has none but RSTs until the peer acknowledges (see `take_tx_ready`).
+    pub fn has_transmit(&self, ch: ChannelId) -> bool {
+        let Some(st) = self.channel(ch) else {
             return false;
         };
         let served = self.served_by(st.class);
-        self.active.has_work(ch, &served)
-            || served.iter().any(|k| {
-                let c = &self.classes[k.index()];
-                !c.control.is_empty() || !c.rsts.is_empty()
-            })
+        let rsts = served.iter().any(|k| !self.classes[k.index()].rsts.is_empty());
+        if !self.may_retain(ch) {
+            return rsts;
+        }
+        rsts || self.active.has_work(ch, &served)
+            || served.iter().any(|k| !self.classes[k.index()].control.is_empty())
+    }
+
+    /// Channels that were held at their retention limit and may pull frames again (the peer
+    /// acknowledged): the runtime writes on them.
+    pub fn take_tx_ready(&mut self) -> Vec<ChannelId> {
+        std::mem::take(&mut self.tx_ready)
     }
 
     /// Appends the next frames channel `ch` should write (at most about `budget` bytes and
@@ -48,14 +56,13 @@ impl<U: Default> Session<U> {
     /// anything is sent, and go alone when `ack_due(force_ack)`.
     pub fn poll_transmit(
         &mut self,
-        ch: ChannelIndex,
+        ch: ChannelId,
         budget: usize,
         max_frames: usize,
         force_ack: bool,
         out: &mut Vec<OutFrame>,
     ) -> usize {
-        let Some(class) = self.channels.get(ch.slot()).and_then(|c| c.as_ref()).map(|c| c.class)
-        else {
+        let Some(class) = self.channel(ch).map(|c| c.class) else {
             return 0;
         };
         let start = out.len();
@@ -79,12 +86,13 @@ impl<U: Default> Session<U> {
                 }
                 out.push(f);
             }
-            while out.len() - start < max_frames {
+            // Control frames are retained too: a channel at its retention limit takes none.
+            while out.len() - start < max_frames && self.may_retain(ch) {
                 let Some(id) = self.classes[k.index()].control.pop_front() else { break };
                 bytes += self.emit_control(ch, id, out);
             }
         }
-        while bytes < budget && out.len() - start + 2 <= max_frames {
+        while bytes < budget && out.len() - start + 2 <= max_frames && self.may_retain(ch) {
             let Some(id) = self.next_active(ch, &served) else { break };
             let max_frame = self.cfg.max_frame_payload;
             let Some(s) = self.streams.get_mut(id) else { continue };
@@ -116,21 +124,21 @@ impl<U: Default> Session<U> {
         let sending = out.len() > start;
         let owed = || self.channels.iter().flatten().any(|st| st.rx_pos > st.rx_acked);
         if sending || self.ack_due(None) || (force_ack && owed()) {
-            let acks: Vec<(u16, u64)> = self
+            let acks: Vec<(ChannelId, u64)> = self
                 .channels
                 .iter_mut()
-                .enumerate()
-                .filter_map(|(i, st)| {
-                    let st = st.as_mut()?;
+                .flatten()
+                .filter_map(|st| {
                     (st.rx_pos > st.rx_acked).then(|| {
                         st.rx_acked = st.rx_pos;
                         st.ack_since = None;
-                        (i as u16, st.rx_pos)
+                        (st.id, st.rx_pos)
                     })
                 })
                 .collect();
-            for (channel, position) in acks {
-                let f = OutFrame::control(Frame::Ack { channel, position });
+            for (acked, position) in acks {
+                let (channel, incarnation) = (acked.index, acked.incarnation);
+                let f = OutFrame::control(Frame::Ack { channel, incarnation, position });
                 bytes += f.len();
                 if let Some(st) = self.channel_mut(ch) {
                     st.tx_pos += f.len() as u64;
@@ -143,32 +151,39 @@ impl<U: Default> Session<U> {
 
     pub(super) fn emit_control(
         &mut self,
-        ch: ChannelIndex,
+        ch: ChannelId,
         id: StreamId,
         out: &mut Vec<OutFrame>,
     ) -> usize {
+        let Some(s) = self.streams.get(id) else { return 0 };
+        let credit = s.owe & OWE_CREDIT != 0 && s.phase == Phase::Open && !s.peer_finished();
+        // A CREDIT grants what the receive budget has room for now (the window it carries).
+        let credit_window = if credit { self.grant(id) } else { 0 };
         let Some(s) = self.streams.get_mut(id) else { return 0 };
         s.flags &= !F_CONTROL;
         let owe = std::mem::take(&mut s.owe);
         if owe == 0 || s.reset.is_some() {
             return 0;
         }
+        // SYN and SYN_ACK carry the grant made when the stream opened or was accepted (the
+        // same when sent again after a channel loss).
+        let granted_window = (s.granted - s.rx.consumed()) as u32;
         let mut frames = Vec::with_capacity(4);
         if owe & OWE_SYN != 0 && s.phase == Phase::Connecting {
             frames.push(Frame::Syn {
                 src: id.get(),
                 port: s.port,
                 class: s.class,
-                window: s.window,
+                window: granted_window,
             });
         }
         if owe & OWE_SYN_ACK != 0 && s.phase == Phase::Open {
-            frames.push(Frame::SynAck { dst: s.peer.get(), src: id.get(), window: s.window });
+            let (dst, src) = (s.peer.get(), id.get());
+            frames.push(Frame::SynAck { dst, src, window: granted_window });
         }
-        if owe & OWE_CREDIT != 0 && s.phase == Phase::Open && !s.peer_finished() {
+        if credit {
             let consumed = s.rx.consumed();
-            s.granted = consumed + s.window as u64;
-            frames.push(Frame::Credit { dst: s.peer.get(), consumed, window: s.window });
+            frames.push(Frame::Credit { dst: s.peer.get(), consumed, window: credit_window });
         }
         if owe & OWE_FIN != 0 && s.write_closed && s.phase == Phase::Open {
             s.flags |= F_FIN_SENT;
@@ -191,7 +206,7 @@ impl<U: Default> Session<U> {
         bytes
     }
 
-    pub(super) fn next_active(&mut self, ch: ChannelIndex, served: &[Class]) -> Option<StreamId> {
+    pub(super) fn next_active(&mut self, ch: ChannelId, served: &[Class]) -> Option<StreamId> {
         let mine = self.serving(served[0]);
         while let Some(id) = self.active.pop(ch, served) {
             let Some(class) = self.streams.get(id).map(|s| s.class) else { continue };
@@ -208,7 +223,7 @@ impl<U: Default> Session<U> {
         None
     }
 
-    pub(super) fn requeue_active(&mut self, id: StreamId, ch: ChannelIndex) {
+    pub(super) fn requeue_active(&mut self, id: StreamId, ch: ChannelId) {
         let Some(s) = self.streams.get(id) else { return };
         self.active.requeue(id, ch, s.class);
     }
@@ -258,12 +273,12 @@ impl<U: Default> Session<U> {
     }
 
     pub(super) fn wake_space_waiters(&mut self, class: Class) {
-        let limit = self.class_limit(class);
+        let room = self.room(class);
         let c = &mut self.classes[class.index()];
-        if c.space_waiters.is_empty() || c.unsent >= limit {
+        if c.space_waiters.is_empty() || room == 0 {
             return;
         }
-        let mut wake = (limit - c.unsent).div_ceil(SPACE_WAKE_QUANTUM);
+        let mut wake = room.div_ceil(SPACE_WAKE_QUANTUM);
         let mut woken = Vec::new();
         while wake > 0 {
             let Some(id) = c.space_waiters.pop_front() else { break };
@@ -287,5 +302,22 @@ impl<U: Default> Session<U> {
     pub(super) fn class_limit(&self, class: Class) -> u64 {
         let serving = self.serving(class);
         self.cfg.queue_threshold * self.classes[serving.index()].channels.len().max(1) as u64
+    }
+
+    /// Bytes a sender of `class` may add now: within the class's share of unsent bytes
+    /// (`queue_threshold` per channel) and the session's send budget (`tx_budget`: unsent
+    /// and unacknowledged bytes of every class, so a peer that does not acknowledge slows
+    /// senders instead of growing memory).
+    pub(super) fn room(&self, class: Class) -> u64 {
+        let class_room = self.class_limit(class).saturating_sub(self.classes[class.index()].unsent);
+        let held = self.classes.iter().map(|c| c.unsent).sum::<u64>() + self.retained_total;
+        class_room.min(self.cfg.tx_budget.saturating_sub(held))
+    }
+
+    /// Sets the send budget (the engine shares its own among its sessions).
+    pub fn set_tx_budget(&mut self, budget: u64) {
+        self.cfg.tx_budget = budget;
+        self.wake_space_waiters(Class::Throughput);
+        self.wake_space_waiters(Class::Latency);
     }
 }

@@ -1,0 +1,115 @@
+//! Receive credit: what the peer may send each stream, within one budget for the whole session.
+//!
+//! Each stream wants `window` bytes beyond what its application consumed. Every stream always
+//! gets `min_window` of it (as every TCP socket has its own receive buffer: a stream the
+//! application waits on can always make progress, whatever other streams hold); what it wants
+//! beyond comes out of the session's receive budget (`CoreConfig::rx_budget`), as far as there
+//! is room. Received bytes are therefore bounded by the budget plus `min_window` per stream (the
+//! streams the application opened or accepted), reading a channel never has to stop (so
+//! acknowledgements and credits keep flowing), and a stream that got less than it wanted waits,
+//! in order, for room that reads free. As TCP, a grant is never taken back: a budget lowered
+//! below what is granted stops growth until reads bring the total down.
+
+use super::*;
+
+/// Room that makes it worth granting to the next starved stream.
+const STARVED_QUANTUM: u64 = 64 * 1024;
+
+impl<U: Default> Session<U> {
+    /// Room left in the receive budget.
+    pub(super) fn rx_room(&self) -> u64 {
+        self.cfg.rx_budget.saturating_sub(self.rx_granted)
+    }
+
+    /// Sets the receive budget (the engine shares its own among its sessions). Lowering it
+    /// takes nothing back; raising it lets starved streams grow.
+    pub fn set_rx_budget(&mut self, budget: u64) {
+        self.cfg.rx_budget = budget;
+        self.feed_starved();
+    }
+
+    /// Bytes granted and not yet read, every stream (at most the budget, unless it was
+    /// lowered since).
+    pub fn rx_granted(&self) -> u64 {
+        self.rx_granted
+    }
+
+    /// Recomputes what stream `id` holds of the budget: the bytes below its grant (or its
+    /// final offset) that its application has not consumed; nothing once it was reset.
+    pub(super) fn recharge(&mut self, id: StreamId) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        let charge = if s.reset.is_some() {
+            0
+        } else {
+            let limit = s.fin().map_or(s.granted, |f| f.min(s.granted));
+            limit.saturating_sub(s.rx.consumed())
+        };
+        self.rx_granted = self.rx_granted - s.rx_charge + charge;
+        s.rx_charge = charge;
+    }
+
+    /// What stream `s` may be granted now: `(give, want, floor)`, where `want` grows the grant
+    /// to `consumed + window`, `floor` is the part up to `consumed + min_window` (always
+    /// given), and `give` adds to it what the budget has room for.
+    fn grant_amount(&self, s: &Stream<U>) -> (u64, u64, u64) {
+        let consumed = s.rx.consumed();
+        let want = (consumed + s.window as u64).saturating_sub(s.granted);
+        let min = s.window.min(self.cfg.min_window) as u64;
+        let floor = (consumed + min).saturating_sub(s.granted);
+        (want.min(floor + self.rx_room()), want, floor)
+    }
+
+    /// Grows stream `id`'s grant toward `consumed + window` as far as the budget allows (and
+    /// to `min_window` at least) and returns the window to advertise (`granted - consumed`).
+    /// A stream that got less than it wanted queues for room.
+    pub(super) fn grant(&mut self, id: StreamId) -> u32 {
+        let Some(s) = self.streams.get(id) else { return 0 };
+        let (give, want, _) = self.grant_amount(s);
+        let s = self.streams.get_mut(id).expect("checked");
+        let consumed = s.rx.consumed();
+        s.granted += give;
+        let window = (s.granted - consumed) as u32;
+        if give < want && s.flags & F_STARVED == 0 {
+            s.flags |= F_STARVED;
+            self.starved.push_back(id);
+        }
+        self.recharge(id);
+        window
+    }
+
+    /// Whether a CREDIT is worth sending for `id`: its grant can grow by a quarter window (few
+    /// control frames per window of data), or its guaranteed `min_window` is half used up. One
+    /// that wants a quarter window and finds no room queues for it.
+    pub(super) fn credit_due(&mut self, id: StreamId) -> bool {
+        let Some(s) = self.streams.get(id) else { return false };
+        if s.credit_wanted() == 0 {
+            return false;
+        }
+        let (give, want, floor) = self.grant_amount(s);
+        let quarter = (s.window as u64 / 4).max(1);
+        let half_min = (s.window.min(self.cfg.min_window) as u64 / 2).max(1);
+        let s = self.streams.get_mut(id).expect("checked");
+        if want >= quarter && give < quarter && s.flags & F_STARVED == 0 {
+            s.flags |= F_STARVED;
+            self.starved.push_back(id);
+        }
+        give >= quarter || floor >= half_min
+    }
+
+    /// Reads freed room: streams that waited for it owe a CREDIT, in order, as far as the
+    /// room goes.
+    pub(super) fn feed_starved(&mut self) {
+        let mut room = self.rx_room();
+        while room >= STARVED_QUANTUM {
+            let Some(id) = self.starved.pop_front() else { return };
+            let Some(s) = self.streams.get_mut(id) else { continue };
+            s.flags &= !F_STARVED;
+            let want = s.credit_wanted();
+            if want == 0 {
+                continue;
+            }
+            room -= want.min(room);
+            self.owe(id, OWE_CREDIT);
+        }
+    }
+}
