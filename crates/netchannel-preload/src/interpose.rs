@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use libc::{sockaddr, socklen_t};
@@ -301,7 +302,11 @@ fn server_engine() -> Option<&'static Engine> {
             let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
             let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
             fds_high(|| {
-                let e = Engine::new(engine_config(v6)).or_else(|_| Engine::new(engine_config(v4)));
+                let new = |a| {
+                    let c = engine_config(a).ok_or_else(|| io::Error::other("no key"))?;
+                    Engine::new(c)
+                };
+                let e = new(v6).or_else(|_| new(v4));
                 relay::loops();
                 e
             })
@@ -320,7 +325,9 @@ fn client_engine() -> Option<&'static Engine> {
     live(CLIENT_ENGINE.get_or_init(|| {
         inside(|| {
             fds_high(|| {
-                let e = Engine::new(engine_config(Config::default().listen_addr));
+                let e = engine_config(Config::default().listen_addr)
+                    .ok_or_else(|| io::Error::other("no key"))
+                    .and_then(Engine::new);
                 relay::loops();
                 e
             })
@@ -354,10 +361,40 @@ const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
 /// non-blocking one, before it falls back to kernel TCP.
 const DIAL_TIMEOUT: Duration = Duration::from_millis(250);
 
-fn engine_config(channel_listener: SocketAddr) -> Config {
+/// The engine's configuration: `netchannel run`'s key file and budgets, from the environment.
+/// `None` when a key file was asked for and cannot be read: then no engine starts (the
+/// program's connections stay kernel TCP) rather than one that admits peers without the key.
+fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     let mut c = Config::new(channel_listener);
     c.dial_timeout = DIAL_TIMEOUT;
-    c
+    fn num<T: std::str::FromStr>(name: &str, into: &mut T) {
+        if let Some(v) = std::env::var_os(name) {
+            match v.to_str().and_then(|v| v.parse().ok()) {
+                Some(n) => *into = n,
+                None => eprintln!("netchannel: ignoring {name}={v:?}: not a number"),
+            }
+        }
+    }
+    num("NETCHANNEL_MAX_SESSIONS", &mut c.max_sessions);
+    num("NETCHANNEL_MAX_PEER_BUFFERED", &mut c.max_peer_buffered);
+    num("NETCHANNEL_MAX_BUFFERED", &mut c.max_buffered);
+    num("NETCHANNEL_MAX_SEND_BUFFERED", &mut c.max_send_buffered);
+    num("NETCHANNEL_MAX_CHANNELS_TOTAL", &mut c.max_channels_total);
+    num("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", &mut c.max_channels_per_source);
+    num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
+    if let Some(path) = std::env::var_os("NETCHANNEL_PSK_FILE") {
+        match std::fs::read(&path) {
+            Ok(key) => c.psk = Some(key),
+            Err(e) => {
+                eprintln!(
+                    "netchannel: cannot read the key file {}: {e}; connections stay kernel TCP",
+                    Path::new(&path).display()
+                );
+                return None;
+            }
+        }
+    }
+    Some(c)
 }
 
 fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {

@@ -196,6 +196,40 @@ fn fallback(hosts: Hosts) {
     assert_eq!(stat(&p.server.stats, "virtual sockets"), 0, "{}", stats_text(&p.server.stats));
 }
 
+/// `netchannel run --psk-file`: a server whose engine requires the key carries the clients
+/// that hold it; a client with another key is refused by its engine and goes over kernel TCP.
+fn preshared_key(hosts: Hosts) {
+    if !have("redis-server") || !have("redis-cli") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let mut p = Pair::new(tb, &format!("psk-{hosts:?}"), true, true);
+    let (key, other) = (p.dir.join("key"), p.dir.join("other-key"));
+    std::fs::write(&key, b"a pre-shared key of thirty-two b").unwrap();
+    std::fs::write(&other, b"another key, also long enough!!!").unwrap();
+    let with = |k: &std::path::Path| vec!["--psk-file".to_string(), k.display().to_string()];
+    p.server.run_options = with(&key);
+    let port = ports(1).to_string();
+    let h = p.server.addr.clone();
+    let server = p.server.spawn(
+        "redis-server",
+        &["--port", &port, "--bind", &h, "--protected-mode", "no", "--save", ""],
+    );
+    p.server.wait_listening(port.parse().unwrap());
+    p.client.run_options = with(&key);
+    let out = p.client.run("redis-cli", &["-h", &h, "-p", &port, "ping"], T);
+    assert_eq!(out.trim(), "PONG");
+    assert!(stat(&p.client.stats, "virtual sockets") >= 1, "{}", stats_text(&p.client.stats));
+    // Another key: refused by the server's engine, so the connection is kernel TCP.
+    p.client.run_options = with(&other);
+    p.client.stats = p.dir.join("other-client.stats");
+    let out = p.client.run("redis-cli", &["-h", &h, "-p", &port, "ping"], T);
+    assert_eq!(out.trim(), "PONG");
+    assert_eq!(stat(&p.client.stats, "virtual sockets"), 0, "{}", stats_text(&p.client.stats));
+    assert!(stat(&p.client.stats, "kernel tcp") >= 1, "{}", stats_text(&p.client.stats));
+    drop(server);
+}
+
 /// sockperf ping-pong and throughput through epoll, poll and select, blocking and not.
 fn sockperf(hosts: Hosts) {
     if !have("sockperf") {
@@ -351,7 +385,16 @@ fn nginx(hosts: Hosts) {
     assert!(stat(&p.client.stats, "virtual sockets") >= 33, "{}", stats_text(&p.client.stats));
 }
 
-crate::both_testbeds!(redis, iperf3, fallback, sockperf, memcached, nginx, conformance);
+crate::both_testbeds!(
+    redis,
+    iperf3,
+    fallback,
+    sockperf,
+    memcached,
+    nginx,
+    conformance,
+    preshared_key
+);
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.
 #[test]

@@ -8,15 +8,99 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{exit, Command};
 
-const USAGE: &str = "usage: netchannel run [--port PORT] [--ports P1,P2,...] [--stats] \
-[--stats-file PATH] [--lib PATH] [--allow-io-uring] -- COMMAND [ARGS...]
-  --port PORT       channel port of the engines (default 7450; env NETCHANNEL_PORT)
-  --ports LIST      carry only TCP connections to / listeners on these ports (default: all)
-  --stats           print a one-line summary per process at exit (stderr)
-  --stats-file PATH append the summary to PATH instead
-  --lib PATH        the interposition library (default: libnetchannel_preload.so beside this binary)
-  --allow-io-uring  run a program linked with liburing anyway (sockets it drives through
-                    io_uring stay on kernel TCP; a warning at exit counts its rings)";
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "netchannel",
+    version,
+    about = "Runs unmodified programs with their TCP connections carried by netchannel"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an unmodified program with its TCP connections carried by netchannel
+    ///
+    /// The program (dynamically linked) runs with the interposition library preloaded: its
+    /// TCP connections to hosts whose programs also run under netchannel go over virtual
+    /// sockets, all others (and UDP, Unix sockets, DNS) stay kernel TCP.
+    Run(Run),
+}
+
+#[derive(Args)]
+#[command(after_help = "Example: netchannel run --stats -- redis-benchmark -h 10.0.0.2 -t set")]
+struct Run {
+    /// Channel port of the engines (env NETCHANNEL_PORT).
+    #[arg(long, default_value_t = netchannel_preload::DEFAULT_CHANNEL_PORT,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    port: u16,
+    /// Carry only TCP connections to, and listeners on, these ports (default: all).
+    #[arg(long, value_delimiter = ',', value_name = "P1,P2,...")]
+    ports: Vec<u16>,
+    /// Print a one-line summary per process at exit, on stderr.
+    #[arg(long, conflicts_with = "stats_file")]
+    stats: bool,
+    /// Append the summary to PATH instead.
+    #[arg(long, value_name = "PATH")]
+    stats_file: Option<PathBuf>,
+    /// The interposition library (default: libnetchannel_preload.so beside this binary).
+    #[arg(long, value_name = "PATH")]
+    lib: Option<PathBuf>,
+    /// Run a program linked with liburing anyway (sockets it drives through io_uring stay on
+    /// kernel TCP; a warning at exit counts its rings).
+    #[arg(long)]
+    allow_io_uring: bool,
+    /// Pre-shared key file (16 bytes or more): the program's engine admits only engines that
+    /// hold the same key, and proves it holds it to those it dials.
+    #[arg(long, value_name = "PATH")]
+    psk_file: Option<PathBuf>,
+    /// Peers (engines) admitted at once.
+    #[arg(long, value_name = "N")]
+    max_sessions: Option<usize>,
+    /// Receive credit one peer may be granted beyond each stream's own window (bytes; k, M, G
+    /// suffixes).
+    #[arg(long, value_name = "BYTES", value_parser = bytes)]
+    max_peer_buffered: Option<u64>,
+    /// The same over every peer together.
+    #[arg(long, value_name = "BYTES", value_parser = bytes)]
+    max_buffered: Option<u64>,
+    /// Unsent and unacknowledged bytes, every peer together.
+    #[arg(long, value_name = "BYTES", value_parser = bytes)]
+    max_send_buffered: Option<u64>,
+    /// Channels open at once (two file descriptors each; default a quarter of the fd limit).
+    #[arg(long, value_name = "N")]
+    max_channels_total: Option<usize>,
+    /// Channels accepted from one source address (IPv4, or IPv6 /64) at once.
+    #[arg(long, value_name = "N")]
+    max_channels_per_source: Option<usize>,
+    /// Virtual sockets per peer.
+    #[arg(long, value_name = "N")]
+    max_streams: Option<u32>,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    command: Vec<OsString>,
+}
+
+/// A byte count with an optional k, M or G suffix (powers of 1024).
+fn bytes(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 30),
+        _ => (s, 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a byte count (e.g. 64M)"))?;
+    n.checked_mul(1 << shift).ok_or_else(|| format!("'{s}' is too large"))
+}
 
 fn fail(msg: &str) -> ! {
     eprintln!("netchannel: {msg}");
@@ -24,51 +108,42 @@ fn fail(msg: &str) -> ! {
 }
 
 fn main() {
-    let mut args = std::env::args_os().skip(1);
-    match args.next().as_deref().and_then(|a| a.to_str()) {
-        Some("run") => {}
-        Some("-h") | Some("--help") => {
-            println!("{USAGE}");
-            return;
+    let Cmd::Run(run) = Cli::parse().command;
+    let mut envs: Vec<(&str, OsString)> = vec![("NETCHANNEL_PORT", run.port.to_string().into())];
+    if !run.ports.is_empty() {
+        let list: Vec<String> = run.ports.iter().map(u16::to_string).collect();
+        envs.push(("NETCHANNEL_PORTS", list.join(",").into()));
+    }
+    if run.stats {
+        envs.push(("NETCHANNEL_STATS", "stderr".into()));
+    }
+    if let Some(f) = &run.stats_file {
+        envs.push(("NETCHANNEL_STATS", f.clone().into_os_string()));
+    }
+    if let Some(f) = &run.psk_file {
+        // Checked here, so that a wrong path is an error now and not a silent kernel-TCP run.
+        match std::fs::read(f) {
+            Ok(k) if k.len() >= 16 => {}
+            Ok(_) => fail(&format!("{}: a pre-shared key needs 16 bytes or more", f.display())),
+            Err(e) => fail(&format!("cannot read the key file {}: {e}", f.display())),
         }
-        _ => fail(USAGE),
+        let abs = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+        envs.push(("NETCHANNEL_PSK_FILE", abs.into_os_string()));
     }
-    let mut envs: Vec<(&str, OsString)> = Vec::new();
-    let mut lib: Option<PathBuf> = None;
-    let mut allow_io_uring = false;
-    let mut command: Vec<OsString> = Vec::new();
-    while let Some(a) = args.next() {
-        let mut value =
-            |name: &str| args.next().unwrap_or_else(|| fail(&format!("{name} needs a value")));
-        match a.to_str() {
-            Some("--") => {
-                command.extend(args.by_ref());
-                break;
-            }
-            Some("--port") => {
-                let v = value("--port");
-                if v.to_str().and_then(|s| s.parse::<u16>().ok()).is_none_or(|p| p == 0) {
-                    fail("--port takes a port number 1-65535");
-                }
-                envs.push(("NETCHANNEL_PORT", v));
-            }
-            Some("--ports") => envs.push(("NETCHANNEL_PORTS", value("--ports"))),
-            Some("--stats") => envs.push(("NETCHANNEL_STATS", "stderr".into())),
-            Some("--stats-file") => envs.push(("NETCHANNEL_STATS", value("--stats-file"))),
-            Some("--lib") => lib = Some(value("--lib").into()),
-            Some("--allow-io-uring") => allow_io_uring = true,
-            _ => {
-                // No `--`: the first non-option starts the command.
-                command.push(a);
-                command.extend(args.by_ref());
-                break;
-            }
+    let mut limit = |name: &'static str, v: Option<String>| {
+        if let Some(v) = v {
+            envs.push((name, v.into()));
         }
-    }
-    if command.is_empty() {
-        fail(USAGE);
-    }
-    let lib = lib.unwrap_or_else(default_lib);
+    };
+    limit("NETCHANNEL_MAX_SESSIONS", run.max_sessions.map(|v| v.to_string()));
+    limit("NETCHANNEL_MAX_PEER_BUFFERED", run.max_peer_buffered.map(|v| v.to_string()));
+    limit("NETCHANNEL_MAX_BUFFERED", run.max_buffered.map(|v| v.to_string()));
+    limit("NETCHANNEL_MAX_SEND_BUFFERED", run.max_send_buffered.map(|v| v.to_string()));
+    limit("NETCHANNEL_MAX_CHANNELS_TOTAL", run.max_channels_total.map(|v| v.to_string()));
+    limit("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", run.max_channels_per_source.map(|v| v.to_string()));
+    limit("NETCHANNEL_MAX_STREAMS", run.max_streams.map(|v| v.to_string()));
+    let command = run.command;
+    let lib = run.lib.unwrap_or_else(default_lib);
     if !lib.is_file() {
         fail(&format!(
             "interposition library {} not found (cargo build -p netchannel-preload)",
@@ -80,7 +155,7 @@ fn main() {
     if let Err(why) = carriable(&program) {
         fail(&format!("cannot carry {}: {why}; run it without netchannel", program.display()));
     }
-    if !allow_io_uring && links_liburing(&program) {
+    if !run.allow_io_uring && links_liburing(&program) {
         fail(&format!(
             "cannot carry {}: it is linked with liburing, and sockets it drives through \
              io_uring bypass the socket calls netchannel interposes (they would silently use \

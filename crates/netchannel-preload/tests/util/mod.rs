@@ -45,6 +45,8 @@ pub struct Side {
     pub carried: bool,
     pub channel_port: u16,
     pub stats: PathBuf,
+    /// More `netchannel run` options (a key file, budgets).
+    pub run_options: Vec<String>,
 }
 
 impl Side {
@@ -59,6 +61,7 @@ impl Side {
             argv.push(self.channel_port.to_string());
             argv.push("--stats-file".into());
             argv.push(self.stats.display().to_string());
+            argv.extend(self.run_options.iter().cloned());
             argv.push("--".into());
         }
         argv.push(prog.into());
@@ -201,6 +204,7 @@ impl Pair {
             carried: client_carried,
             channel_port,
             stats: dir.join("client.stats"),
+            run_options: Vec::new(),
         };
         let server = Side {
             netns: ns_name(&tb.b),
@@ -208,6 +212,7 @@ impl Pair {
             carried: server_carried,
             channel_port,
             stats: dir.join("server.stats"),
+            run_options: Vec::new(),
         };
         Pair { tb, dir, client, server }
     }

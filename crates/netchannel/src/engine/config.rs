@@ -84,12 +84,16 @@ pub struct Config {
     pub max_handshakes: usize,
     /// Peers (sessions) this engine accepts at once; a channel from one more is refused.
     pub max_sessions: usize,
-    /// Receive credit one peer may be granted beyond each stream's own window
-    /// (`unaccepted_window`, which every stream gets, as every TCP socket has a receive
+    /// Receive credit one peer may be granted beyond each stream's own minimum window
+    /// (`min_stream_window`, which every stream gets, as every TCP socket has a receive
     /// buffer): the received bytes it can make this engine hold for applications that have not
     /// read them. Streams that want more wait for applications to read; the channels are always
     /// read, so acknowledgements and credits keep flowing.
     pub max_peer_buffered: u64,
+    /// The window every stream is granted whatever the receive budget, so that a stream its
+    /// application reads always makes progress (what each open stream can make this engine
+    /// hold, beyond the budget).
+    pub min_stream_window: u32,
     /// The same over every peer together (each session gets a share, one stream window at
     /// least).
     pub max_buffered: u64,
@@ -97,9 +101,8 @@ pub struct Config {
     /// senders wait beyond it. With `max_retained_bytes` per channel, what a peer that reads
     /// or acknowledges nothing can make this engine hold for it.
     pub max_send_buffered: u64,
-    /// The window every stream gets whatever the receive budget: what a stream the engine
-    /// accepted and the application has not (yet) is granted (a peer cannot make an unaccepted
-    /// backlog hold `accept_backlog` full windows), and the least any stream is granted.
+    /// Window granted to a stream the engine accepted and the application has not (yet): a
+    /// peer cannot make an unaccepted backlog hold `accept_backlog` full windows.
     pub unaccepted_window: u32,
     /// Control frames (RSTs to unknown streams) queued per session and class for a peer that
     /// does not read; past it they are dropped and counted.
@@ -203,7 +206,8 @@ impl Default for Config {
             linger: Duration::from_secs(30),
             max_handshakes: 64,
             max_sessions: 256,
-            max_peer_buffered: 64 << 20,
+            max_peer_buffered: 32 << 20,
+            min_stream_window: 16 * 1024,
             max_buffered: 1 << 30,
             max_send_buffered: 1 << 30,
             unaccepted_window: 64 * 1024,
@@ -270,6 +274,9 @@ impl Config {
         }
         if self.unaccepted_window == 0 || self.unaccepted_window > self.stream_window {
             return bad("unaccepted_window must be in 1..=stream_window".into());
+        }
+        if self.min_stream_window == 0 || self.min_stream_window > self.unaccepted_window {
+            return bad("min_stream_window must be in 1..=unaccepted_window".into());
         }
         for cpus in [&self.throughput_cpus, &self.latency_cpus].into_iter().flatten() {
             if cpus.is_empty() || cpus.iter().any(|&c| c >= 1024) {

@@ -33,6 +33,9 @@ pub struct EngineStats {
     pub retransmitted_bytes: u64,
     /// Sessions (peers) with at least one channel.
     pub sessions: usize,
+    /// Sessions the engine keeps, with channels or not (a dialed session lost and not dialed
+    /// again yet): what its session maps hold.
+    pub session_entries: usize,
     /// Refusals by reason ("handshakes in progress at the limit", ...).
     pub refusals: Vec<(String, u64)>,
     /// Lost channels this engine dialed again.

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::framing::{FrameReader, Heap, Parsed};
+use super::stream::Violation;
 use super::*;
 use crate::scheduler::Policy;
-use crate::wire::{Class, RstReason};
+use crate::wire::{Class, Frame, RstReason};
 
 struct Rng(u64);
 impl Rng {
@@ -266,6 +267,14 @@ impl Pair {
                     l.dirs[1 - side].reader.resume();
                 }
                 Recv::Data(n as u64)
+            }
+            Recv::Empty => {
+                // A reader woken for "readable" must find something: never readable and empty.
+                assert!(
+                    !self.sides[side].handle(id).readable(),
+                    "recv found nothing on a stream that says it is readable"
+                );
+                Recv::Empty
             }
             other => other,
         }
@@ -723,6 +732,123 @@ fn tiny_frames_cost_memory_in_proportion_to_their_bytes() {
     assert_eq!(q.recv(1, b, &mut buf), Recv::Data(5000));
     assert!(buf[..5000].iter().all(|&x| x == 1));
     assert_eq!(q.sides[1].rx_held(), 0);
+}
+
+#[test]
+fn a_syn_naming_a_high_index_allocates_nothing() {
+    // The peer chooses its stream ids: a table sized by them made one SYN cost 64 MiB.
+    let mut p = Pair::new(21, &[Class::Throughput], config());
+    // Side 0 did not send these SYNs: it ignores the answers.
+    p.hostile = true;
+    p.listening[1].insert(80);
+    let high = (1u64 << 24) | 0xFF_FFFF;
+    let mut wire = Vec::new();
+    Frame::Syn { src: high, port: 80, class: Class::Throughput, window: 1 << 20 }.encode(&mut wire);
+    Frame::Syn { src: high + (5 << 24), port: 81, class: Class::Throughput, window: 1 << 20 }
+        .encode(&mut wire);
+    p.links[0].dirs[0].pipe.extend(wire);
+    for _ in 0..50 {
+        p.step();
+    }
+    // One stream opened (port 80), one refused (nobody listens on 81): one entry.
+    assert_eq!(p.sides[1].stats().streams, 1);
+    assert_eq!(p.sides[1].peer_index_entries(), 1);
+}
+
+#[test]
+fn an_ack_for_an_earlier_incarnation_does_not_act_on_the_channel_dialed_again() {
+    let mut p = Pair::new(22, &[Class::Throughput; 2], config());
+    let (a, b) = p.open(80, Class::Throughput);
+    let mut t = Transfer::new(a, b, 22, 200_000);
+    run_transfer(&mut p, &mut t, 4096, 100_000);
+    p.kill(0);
+    p.add_link(0, Class::Throughput);
+    let again = p.links.iter().find(|l| l.alive && l.index.index == 0).unwrap().index;
+    assert_eq!(again.incarnation, 1);
+    // Side 0 sends on the new incarnation; then an ACK meant for the old one (a position far
+    // beyond anything sent on the new one) arrives on channel 1.
+    let (c, _) = p.open(81, Class::Throughput);
+    p.sides[0].handle(c).send(&[1u8; 5000]).unwrap();
+    p.transmit(0);
+    let ack = Frame::Ack { channel: 0, incarnation: 0, position: 10_000_000 };
+    let item = Parsed::Control(ack);
+    let r = p.sides[0].receive(ChannelId::new(1, 0), item, p.now, |_, _| false);
+    assert!(r.is_ok(), "an earlier incarnation's ACK closed a channel: {r:?}");
+    assert!(p.sides[0].has_channel(again));
+    // The same ACK for the new incarnation acknowledges bytes never sent: a violation.
+    let ack = Frame::Ack { channel: 0, incarnation: 1, position: 10_000_000 };
+    let r = p.sides[0].receive(ChannelId::new(1, 0), Parsed::Control(ack), p.now, |_, _| false);
+    assert_eq!(r, Err(Violation::BadAck));
+}
+
+#[test]
+fn a_peer_that_never_acknowledges_holds_a_bounded_retention_and_is_timed_out() {
+    // Side 1 receives and never answers (nothing travels from it to side 0): no ACK, no
+    // CREDIT. A large window lets side 0 send; the retention limit stops it first.
+    let cfg = CoreConfig {
+        window: 64 << 20,
+        max_retained_bytes: 1 << 20,
+        ack_timeout: Duration::from_secs(3),
+        ..config()
+    };
+    let mut p = Pair::new(23, &[Class::Throughput], cfg);
+    let (a, _b) = p.open(80, Class::Throughput);
+    let ch = p.links[0].index;
+    let chunk = vec![7u8; 64 * 1024];
+    let mut sent = 0u64;
+    for _ in 0..2000 {
+        if let Ok(n) = p.sides[0].handle(a).send(&chunk) {
+            sent += n as u64;
+        }
+        p.transmit(0);
+        p.links[0].dirs[1].pipe.clear(); // side 1 says nothing
+        let li = 0;
+        p.receive(1, li);
+        p.now += Duration::from_micros(100);
+    }
+    let retained = p.sides[0].channel_retained(ch);
+    assert!(retained <= (1 << 20) + 64 * 1024, "retained {retained}");
+    let unsent = p.sides[0].stats().unsent_bytes;
+    assert!(sent <= retained + unsent, "sent {sent}, retained {retained}, unsent {unsent}");
+    assert!(!p.sides[0].handle(a).writable(), "the sender must wait, not grow memory");
+    // No acknowledgement for the timeout: the channel is reported dead.
+    assert!(p.sides[0].unacknowledging_channels(p.now).is_empty());
+    let later = p.now + Duration::from_secs(3);
+    assert_eq!(p.sides[0].unacknowledging_channels(later), vec![ch]);
+}
+
+#[test]
+fn a_stream_nobody_reads_cannot_starve_one_that_is_read() {
+    // A small receive budget: the unread stream takes its share, the one that is read keeps
+    // moving on its guaranteed window, and what side 1 holds stays within the budget plus
+    // the guaranteed windows.
+    let cfg =
+        CoreConfig { window: 1 << 20, rx_budget: 512 * 1024, min_window: 32 * 1024, ..config() };
+    let mut p = Pair::new(24, &[Class::Throughput; 2], cfg);
+    let (a1, _b1) = p.open(80, Class::Throughput);
+    let (a2, b2) = p.open(81, Class::Throughput);
+    let mut unread = Transfer::new(a1, _b1, 1, 8 << 20);
+    let mut read = Transfer::new(a2, b2, 2, 4 << 20);
+    let mut sendbuf = vec![0u8; 65536];
+    let mut recvbuf = vec![0u8; 65536];
+    for _ in 0..400_000 {
+        // Only the sender half of the unread stream runs.
+        if unread.sent < unread.len {
+            let n = (unread.len - unread.sent).min(65536) as usize;
+            pattern(unread.seed, unread.sent, &mut sendbuf[..n]);
+            if let Ok(m) = p.sides[0].handle(a1).send(&sendbuf[..n]) {
+                unread.sent += m as u64;
+            }
+        }
+        read.drive(&mut p, &mut sendbuf, &mut recvbuf, 65536);
+        p.step();
+        let held = p.sides[1].rx_held();
+        assert!(held <= 512 * 1024 + 2 * 32 * 1024 + 64 * 1024, "held {held}");
+        if read.done() {
+            return;
+        }
+    }
+    panic!("the stream that is read stalled behind the one that is not");
 }
 
 /// Fuzzing the protocol core as a channel's peer could: arbitrary bytes, and sequences of

@@ -22,6 +22,8 @@ pub struct Testbed {
     pub b: Option<PathBuf>,
     pub addr_a: std::net::IpAddr,
     pub addr_b: std::net::IpAddr,
+    /// Host A's end of the veth pair, and its namespace's name (namespaces only).
+    pub link_a: Option<(String, String)>,
     names: Vec<String>,
 }
 
@@ -43,6 +45,7 @@ impl Testbed {
             b: None,
             addr_a: [127, 0, 0, 1].into(),
             addr_b: [127, 0, 0, 1].into(),
+            link_a: None,
             names: vec![],
         }
     }
@@ -61,6 +64,8 @@ impl Testbed {
             ip(&["link", "set", &va, "netns", &na])?;
             ip(&["link", "set", &vb, "netns", &nb])?;
             ip(&["-n", &na, "addr", "add", "10.213.0.1/24", "dev", &va])?;
+            // A second address on host A: a second source (attacks that come from one place).
+            ip(&["-n", &na, "addr", "add", "10.213.0.3/24", "dev", &va])?;
             ip(&["-n", &nb, "addr", "add", "10.213.0.2/24", "dev", &vb])?;
             for (ns, dev) in [(&na, &va), (&nb, &vb)] {
                 ip(&["-n", ns, "link", "set", dev, "up"])?;
@@ -73,6 +78,7 @@ impl Testbed {
             b: Some(PathBuf::from(format!("/run/netns/{nb}"))),
             addr_a: [10, 213, 0, 1].into(),
             addr_b: [10, 213, 0, 2].into(),
+            link_a: Some((na.clone(), va.clone())),
             names: vec![na.clone(), nb.clone()],
         };
         match build() {
@@ -85,6 +91,14 @@ impl Testbed {
                 eprintln!("skipping namespace test: {e}");
                 None
             }
+        }
+    }
+
+    /// Another address of host A than `addr_a`: a second source.
+    pub fn second_addr_a(&self) -> std::net::IpAddr {
+        match self.a {
+            None => [127, 0, 0, 2].into(),
+            Some(_) => [10, 213, 0, 3].into(),
         }
     }
 
@@ -225,12 +239,24 @@ pub struct EchoProcess {
 
 impl EchoProcess {
     pub fn start(tb: &Testbed, extra: &[&str]) -> EchoProcess {
+        Self::start_with(tb, extra, None)
+    }
+
+    /// `start` with the process's open-file limit set to `nofile` (through prlimit).
+    pub fn start_with(tb: &Testbed, extra: &[&str], nofile: Option<u32>) -> EchoProcess {
         use std::io::BufRead;
         // Defined for this crate's tests only (other crates include this module too).
         let Some(exe) = option_env!("CARGO_BIN_EXE_nc-echo") else {
             panic!("nc-echo is built only for netchannel's own tests")
         };
-        let mut cmd = Command::new(exe);
+        let mut cmd = match nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
         cmd.args(["--listen", &SocketAddr::new(tb.addr_b, 0).to_string(), "--port", "7"]);
         cmd.args(extra);
         if let Some(ns) = &tb.b {
@@ -269,9 +295,29 @@ pub mod raw {
 
     /// A TCP connection from host A to `to`.
     pub fn peer(tb: &Testbed, to: SocketAddr) -> TcpStream {
-        let s = tb.on_a(move || TcpStream::connect(to).unwrap());
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s
+        peer_from(tb, None, to).expect("connect")
+    }
+
+    /// A TCP connection from host A's address `from` (default: its first) to `to`.
+    pub fn peer_from(
+        tb: &Testbed,
+        from: Option<std::net::IpAddr>,
+        to: SocketAddr,
+    ) -> std::io::Result<TcpStream> {
+        let s = tb.on_a(move || {
+            let sock = socket2::Socket::new(
+                socket2::Domain::for_address(to),
+                socket2::Type::STREAM,
+                None,
+            )?;
+            if let Some(ip) = from {
+                sock.bind(&SocketAddr::new(ip, 0).into())?;
+            }
+            sock.connect(&to.into())?;
+            Ok::<_, std::io::Error>(TcpStream::from(sock))
+        })?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        Ok(s)
     }
 
     pub fn read_handshake(s: &mut TcpStream) -> Handshake {
@@ -294,7 +340,21 @@ pub mod raw {
         index: u16,
         key: Option<&[u8]>,
     ) -> Result<TcpStream, RejectReason> {
-        let mut s = peer(tb, to);
+        channel_as_from(tb, None, to, engine_id, index, key)
+    }
+
+    /// `channel_as` from host A's address `from`.
+    pub fn channel_as_from(
+        tb: &Testbed,
+        from: Option<std::net::IpAddr>,
+        to: SocketAddr,
+        engine_id: u64,
+        index: u16,
+        key: Option<&[u8]>,
+    ) -> Result<TcpStream, RejectReason> {
+        let Ok(mut s) = peer_from(tb, from, to) else {
+            return Err(RejectReason::Unknown(0));
+        };
         let hello =
             Handshake::hello(engine_id, index, 0, Class::Throughput, [7; 16], key.is_some());
         s.write_all(&hello.encode()).unwrap();

@@ -234,6 +234,13 @@ impl<U: Default> Session<U> {
         }
     }
 
+    /// Entries of the peer-id-to-stream map (tests: it holds one per stream, whatever ids the
+    /// peer chooses).
+    #[cfg(test)]
+    pub fn peer_index_entries(&self) -> usize {
+        self.opened_by_peer.len()
+    }
+
     /// The session's configuration (its receive budget as last set).
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
@@ -287,12 +294,14 @@ impl<U: Default> Session<U> {
     /// engine had taken over took both cores).
     pub(super) fn readable(&self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return true };
-        if s.reset.is_some() || s.rx.ready_data() > 0 {
+        if s.reset.is_some() {
             return true;
         }
+        // What comes next decides: bytes staged behind a payload still in a socket cannot be
+        // read before it.
         match s.rx.front_deferred() {
             Some((channel, _)) => self.deferred_ready(id, channel),
-            None => s.at_eof(),
+            None => s.rx.ready_data() > 0 || s.at_eof(),
         }
     }
 
