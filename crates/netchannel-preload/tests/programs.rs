@@ -491,8 +491,20 @@ int main(void) {
 /// and nested epoll, select at fd 1000, fork-then-close, EPOLLRDHUP, partial writes to EAGAIN,
 /// refused connect, UDP and DNS; accept4 flags with a connection accepted in one thread and
 /// served in another, writev/readv, sendmsg/recvmsg, ppoll/pselect, dup/dup3, getsockname,
-/// TCP_INFO, EINTR, a carried fd used after exec, shutdown of the write half, SIGPIPE) prints
-/// the same lines carried and on kernel TCP.
+/// TCP_INFO, EINTR, a carried fd used after exec, shutdown of the write half, SIGPIPE; an edge
+/// per arrival, one-shot re-armed, EPOLLEXCLUSIVE, one fd in two epoll sets, a registration kept
+/// by a dup, an epoll fd in poll and select, poll/select over a socket, a pipe and a UDP
+/// socket; poll/epoll masks, recv, SO_ERROR and send after the peer's FIN and after its RST;
+/// SO_RCVTIMEO, SO_SNDTIMEO, MSG_WAITALL and SA_RESTART against signals; SHUT_RD, also waking a
+/// blocked reader; O_NONBLOCK shared by dups; a full window's EPOLLOUT waiter using no CPU;
+/// sendfile, splice both ways, IOV_MAX writev/readv; a forked child using the socket, a server
+/// forking a child per connection, posix_spawn with the socket as stdin/stdout, SCM_RIGHTS to
+/// an exec'd process) prints the same lines carried and on kernel TCP.
+///
+/// `conform scm-nolib` passes a connection over SCM_RIGHTS to a process started without the
+/// library (`env -u LD_PRELOAD`). It runs on kernel TCP only: what it prints there is the
+/// contract, but a carried connection handed to a process without the library is outside what
+/// `netchannel run` promises (the relay happens to keep it working while the sender lives).
 fn conformance(hosts: Hosts) {
     if !have("cc") {
         return;
@@ -506,9 +518,19 @@ fn conformance(hosts: Hosts) {
         let ok = std::process::Command::new("cc").args(["-O1", "-o"]).arg(&bin).arg(src).status();
         assert!(ok.is_ok_and(|s| s.success()), "cc conform.c");
         let bin = bin.display().to_string();
-        let port = ports(2);
+        // The server listens on port and port + 2 (forked children); port + 1 stays closed.
+        let port = ports(3);
         let server = p.server.spawn(&bin, &["server", &port.to_string()]);
         p.server.wait_listening(port);
+        p.server.wait_listening(port + 2);
+        if !carried {
+            let nolib = p.client.run(&bin, &["scm-nolib", &p.server.addr, &port.to_string()], T);
+            assert_eq!(
+                nolib,
+                "  receiver: echo recv eof 0\nSCM_RIGHTS to a process without the library: exit=0\n"
+            );
+        }
+        // Last: the client ends the server ('q').
         let mut out = p.client.run(&bin, &["client", &p.server.addr, &port.to_string()], T);
         drop(server);
         if p.server.netns.is_some() {
@@ -527,5 +549,16 @@ fn conformance(hosts: Hosts) {
         outputs.push(out);
     }
     assert!(!outputs[0].contains("FAIL"), "{}", outputs[0]);
-    assert_eq!(outputs[0], outputs[1], "carried output differs from kernel TCP");
+    let differ: Vec<String> = outputs[0]
+        .lines()
+        .zip(outputs[1].lines())
+        .filter(|(k, c)| k != c)
+        .map(|(k, c)| format!("kernel:  {k}\ncarried: {c}"))
+        .collect();
+    assert!(
+        outputs[0] == outputs[1],
+        "carried output differs from kernel TCP:\n{}\ncarried output:\n{}",
+        differ.join("\n"),
+        outputs[1]
+    );
 }

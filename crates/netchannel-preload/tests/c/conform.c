@@ -1,11 +1,20 @@
 /* Socket semantics that programs rely on, printed as lines that must be identical under
- * `netchannel run` and on plain kernel TCP. `conform server PORT` / `conform client HOST PORT`
- * / `conform unreachable HOST PORT`. */
+ * `netchannel run` and on plain kernel TCP. Every line is fixed by the socket contract (counts,
+ * booleans, errno names, poll masks), never by timing or by how bytes are segmented.
+ *
+ *   conform server PORT              threads serve commands (see serve()) on PORT, forked
+ *                                    children on PORT+2 (see forkserver()); PORT+1 stays free
+ *   conform client HOST PORT
+ *   conform unreachable HOST PORT
+ *   conform scm-nolib HOST PORT      SCM_RIGHTS to a process without the library (kernel TCP)
+ * Internal modes: exec-child FD, spawn-child, scm-recv UNIXFD. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <limits.h>
+#include <spawn.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -15,13 +24,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+extern char **environ;
 
 static void die(const char *what) { printf("FAIL %s: %s\n", what, strerror(errno)); exit(1); }
 
@@ -30,9 +44,14 @@ static int wait_ev(int ep, int ms) {
     return epoll_wait(ep, ev, 4, ms);
 }
 
+/* Written by 'g' (on any connection): releases the connection held by 'L'. */
+static int release[2] = {-1, -1};
+
 /* Commands: 'd' send 10 bytes; 's' shut down writing; 'e' echo 4 bytes; 'q' quit; 'h' hold
  * (read nothing more: partial writes); 'w' read to EOF, then answer "done"; 'f' answer whether
- * accept4 made the fd close-on-exec and non-blocking; 'x' close at once. */
+ * accept4 made the fd close-on-exec and non-blocking; 'x' close at once (FIN); 'r' reset
+ * (SO_LINGER {1, 0}, close); 'p' send 5 bytes; 'l' send 10 bytes after 300 ms; 'E' echo
+ * everything to EOF, then close; 'L' read nothing until released by a 'g', then read to EOF. */
 static void *serve(void *arg) {
     int c = (int)(long)arg;
     int fdflags = fcntl(c, F_GETFD), flflags = fcntl(c, F_GETFL);
@@ -47,16 +66,50 @@ static void *serve(void *arg) {
         if (cmd == 'w') { char b[256]; while (read(c, b, sizeof b) > 0) {} write(c, "done", 4); break; }
         if (cmd == 'f') { char r[2] = {(fdflags & FD_CLOEXEC) ? '1' : '0', (flflags & O_NONBLOCK) ? '1' : '0'}; write(c, r, 2); }
         if (cmd == 'x') break;
+        if (cmd == 'r') { struct linger lg = {1, 0}; setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg); break; }
+        if (cmd == 'p') write(c, "01234", 5);
+        if (cmd == 'l') { usleep(300000); write(c, "0123456789", 10); }
+        if (cmd == 'E') {
+            char b[16384]; ssize_t r;
+            while ((r = read(c, b, sizeof b)) > 0)
+                for (ssize_t o = 0; o < r;) { ssize_t w = write(c, b + o, r - o); if (w <= 0) break; o += w; }
+            break;
+        }
+        if (cmd == 'L') { char g, b[65536]; read(release[0], &g, 1); while (read(c, b, sizeof b) > 0) {} break; }
+        if (cmd == 'g') write(release[1], "g", 1);
     }
     close(c);
     return NULL;
 }
 
-static void server(int port) {
+/* One process per connection on PORT+2, as inetd-style servers and PostgreSQL's postmaster do:
+ * a thread of the server accepts, a forked child serves the connection, the parent closes its
+ * copy at once (so the child's close alone ends the connection). In the server's process, not
+ * a process of its own: the server's engine carries it. */
+static void *forkserver(void *arg) {
+    int l = (int)(long)arg;
+    for (;;) {
+        int c = accept(l, NULL, NULL);
+        if (c < 0) { if (errno == EINTR) continue; die("accept"); }
+        if (fork() == 0) { close(l); serve((void *)(long)c); _exit(0); }
+        close(c);
+    }
+}
+
+static int listener(int port) {
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (bind(l, (void *)&a, sizeof a) || listen(l, 16)) die("listen");
+    return l;
+}
+
+static void server(int port) {
+    int l = listener(port);
+    if (pipe(release)) die("pipe");
+    signal(SIGCHLD, SIG_IGN); /* the forked servers' children are reaped by the kernel */
+    pthread_t fs;
+    pthread_create(&fs, NULL, forkserver, (void *)(long)listener(port + 2));
     for (;;) {
         /* Accepted here, served by another thread. */
         int c = accept4(l, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -188,6 +241,645 @@ static int dial(const char *host, int port, int nonblock) {
     return s;
 }
 
+/* ---- More cases. Each group opens its own connections to `server` and closes them. ---- */
+
+static const char *en(int e) {
+    switch (e) {
+    case 0: return "0";
+    case EAGAIN: return "EAGAIN";
+    case EINTR: return "EINTR";
+    case EPIPE: return "EPIPE";
+    case ECONNRESET: return "ECONNRESET";
+    case ENOTCONN: return "ENOTCONN";
+    case EBADF: return "EBADF";
+    case ENOENT: return "ENOENT";
+    case EINVAL: return "EINVAL";
+    default: return strerror(e);
+    }
+}
+
+/* A call's result: the count, or "-1 ERRNO". Call right after the call (errno). */
+static const char *res(ssize_t r) {
+    static char buf[8][32];
+    static int i;
+    char *b = buf[i++ % 8];
+    if (r < 0) snprintf(b, 32, "-1 %s", en(errno));
+    else snprintf(b, 32, "%zd", r);
+    return b;
+}
+
+static int so_error(int s) {
+    int e = -1; socklen_t l = sizeof e;
+    getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &l);
+    return e;
+}
+
+static void cmd(int s, const char *c) { write(s, c, strlen(c)); }
+
+/* Waits (up to 5 s) until `n` bytes are readable; returns how many are. */
+static int wait_bytes(int s, int n) {
+    int q = 0;
+    for (int i = 0; i < 500; i++) {
+        ioctl(s, FIONREAD, &q);
+        if (q >= n) break;
+        usleep(10000);
+    }
+    return q;
+}
+
+#define PMASK (POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDHUP)
+#define EMASK (EPOLLIN | EPOLLOUT | EPOLLERR | EPOLLHUP | EPOLLRDHUP)
+
+/* poll's revents (over PMASK) once any of `want` shows, or after 2 s. */
+static int wait_revents(int s, int want) {
+    struct pollfd p = {.fd = s, .events = POLLIN | POLLOUT | POLLRDHUP};
+    for (int i = 0; i < 200; i++) {
+        p.revents = 0;
+        poll(&p, 1, 0);
+        if (p.revents & want) break;
+        usleep(10000);
+    }
+    return p.revents & PMASK;
+}
+
+/* epoll's events (over EMASK) for one fd registered for EPOLLIN|EPOLLOUT|EPOLLRDHUP. */
+static int epoll_mask(int s) {
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP}, out = {0};
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    int n = epoll_wait(ep, &out, 1, 1000);
+    close(ep);
+    return n == 1 ? (int)(out.events & EMASK) : 0;
+}
+
+static double now(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Sends until our buffers and the peer's window are full: the peer reads nothing, yet the
+ * first EAGAIN is not the end (the send buffer grows by autotuning, data in flight is acked), so
+ * until two rounds 100 ms apart take nothing more. */
+static long fill(int s) {
+    static char big[1 << 16];
+    long total = 0;
+    for (int idle = 0; idle < 2;) {
+        long round = 0;
+        ssize_t w;
+        while ((w = send(s, big, sizeof big, MSG_NOSIGNAL | MSG_DONTWAIT)) > 0) round += w;
+        if (errno != EAGAIN) return -1;
+        total += round;
+        idle = round ? 0 : idle + 1;
+        usleep(100000);
+    }
+    return total;
+}
+
+struct waiter { int ep, n, done; unsigned events; };
+
+static void *wait_out(void *arg) {
+    struct waiter *w = arg;
+    struct epoll_event ev;
+    w->n = epoll_wait(w->ep, &ev, 1, 10000);
+    w->events = w->n == 1 ? ev.events : 0;
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* A full window: a blocking send with SO_SNDTIMEO gives up with EAGAIN after the timeout;
+ * a thread waiting for EPOLLOUT sleeps (uses no CPU) until the peer reads, then wakes. */
+static void full_window(const char *host, int port) {
+    int s = dial(host, port, 0);
+    cmd(s, "L");
+    long total = fill(s);
+    printf("full window: filled=%d\n", total > 0);
+
+    struct timeval tv = {0, 200000};
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    static char big[1 << 16];
+    double t0 = now(CLOCK_MONOTONIC);
+    ssize_t r = send(s, big, sizeof big, MSG_NOSIGNAL);
+    const char *rr = res(r);
+    double waited = now(CLOCK_MONOTONIC) - t0;
+    printf("SO_SNDTIMEO 200 ms on a full window: %s waited_timeout=%d\n", rr, waited >= 0.19 && waited < 2);
+
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLOUT, .data.fd = s};
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    struct waiter w = {.ep = ep};
+    pthread_t t;
+    pthread_create(&t, NULL, wait_out, &w);
+    clockid_t cid;
+    pthread_getcpuclockid(t, &cid);
+    usleep(20000);
+    double c0 = now(cid), p0 = now(CLOCK_PROCESS_CPUTIME_ID);
+    usleep(300000);
+    double c1 = now(cid), p1 = now(CLOCK_PROCESS_CPUTIME_ID);
+    int still = !__atomic_load_n(&w.done, __ATOMIC_SEQ_CST);
+    printf("EPOLLOUT waiter over 300 ms of full window: still_waiting=%d cpu_low=%d process_cpu_low=%d\n",
+           still, c1 - c0 < 0.05, p1 - p0 < 0.1);
+    int g = dial(host, port, 0);
+    cmd(g, "g");
+    pthread_join(t, NULL);
+    printf("after the peer reads: epoll_wait=%d EPOLLOUT=%d\n", w.n, !!(w.events & EPOLLOUT));
+    close(g); close(ep); close(s);
+}
+
+struct excl { int ep, ev, s, woke, bytes, reads; };
+
+static void *excl_wait(void *arg) {
+    struct excl *x = arg;
+    for (;;) {
+        struct epoll_event ev[2];
+        int n = epoll_wait(x->ep, ev, 2, 5000), quit = n <= 0;
+        for (int i = 0; i < n; i++) {
+            if (ev[i].data.fd == x->ev) { quit = 1; continue; }
+            __atomic_add_fetch(&x->woke, 1, __ATOMIC_SEQ_CST);
+            char b[64];
+            ssize_t r = recv(x->s, b, sizeof b, MSG_DONTWAIT);
+            if (r > 0) { __atomic_add_fetch(&x->bytes, r, __ATOMIC_SEQ_CST); __atomic_add_fetch(&x->reads, 1, __ATOMIC_SEQ_CST); }
+        }
+        if (quit) return NULL;
+    }
+}
+
+/* epoll: an edge per arrival (ET), one-shot re-armed by EPOLL_CTL_MOD, EPOLLEXCLUSIVE (at least
+ * one waiter wakes), one fd in two sets (both report it), a registration that follows the open
+ * file description (a dup keeps it alive after the original fd is closed; it is keyed by the
+ * original fd number), and an epoll fd inside poll and select. */
+static void epoll_cases(const char *host, int port) {
+    int s = dial(host, port, 0);
+    char b[64];
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = s}, out;
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    cmd(s, "d");
+    wait_bytes(s, 10);
+    int e1 = epoll_wait(ep, &out, 1, 2000), e2 = epoll_wait(ep, &out, 1, 0);
+    cmd(s, "d");
+    int e3 = epoll_wait(ep, &out, 1, 2000);
+    printf("epoll ET two arrivals, not drained: first=%d idle=%d second=%d unread=%d\n", e1, e2, e3, wait_bytes(s, 20));
+    read_full(s, b, 20);
+    close(ep);
+
+    ep = epoll_create1(0);
+    ev = (struct epoll_event){.events = EPOLLIN | EPOLLONESHOT, .data.fd = s};
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    cmd(s, "d");
+    e1 = epoll_wait(ep, &out, 1, 2000);
+    e2 = epoll_wait(ep, &out, 1, 100);
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    int m = epoll_ctl(ep, EPOLL_CTL_MOD, s, &ev);
+    e3 = epoll_wait(ep, &out, 1, 1000);
+    printf("epoll ONESHOT: first=%d disarmed=%d mod=%d rearmed=%d\n", e1, e2, m, e3);
+    close(ep);
+
+    /* Two sets over the same fd, 10 unread bytes: both report it. */
+    int ep1 = epoll_create1(0), ep2 = epoll_create1(0);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = s};
+    epoll_ctl(ep1, EPOLL_CTL_ADD, s, &ev);
+    epoll_ctl(ep2, EPOLL_CTL_ADD, s, &ev);
+    e1 = epoll_wait(ep1, &out, 1, 1000);
+    e2 = epoll_wait(ep2, &out, 1, 1000);
+    printf("one fd in two epoll sets: %d %d\n", e1, e2);
+
+    /* An epoll fd is readable in poll and select while it has events. */
+    struct pollfd p = {.fd = ep1, .events = POLLIN};
+    int pr = poll(&p, 1, 1000);
+    fd_set rs; FD_ZERO(&rs); FD_SET(ep1, &rs);
+    struct timeval tv = {1, 0};
+    int sr = select(ep1 + 1, &rs, NULL, NULL, &tv);
+    printf("epoll fd in poll: %d revents=%#x in select: %d isset=%d\n", pr, p.revents, sr, FD_ISSET(ep1, &rs));
+    read_full(s, b, 10);
+    p.revents = 0;
+    pr = poll(&p, 1, 100);
+    FD_ZERO(&rs); FD_SET(ep1, &rs);
+    tv = (struct timeval){0, 100000};
+    sr = select(ep1 + 1, &rs, NULL, NULL, &tv);
+    printf("epoll fd without events in poll: %d in select: %d\n", pr, sr);
+    close(ep1); close(ep2);
+
+    /* EPOLLEXCLUSIVE in two sets, a thread on each: the data is read once. */
+    struct excl x[2];
+    pthread_t t[2];
+    int wake = eventfd(0, 0);
+    for (int i = 0; i < 2; i++) {
+        x[i] = (struct excl){.ep = epoll_create1(0), .ev = wake, .s = s};
+        ev = (struct epoll_event){.events = EPOLLIN | EPOLLEXCLUSIVE, .data.fd = s};
+        epoll_ctl(x[i].ep, EPOLL_CTL_ADD, s, &ev);
+        ev = (struct epoll_event){.events = EPOLLIN, .data.fd = wake};
+        epoll_ctl(x[i].ep, EPOLL_CTL_ADD, wake, &ev);
+        pthread_create(&t[i], NULL, excl_wait, &x[i]);
+    }
+    usleep(100000);
+    cmd(s, "d");
+    for (int i = 0; i < 300 && __atomic_load_n(&x[0].bytes, __ATOMIC_SEQ_CST) + __atomic_load_n(&x[1].bytes, __ATOMIC_SEQ_CST) < 10; i++)
+        usleep(10000);
+    usleep(50000);
+    eventfd_write(wake, 1);
+    for (int i = 0; i < 2; i++) { pthread_join(t[i], NULL); close(x[i].ep); }
+    close(wake);
+    printf("EPOLLEXCLUSIVE in two sets: woke_any=%d bytes=%d reads_with_data=%d\n",
+           x[0].woke + x[1].woke > 0, x[0].bytes + x[1].bytes, x[0].reads + x[1].reads);
+
+    /* The registration belongs to the open file description: a dup keeps it reporting. */
+    int d = dup(s);
+    ep = epoll_create1(0);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = s};
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    int orig = s;
+    close(s);
+    cmd(d, "d");
+    out.data.fd = -1;
+    e1 = epoll_wait(ep, &out, 1, 2000);
+    printf("registered fd closed, dup open: epoll_wait=%d data_is_old_fd=%d\n", e1, out.data.fd == orig);
+    printf("  EPOLL_CTL_DEL by the dup: %s", res(epoll_ctl(ep, EPOLL_CTL_DEL, d, NULL)));
+    printf(" by the closed fd: %s\n", res(epoll_ctl(ep, EPOLL_CTL_DEL, orig, NULL)));
+    read_full(d, b, 10);
+    close(d);
+    printf("  after the dup is closed too: %d\n", epoll_wait(ep, &out, 1, 100));
+    close(ep);
+}
+
+/* poll and select over a carried socket, a pipe and a UDP socket: exactly the ready ones. */
+static void mixed_sets(const char *host, int port) {
+    int s = dial(host, port, 0), pp[2], u = socket(AF_INET, SOCK_DGRAM, 0);
+    pipe(pp);
+    struct sockaddr_in ua = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &ua.sin_addr);
+    bind(u, (void *)&ua, sizeof ua);
+    int fds[3] = {s, pp[0], u}, max = 0;
+    for (int i = 0; i < 3; i++) if (fds[i] > max) max = fds[i];
+    char b[64];
+    for (int round = 0; round < 2; round++) {
+        if (round == 0) write(pp[1], "p", 1);
+        else { read(pp[0], b, 1); cmd(s, "d"); wait_bytes(s, 10); }
+        struct pollfd p[3];
+        for (int i = 0; i < 3; i++) p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        int pr = poll(p, 3, 1000);
+        fd_set rs; FD_ZERO(&rs);
+        for (int i = 0; i < 3; i++) FD_SET(fds[i], &rs);
+        struct timeval tv = {1, 0};
+        int sr = select(max + 1, &rs, NULL, NULL, &tv);
+        printf("mixed, %s ready: poll=%d revents socket=%#x pipe=%#x udp=%#x select=%d isset %d%d%d\n",
+               round ? "socket" : "pipe", pr, p[0].revents, p[1].revents, p[2].revents, sr,
+               FD_ISSET(s, &rs), FD_ISSET(pp[0], &rs), FD_ISSET(u, &rs));
+    }
+    read_full(s, b, 10);
+    close(s); close(pp[0]); close(pp[1]); close(u);
+}
+
+/* The peer's FIN, then our write to the closed peer (it answers RST: this socket was in
+ * CLOSE_WAIT, so Linux reports EPIPE); the peer's RST (SO_LINGER {1, 0}): the error is reported
+ * once, by whichever of recv or SO_ERROR comes first, then reads give 0 and sends EPIPE. */
+static void fin_and_reset(const char *host, int port) {
+    int s = dial(host, port, 0);
+    char b[64];
+    cmd(s, "x");
+    int rv = wait_revents(s, POLLIN);
+    printf("after FIN: poll=%#x epoll=%#x", rv, epoll_mask(s));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    printf(" so_error=%s\n", en(so_error(s)));
+    printf("  send to the closed peer: %s", res(send(s, "abc", 3, MSG_NOSIGNAL)));
+    rv = wait_revents(s, POLLHUP | POLLERR);
+    printf(" then poll=%#x epoll=%#x", rv, epoll_mask(s));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    printf(" so_error=%s", en(so_error(s)));
+    printf(" send=%s\n", res(send(s, "abc", 3, MSG_NOSIGNAL)));
+    close(s);
+
+    s = dial(host, port, 0);
+    cmd(s, "r");
+    rv = wait_revents(s, POLLHUP | POLLERR);
+    printf("after RST: poll=%#x epoll=%#x", rv, epoll_mask(s));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    printf(" so_error=%s", en(so_error(s)));
+    printf(" send=%s", res(send(s, "abc", 3, MSG_NOSIGNAL)));
+    printf(" then poll=%#x epoll=%#x\n", wait_revents(s, POLLHUP), epoll_mask(s));
+    close(s);
+
+    s = dial(host, port, 0);
+    cmd(s, "r");
+    wait_revents(s, POLLHUP | POLLERR);
+    printf("after RST, SO_ERROR first: so_error=%s", en(so_error(s)));
+    printf(" so_error=%s", en(so_error(s)));
+    printf(" recv=%s\n", res(recv(s, b, sizeof b, 0)));
+    close(s);
+}
+
+/* SO_RCVTIMEO; signals: MSG_WAITALL interrupted after part of the data returns that part,
+ * SA_RESTART restarts a blocking read, no SA_RESTART gives EINTR, and SA_RESTART on a socket
+ * with a receive timeout gives EINTR too (Linux: socket timeouts make restarts EINTR). */
+static void timeouts_and_signals(const char *host, int port) {
+    int s = dial(host, port, 0);
+    char b[64];
+    struct timeval tv = {0, 200000};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    double t0 = now(CLOCK_MONOTONIC);
+    const char *r = res(recv(s, b, sizeof b, 0));
+    double waited = now(CLOCK_MONOTONIC) - t0;
+    printf("SO_RCVTIMEO 200 ms: recv=%s waited_timeout=%d\n", r, waited >= 0.19 && waited < 2);
+    tv = (struct timeval){0, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+
+    struct sigaction plain = {.sa_handler = on_alarm}, restart = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
+    sigaction(SIGALRM, &plain, NULL);
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    int a0 = alarms;
+    ualarm(100000, 0);
+    r = res(recv(s, b, 10, MSG_WAITALL));
+    printf("MSG_WAITALL for 10, 5 arrived, interrupted: %s alarms=%d\n", r, alarms - a0);
+
+    a0 = alarms;
+    ualarm(100000, 0);
+    r = res(recv(s, b, 10, 0));
+    printf("blocking recv, no SA_RESTART: %s alarms=%d\n", r, alarms - a0);
+
+    sigaction(SIGALRM, &restart, NULL);
+    cmd(s, "l"); /* 10 bytes in 300 ms */
+    a0 = alarms;
+    ualarm(100000, 0);
+    r = res(recv(s, b, 10, MSG_WAITALL));
+    printf("blocking recv, SA_RESTART: %s alarms=%d\n", r, alarms - a0);
+
+    tv = (struct timeval){2, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    a0 = alarms;
+    ualarm(100000, 0);
+    t0 = now(CLOCK_MONOTONIC);
+    r = res(recv(s, b, 10, 0));
+    waited = now(CLOCK_MONOTONIC) - t0;
+    printf("blocking recv, SA_RESTART, SO_RCVTIMEO 2 s: %s alarms=%d before_timeout=%d\n", r, alarms - a0, waited < 1.5);
+    sigaction(SIGALRM, &plain, NULL);
+    close(s);
+}
+
+static void *blocked_recv(void *arg) {
+    char b[64];
+    return (void *)(long)recv((int)(long)arg, b, sizeof b, 0);
+}
+
+/* shutdown(SHUT_RD): buffered data is still read, then 0; poll shows POLLIN|POLLRDHUP; a
+ * thread blocked in recv is woken with 0. O_NONBLOCK belongs to the open file description. */
+static void shut_rd_and_flags(const char *host, int port) {
+    int s = dial(host, port, 0);
+    char b[64];
+    cmd(s, "d");
+    wait_bytes(s, 10);
+    printf("shutdown(SHUT_RD) with 10 buffered: %s", res(shutdown(s, SHUT_RD)));
+    printf(" poll=%#x epoll=%#x", wait_revents(s, POLLIN), epoll_mask(s));
+    printf(" read=%s", res(read(s, b, sizeof b)));
+    printf(" read=%s", res(read(s, b, sizeof b)));
+    printf(" poll=%#x\n", wait_revents(s, POLLIN));
+    close(s);
+
+    s = dial(host, port, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_recv, (void *)(long)s);
+    usleep(200000);
+    shutdown(s, SHUT_RD);
+    void *ret;
+    pthread_join(t, &ret);
+    printf("recv blocked in another thread, shutdown(SHUT_RD): %ld\n", (long)ret);
+    close(s);
+
+    s = dial(host, port, 0);
+    int d = dup(s);
+    fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+    int seen = !!(fcntl(d, F_GETFL) & O_NONBLOCK);
+    printf("O_NONBLOCK set on one fd, seen on its dup: %d read on the dup=%s", seen, res(read(d, b, sizeof b)));
+    fcntl(d, F_SETFL, fcntl(d, F_GETFL) & ~O_NONBLOCK);
+    printf(" cleared on the dup, seen on the original: %d\n", !(fcntl(s, F_GETFL) & O_NONBLOCK));
+    close(d); close(s);
+}
+
+#define ZLEN 100000
+
+static void pattern(char *b, int n, int seed) {
+    for (int i = 0; i < n; i++) b[i] = (char)(i * 7 + i / 251 + seed);
+}
+
+struct sink { int s, spl; char *buf; int got; };
+
+/* Reads the echo to EOF, with read or by splice through a pipe. */
+static void *sink(void *arg) {
+    struct sink *k = arg;
+    int pp[2];
+    if (k->spl) pipe(pp);
+    for (;;) {
+        ssize_t r;
+        if (k->spl) {
+            r = splice(k->s, NULL, pp[1], NULL, 65536, 0);
+            if (r > 0) for (ssize_t o = 0; o < r;) { ssize_t q = read(pp[0], k->buf + k->got, r - o); if (q <= 0) break; o += q; k->got += q; }
+        } else {
+            r = read(k->s, k->buf + k->got, ZLEN - k->got);
+            if (r > 0) k->got += r;
+        }
+        if (r <= 0 || k->got >= ZLEN) break;
+    }
+    if (k->spl) { close(pp[0]); close(pp[1]); }
+    return NULL;
+}
+
+/* sendfile file -> socket; splice pipe -> socket and socket -> pipe; writev/readv of IOV_MAX
+ * iovecs (one more is EINVAL). Content echoed by the server and compared. */
+static void zero_copy_and_vectors(const char *host, int port) {
+    static char want[ZLEN], got[ZLEN];
+    pattern(want, ZLEN, 1);
+    char path[] = "/tmp/conform-sendfile-XXXXXX";
+    int f = mkstemp(path);
+    unlink(path);
+    write(f, want, ZLEN);
+    int s = dial(host, port, 0);
+    cmd(s, "E");
+    struct sink k = {.s = s, .buf = got};
+    pthread_t t;
+    pthread_create(&t, NULL, sink, &k);
+    off_t off = 0;
+    long sent = 0;
+    while (sent < ZLEN) { ssize_t r = sendfile(s, f, &off, ZLEN - sent); if (r <= 0) break; sent += r; }
+    shutdown(s, SHUT_WR);
+    pthread_join(t, NULL);
+    printf("sendfile: sent=%ld echoed=%d equal=%d\n", sent, k.got, !memcmp(want, got, ZLEN));
+    close(s); close(f);
+
+    pattern(want, ZLEN, 2);
+    memset(got, 0, ZLEN);
+    s = dial(host, port, 0);
+    cmd(s, "E");
+    k = (struct sink){.s = s, .spl = 1, .buf = got};
+    pthread_create(&t, NULL, sink, &k);
+    int pp[2];
+    pipe(pp);
+    long moved = 0;
+    for (int o = 0; o < ZLEN; o += 4096) {
+        int n = ZLEN - o < 4096 ? ZLEN - o : 4096;
+        write(pp[1], want + o, n);
+        for (int m = 0; m < n;) { ssize_t r = splice(pp[0], NULL, s, NULL, n - m, 0); if (r <= 0) break; m += r; moved += r; }
+    }
+    shutdown(s, SHUT_WR);
+    pthread_join(t, NULL);
+    printf("splice pipe->socket: %ld socket->pipe: %d equal=%d\n", moved, k.got, !memcmp(want, got, ZLEN));
+    close(pp[0]); close(pp[1]); close(s);
+
+    /* IOV_MAX iovecs of 8 bytes each. */
+    static struct iovec iov[IOV_MAX + 1];
+    for (int i = 0; i <= IOV_MAX; i++) iov[i] = (struct iovec){want + i * 8, 8};
+    s = dial(host, port, 0);
+    cmd(s, "E");
+    printf("writev %d iovecs: %s", IOV_MAX + 1, res(writev(s, iov, IOV_MAX + 1)));
+    printf(" %d iovecs: %s", IOV_MAX, res(writev(s, iov, IOV_MAX)));
+    memset(got, 0, ZLEN);
+    for (int i = 0; i < IOV_MAX; i++) iov[i] = (struct iovec){got + i * 8, 8};
+    int total = 0, ok = 1;
+    while (total < IOV_MAX * 8) {
+        /* Resume in the iovec where the last readv stopped. */
+        int i = total / 8;
+        struct iovec v[IOV_MAX];
+        memcpy(v, iov + i, (IOV_MAX - i) * sizeof *v);
+        v[0].iov_base = got + total; v[0].iov_len = 8 - total % 8;
+        ssize_t r = readv(s, v, IOV_MAX - i);
+        if (r <= 0) { ok = 0; break; }
+        total += r;
+    }
+    printf(" readv %d iovecs: %d equal=%d\n", IOV_MAX, ok ? total : -1, !memcmp(want, got, IOV_MAX * 8));
+    close(s);
+}
+
+/* Processes: a forked child uses the inherited socket while the parent leaves it alone, then
+ * the parent goes on; a per-connection forking server; posix_spawn with the socket as stdin
+ * and stdout; SCM_RIGHTS to an exec'd process, the sender closing its copy. */
+static void processes(const char *host, int port, const char *self) {
+    int s = dial(host, port, 0);
+    char b[64];
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        cmd(s, "echld");
+        printf("forked child echo: %.*s\n", read_full(s, b, 4), b);
+        exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    cmd(s, "eprnt");
+    printf("parent after the child exited: %.*s\n", read_full(s, b, 4), b);
+    close(s);
+
+    int c1 = dial(host, port + 2, 0), c2 = dial(host, port + 2, 0);
+    cmd(c1, "eone1");
+    cmd(c2, "etwo2");
+    int n1 = read_full(c1, b, 4);
+    printf("forkserver: echo %.*s", n1, b);
+    printf(" %.*s", read_full(c2, b, 4), b);
+    cmd(c1, "x");
+    cmd(c2, "x");
+    printf(" eof %s", res(read(c1, b, sizeof b)));
+    printf(" %s\n", res(read(c2, b, sizeof b)));
+    close(c1); close(c2);
+
+    s = dial(host, port, 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, s, 0);
+    posix_spawn_file_actions_adddup2(&fa, s, 1);
+    char *argv[] = {"conform", "spawn-child", NULL};
+    fflush(stdout);
+    int sr = posix_spawn(&pid, self, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    st = -1;
+    if (sr == 0) waitpid(pid, &st, 0);
+    printf("posix_spawn child echoing through stdin/stdout: spawn=%d exit=%d\n", sr, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    cmd(s, "eafta");
+    printf("  parent after the spawned child: %.*s\n", read_full(s, b, 4), b);
+    close(s);
+}
+
+/* Passes `s` over a unix socketpair to `argv` (exec'd in a child), closes our copy, and waits. */
+static int pass_fd(int s, char *const argv[]) {
+    int sp[2];
+    socketpair(AF_UNIX, SOCK_STREAM, 0, sp);
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", sp[1]);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sp[0]);
+        char *a[8];
+        int i = 0;
+        for (; argv[i]; i++) a[i] = argv[i];
+        a[i++] = fd;
+        a[i] = NULL;
+        execv(a[0], a);
+        _exit(127);
+    }
+    close(sp[1]);
+    char c[CMSG_SPACE(sizeof(int))] = {0};
+    struct iovec v = {"s", 1};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = c, .msg_controllen = sizeof c};
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &s, sizeof s);
+    sendmsg(sp[0], &m, 0);
+    close(s);
+    write(sp[0], "g", 1); /* go: our copy is closed */
+    int st = -1;
+    waitpid(pid, &st, 0);
+    close(sp[0]);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void scm_rights(const char *host, int port, const char *self) {
+    int s = dial(host, port, 0);
+    char *argv[] = {(char *)self, "scm-recv", NULL};
+    int st = pass_fd(s, argv);
+    printf("SCM_RIGHTS to an exec'd child, sender closed its copy: exit=%d\n", st);
+}
+
+/* The same, to a process started with `env -u LD_PRELOAD` (without the library). On kernel
+ * TCP it works like any other; `netchannel run` documents what it does. */
+static void scm_nolib(const char *host, int port) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    int s = dial(host, port, 0);
+    if (s < 0) { errno = -s; die("connect"); }
+    char *argv[] = {"/usr/bin/env", "-u", "LD_PRELOAD", exe, "scm-recv", NULL};
+    int st = pass_fd(s, argv);
+    printf("SCM_RIGHTS to a process without the library: exit=%d\n", st);
+}
+
+/* Receiver: takes the socket, waits for the sender's go, echoes through it, sees EOF. */
+static int scm_recv(int u) {
+    char c[CMSG_SPACE(sizeof(int))], one, b[64];
+    struct iovec v = {&one, 1};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = c, .msg_controllen = sizeof c};
+    if (recvmsg(u, &m, 0) != 1) die("recvmsg");
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    if (!h || h->cmsg_type != SCM_RIGHTS) die("SCM_RIGHTS");
+    int s;
+    memcpy(&s, CMSG_DATA(h), sizeof s);
+    read(u, &one, 1);
+    cmd(s, "erecv");
+    int n = read_full(s, b, 4);
+    printf("  receiver: echo %.*s", n, b);
+    cmd(s, "x");
+    printf(" eof %s\n", res(read(s, b, sizeof b)));
+    return n == 4 && !memcmp(b, "recv", 4) ? 0 : 1;
+}
+
+/* posix_spawn'd with the socket as stdin and stdout. */
+static int spawn_child(void) {
+    char b[4];
+    write(1, "espwn", 5);
+    return read_full(0, b, 4) == 4 && !memcmp(b, "spwn", 4) ? 0 : 1;
+}
+
 static void client(const char *host, int port) {
     signal(SIGPIPE, SIG_IGN);
     /* Non-blocking connect, SO_ERROR. */
@@ -289,6 +981,15 @@ static void client(const char *host, int port) {
     printf("getaddrinfo localhost: %d\n", getaddrinfo("localhost", NULL, NULL, &ai) == 0);
 
     more(host, port, "/proc/self/exe");
+    epoll_cases(host, port);
+    mixed_sets(host, port);
+    fin_and_reset(host, port);
+    timeouts_and_signals(host, port);
+    shut_rd_and_flags(host, port);
+    full_window(host, port);
+    zero_copy_and_vectors(host, port);
+    processes(host, port, "/proc/self/exe");
+    scm_rights(host, port, "/proc/self/exe");
 
     s = dial(host, port, 0);
     write(s, "q", 1);
@@ -312,6 +1013,9 @@ int main(int argc, char **argv) {
     else if (argc == 4 && !strcmp(argv[1], "client")) client(argv[2], atoi(argv[3]));
     else if (argc == 4 && !strcmp(argv[1], "unreachable")) unreachable(argv[2], atoi(argv[3]));
     else if (argc == 3 && !strcmp(argv[1], "exec-child")) exec_child(atoi(argv[2]));
-    else { fprintf(stderr, "usage: conform server PORT | client HOST PORT\n"); return 2; }
+    else if (argc == 4 && !strcmp(argv[1], "scm-nolib")) scm_nolib(argv[2], atoi(argv[3]));
+    else if (argc == 3 && !strcmp(argv[1], "scm-recv")) return scm_recv(atoi(argv[2]));
+    else if (argc == 2 && !strcmp(argv[1], "spawn-child")) return spawn_child();
+    else { fprintf(stderr, "usage: conform server PORT | client HOST PORT | scm-nolib HOST PORT\n"); return 2; }
     return 0;
 }
