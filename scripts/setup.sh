@@ -19,6 +19,10 @@ have memcslap || need_apt+=(libmemcached-tools)
 have nginx || need_apt+=(nginx-light)
 have wrk || need_apt+=(wrk)
 have curl || need_apt+=(curl) # the nginx test fetches its file with it
+# PostgreSQL (a forking server) with pgbench; haproxy (accepts and connects in one event loop).
+# Debian keeps PostgreSQL's programs in /usr/lib/postgresql/VERSION/bin.
+compgen -G '/usr/lib/postgresql/*/bin/pgbench' >/dev/null || need_apt+=(postgresql)
+have haproxy || need_apt+=(haproxy)
 have python3 || need_apt+=(python3) # scripts/sched-trace.py
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 

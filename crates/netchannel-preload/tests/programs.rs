@@ -385,6 +385,196 @@ fn nginx(hosts: Hosts) {
     assert!(stat(&p.client.stats, "virtual sockets") >= 33, "{}", stats_text(&p.client.stats));
 }
 
+/// PostgreSQL's programs: Debian keeps them in /usr/lib/postgresql/VERSION/bin (the newest).
+fn postgres_bin() -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<(u32, std::path::PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            ["initdb", "postgres", "pgbench", "psql"]
+                .iter()
+                .all(|p| bin.join(p).exists())
+                .then_some((version, bin))
+        })
+        .collect();
+    dirs.sort();
+    let found = dirs.pop().map(|(_, bin)| bin);
+    if found.is_none() {
+        have("pgbench"); // skips, or fails in CI, naming scripts/setup.sh
+    }
+    found
+}
+
+/// PostgreSQL under pgbench (TPC-B-like transactions from 8 connections in 2 threads), results
+/// checked with psql. The postmaster accepts each connection, forks a backend that serves it
+/// and closes its own copy (accept-fork-parent-closes); with the relay the backend's fd is a
+/// kernel socket, relayed by the postmaster's relay threads.
+fn postgres(hosts: Hosts) {
+    let Some(bin) = postgres_bin() else { return };
+    if !have("runuser") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let p = Pair::new(tb, &format!("pgbench-{hosts:?}"), true, true);
+    let pg = |name: &str| bin.join(name).display().to_string();
+    // PostgreSQL refuses to run as root: nobody owns the data directory and runs the server,
+    // and must be able to append to the server's stats file.
+    let data = p.dir.join("data");
+    std::fs::create_dir(&data).unwrap();
+    let ok = std::process::Command::new("chown").arg("nobody:").arg(&data).status();
+    assert!(ok.is_ok_and(|s| s.success()), "chown nobody {}", data.display());
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", &pg("initdb"), "-A", "trust", "-U", "postgres", "--no-sync"])
+        .arg("-D")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+    let mut hba = std::fs::OpenOptions::new().append(true).open(data.join("pg_hba.conf")).unwrap();
+    std::io::Write::write_all(&mut hba, b"host all all 0.0.0.0/0 trust\n").unwrap();
+    std::fs::write(&p.server.stats, "").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p.server.stats, std::fs::Permissions::from_mode(0o666)).unwrap();
+
+    let port = ports(1).to_string();
+    let h = p.server.addr.clone();
+    let d = data.display().to_string();
+    let server = p.server.spawn(
+        "runuser",
+        &["-u", "nobody", "--", &pg("postgres"), "-D", &d, "-k", &d, "-h", &h, "-p", &port]
+            .into_iter()
+            .chain(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c"])
+            .chain(["full_page_writes=off"])
+            .collect::<Vec<_>>(),
+    );
+    p.server.wait_listening(port.parse().unwrap());
+    let conn = ["-h", &h, "-p", &port, "-U", "postgres"];
+    fn with<'a>(conn: &[&'a str], args: &[&'a str]) -> Vec<&'a str> {
+        conn.iter().chain(args).copied().collect()
+    }
+    p.client.run(&pg("pgbench"), &with(&conn, &["-i", "-q", "postgres"]), T);
+    let out = p.client.run(
+        &pg("pgbench"),
+        &with(&conn, &["-c", "8", "-j", "2", "-t", "250", "postgres"]),
+        T,
+    );
+    assert!(out.contains("number of transactions actually processed: 2000/2000"), "{out}");
+    assert!(out.contains("number of failed transactions: 0 "), "{out}");
+    let tps: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no tps from pgbench:\n{out}"));
+    assert!(tps > 0.0, "{out}");
+    // Scale 1: 100,000 accounts; each transaction adds one history row.
+    let counts = p.client.run(
+        &pg("psql"),
+        &with(&conn, &["-X", "-At", "-c", "select count(*) from pgbench_accounts"])
+            .into_iter()
+            .chain(["-c", "select count(*) from pgbench_history", "postgres"])
+            .collect::<Vec<_>>(),
+        T,
+    );
+    assert_eq!(counts, "100000\n2000\n");
+    server.stop();
+    // pgbench -i, pgbench (8 connections and one more) and psql: 11 connections. The
+    // postmaster accepted them all; its backends write the counters they inherited.
+    assert!(stat(&p.client.stats, "virtual sockets") >= 11, "{}", stats_text(&p.client.stats));
+    assert!(stat_max(&p.server.stats, "accept") >= 11, "{}", stats_text(&p.server.stats));
+}
+
+/// haproxy in TCP mode between redis-benchmark and redis-server: one event loop that accepts
+/// the clients' connections and connects to the backend for each. The client and the backend
+/// are on host A, haproxy on host B. Between namespaces both hops are carried. On loopback the
+/// hosts share one channel port, which haproxy's engine holds (it listens), so the backend runs
+/// on kernel TCP and haproxy's connections to it find no engine at the peer.
+fn haproxy(hosts: Hosts) {
+    if !have("haproxy") || !have("redis-server") || !have("redis-benchmark") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let p = Pair::new(tb, &format!("haproxy-{hosts:?}"), true, true);
+    let both = p.server.netns.is_some();
+    let mut backend = p.client.clone();
+    backend.carried = both;
+    backend.stats = p.dir.join("backend.stats");
+    let (front, back) = (ports(1), ports(1));
+    let redis = backend.spawn(
+        "redis-server",
+        &["--port", &back.to_string(), "--bind", &backend.addr, "--protected-mode", "no"]
+            .into_iter()
+            .chain(["--save", "", "--appendonly", "no"])
+            .collect::<Vec<_>>(),
+    );
+    backend.wait_listening(back);
+    let conf = p.dir.join("haproxy.cfg");
+    std::fs::write(
+        &conf,
+        format!(
+            "global\n  maxconn 1000\n\
+             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n\
+             frontend fe\n  bind {}:{front}\n  default_backend be\n\
+             backend be\n  server redis {}:{back}\n",
+            p.server.addr, backend.addr
+        ),
+    )
+    .unwrap();
+    let proxy = p.server.spawn("haproxy", &["-f", &conf.display().to_string(), "-db"]);
+    p.server.wait_listening(front);
+    let (h, port) = (p.server.addr.clone(), front.to_string());
+    let cli = |args: &[&str]| {
+        let mut a = vec!["-h", &h, "-p", &port, "--raw"];
+        a.extend_from_slice(args);
+        p.client.run("redis-cli", &a, T)
+    };
+    let out = p.client.run(
+        "redis-benchmark",
+        &["-h", &h, "-p", &port, "-c", "20", "-P", "8", "-t", "set,get", "-n", "20000", "--csv"],
+        T,
+    );
+    assert!(rps(&out, "SET") > 1000.0 && rps(&out, "GET") > 1000.0, "{out}");
+    let kv: Vec<(String, String)> =
+        (0..200).map(|i| (format!("k{i}"), format!("{i}-{}", "v".repeat(i * 13 % 2000)))).collect();
+    let mut mset = vec!["mset"];
+    for (k, v) in &kv {
+        mset.push(k);
+        mset.push(v);
+    }
+    assert_eq!(cli(&mset).trim(), "OK");
+    let mut mget = vec!["mget"];
+    mget.extend(kv.iter().map(|(k, _)| k.as_str()));
+    let values: Vec<String> = cli(&mget).lines().map(String::from).collect();
+    let want: Vec<String> = kv.iter().map(|(_, v)| v.clone()).collect();
+    assert_eq!(values, want, "values read back through haproxy differ from those written");
+    // Every request of the benchmark reached redis once (20,000 is a multiple of -P 8).
+    let stats = cli(&["info", "commandstats"]);
+    for cmd in ["set", "get"] {
+        let calls = stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|v| v.split(',').next()?.parse::<u64>().ok());
+        assert_eq!(calls, Some(20_000), "{stats}");
+    }
+    assert!(stats.contains("failed_calls=0"), "{stats}");
+    // haproxy leaves through exit() (writing its stats) on SIGUSR1, its soft stop.
+    proxy.stop_with(libc::SIGUSR1);
+    redis.stop();
+    let proxy_stats = stats_text(&p.server.stats);
+    // redis-benchmark: 2 x 20 connections (and 2 for its CONFIG GET); redis-cli: 3.
+    assert!(stat(&p.client.stats, "virtual sockets") >= 40, "{}", stats_text(&p.client.stats));
+    assert!(stat(&p.server.stats, "accept") >= 40, "{proxy_stats}");
+    if both {
+        assert!(stat(&p.server.stats, "connect") >= 40, "{proxy_stats}");
+        assert!(stat(&backend.stats, "accept") >= 40, "{}", stats_text(&backend.stats));
+    } else {
+        assert_eq!(stat(&p.server.stats, "connect"), 0, "{proxy_stats}");
+        assert!(stat(&p.server.stats, "no engine at peer") >= 40, "{proxy_stats}");
+    }
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -393,7 +583,9 @@ crate::both_testbeds!(
     memcached,
     nginx,
     conformance,
-    preshared_key
+    preshared_key,
+    postgres,
+    haproxy
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.

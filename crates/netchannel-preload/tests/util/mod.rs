@@ -158,9 +158,15 @@ pub struct Server(pub Child);
 
 impl Server {
     /// Stops the server with SIGTERM (so it exits through atexit and writes its stats).
-    pub fn stop(mut self) {
+    pub fn stop(self) {
+        self.stop_with(libc::SIGTERM)
+    }
+
+    /// Stops the server with `signal`, for programs that leave through exit() on another one
+    /// (haproxy: SIGUSR1).
+    pub fn stop_with(mut self, signal: i32) {
         // SAFETY: signalling our own child process.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.0.id() as i32, signal) };
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if self.0.try_wait().ok().flatten().is_some() {
@@ -222,12 +228,21 @@ impl Pair {
 /// "bytes out", ...) over all processes that wrote to `path`.
 pub fn stat(path: &Path, field: &str) -> u64 {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let at = l.find(&format!("{field} "))? + field.len() + 1;
-            l[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
-        })
-        .sum()
+    text.lines().map(|l| stat_line(l, field)).sum()
+}
+
+/// The largest value of one `--stats` field that one process wrote to `path`: a forked child
+/// (a PostgreSQL backend) writes the counters it inherited, so a sum would count its parent's
+/// connections again.
+pub fn stat_max(path: &Path, field: &str) -> u64 {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().map(|l| stat_line(l, field)).max().unwrap_or(0)
+}
+
+fn stat_line(l: &str, field: &str) -> u64 {
+    let Some(at) = l.find(&format!("{field} ")) else { return 0 };
+    let v = &l[at + field.len() + 1..];
+    v.split(|c: char| !c.is_ascii_digit()).next().and_then(|n| n.parse().ok()).unwrap_or(0)
 }
 
 /// Stats lines for failure messages.
