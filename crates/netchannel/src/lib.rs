@@ -47,11 +47,15 @@ pub mod wire;
 mod wire;
 
 pub use driver::ChannelStats;
+pub use engine::readiness::ReadinessObserver;
 pub use engine::{
     Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats, WorkerThread,
 };
 pub use scheduler::Policy;
 pub use sys::{enter_netns, ThreadPolicy};
 pub use vns::poller::Poller;
-pub use vns::socket::{flush_sends, Listener, VSocket};
+/// Serving channels from a program's own waits: for the interposition library.
+#[cfg(feature = "internals")]
+pub use vns::serve::ServeSet;
+pub use vns::socket::{flush_sends, Listener, Readiness, VSocket};
 pub use wire::Class;

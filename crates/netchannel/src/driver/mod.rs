@@ -205,7 +205,7 @@ impl Channel {
         pool: Arc<BufPool>,
         hold: Box<dyn std::any::Any + Send + Sync>,
     ) -> io::Result<Self> {
-        let hangup = rustix::io::fcntl_dupfd_cloexec(transport.fd(), 0)?;
+        let hangup = crate::sys::raised(rustix::io::fcntl_dupfd_cloexec(transport.fd(), 0)?);
         Ok(Channel {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             meta,
@@ -262,6 +262,13 @@ impl Channel {
         let n = sys::read_into(self.transport.fd(), buf)?;
         self.counters.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
+    }
+
+    /// The socket holds bytes to read now, or its end (a deferred payload's reader finds
+    /// something). True when the kernel cannot tell: the reader then learns by reading.
+    pub fn bytes_waiting(&self) -> bool {
+        self.hung_up.load(Ordering::Acquire)
+            || rustix::io::ioctl_fionread(self.transport.fd()).map_or(true, |n| n > 0)
     }
 
     pub fn count_rx_frames(&self, n: usize) {

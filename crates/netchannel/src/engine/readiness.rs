@@ -63,7 +63,7 @@ impl StreamUser {
         }
         if bits & (EV_READ | EV_WRITE) != 0 {
             if let Some(p) = &self.poll {
-                wakes.polls.push(p.clone());
+                wakes.polls.push((p.clone(), bits));
             }
         }
     }
@@ -75,7 +75,7 @@ impl StreamUser {
 #[derive(Default)]
 pub(crate) struct Wakes {
     pub threads: Vec<Arc<Waiter>>,
-    pub polls: Vec<Arc<PollEntry>>,
+    pub polls: Vec<(Arc<PollEntry>, u8)>,
     pub listeners: Vec<Arc<ListenerShared>>,
 }
 
@@ -84,8 +84,8 @@ impl Wakes {
         for w in self.threads.drain(..) {
             w.notify();
         }
-        for p in self.polls.drain(..) {
-            p.notify();
+        for (p, bits) in self.polls.drain(..) {
+            p.notify(bits);
         }
         for l in self.listeners.drain(..) {
             l.notify();
@@ -108,30 +108,67 @@ pub(crate) struct PollerShared {
     companion: Mutex<Option<(RawFd, u64)>>,
 }
 
-/// A socket's membership in a poller.
-pub(crate) struct PollEntry {
-    poller: Arc<PollerShared>,
-    token: u64,
-    /// Set while the token sits in the ready list, so a busy socket is listed once.
-    queued: AtomicBool,
+/// Told when a virtual socket's readiness may have changed: an interposition layer mirrors it
+/// into a kernel object (see `VSocket::set_observer`). Called after the engine's locks are
+/// released, from whichever thread made the change; it must not block.
+pub trait ReadinessObserver: Send + Sync {
+    /// `readable`/`writable`: which of the socket's sides may have changed (new data, end of
+    /// stream or an error; credit or buffer space).
+    fn changed(&self, readable: bool, writable: bool);
 }
+
+/// Who a socket's readiness changes go to.
+enum Target {
+    /// A `Poller`'s ready list, under a token.
+    Poller { poller: Arc<PollerShared>, token: u64, queued: AtomicBool },
+    /// An observer, told every change.
+    Observer(Arc<dyn ReadinessObserver>),
+}
+
+/// A socket's membership in a poller, or its observer.
+pub(crate) struct PollEntry {
+    target: Target,
+}
+
+/// What `polled_by_current_thread` answers for observed sockets while the thread serves
+/// channels on behalf of an observer's owner (`ServeSet`).
+pub(crate) const SERVING_OBSERVED: usize = 1;
 
 impl PollEntry {
     pub fn new(poller: &Arc<PollerShared>, token: u64) -> Self {
-        PollEntry { poller: poller.clone(), token, queued: AtomicBool::new(false) }
+        PollEntry {
+            target: Target::Poller {
+                poller: poller.clone(),
+                token,
+                queued: AtomicBool::new(false),
+            },
+        }
     }
 
-    /// Whether the calling thread is the one waiting on this entry's poller right now.
+    pub fn observer(observer: Arc<dyn ReadinessObserver>) -> Self {
+        PollEntry { target: Target::Observer(observer) }
+    }
+
+    /// Whether the calling thread is the one waiting on this entry's poller right now (for an
+    /// observed socket: whether it serves channels for the observer's owner, who reads next).
     pub fn polled_by_current_thread(&self) -> bool {
-        waiter::polling() == Arc::as_ptr(&self.poller) as usize
+        match &self.target {
+            Target::Poller { poller, .. } => waiter::polling() == Arc::as_ptr(poller) as usize,
+            Target::Observer(_) => waiter::polling() == SERVING_OBSERVED,
+        }
     }
 
-    /// Lists the socket as ready (once until `wait` returns it).
-    pub fn notify(self: &Arc<Self>) {
-        if self.queued.swap(true, Ordering::AcqRel) {
+    /// Lists the socket as ready (once until `wait` returns it), or tells its observer.
+    pub fn notify(self: &Arc<Self>, bits: u8) {
+        let (p, queued) = match &self.target {
+            Target::Observer(o) => {
+                return o.changed(bits & EV_READ != 0, bits & EV_WRITE != 0);
+            }
+            Target::Poller { poller, queued, .. } => (poller, queued),
+        };
+        if queued.swap(true, Ordering::AcqRel) {
             return;
         }
-        let p = &self.poller;
         let was_empty = {
             let mut ready = p.ready.lock();
             let e = ready.is_empty();
@@ -145,6 +182,18 @@ impl PollEntry {
             if p.fd_used.load(Ordering::Acquire) {
                 p.fd.notify();
             }
+        }
+    }
+
+    /// The poller's token, cleared from the ready list (`None` for an observer).
+    fn take_token(&self) -> Option<u64> {
+        match &self.target {
+            Target::Poller { token, queued, .. } => {
+                // Cleared before the application looks, so any later change re-lists it.
+                queued.store(false, Ordering::Release);
+                Some(*token)
+            }
+            Target::Observer(_) => None,
         }
     }
 }
@@ -191,11 +240,7 @@ impl PollerShared {
             }
             {
                 let mut ready = self.ready.lock();
-                for e in ready.drain(..) {
-                    // Cleared before the application looks, so any later change re-lists it.
-                    e.queued.store(false, Ordering::Release);
-                    tokens.push(e.token);
-                }
+                tokens.extend(ready.drain(..).filter_map(|e| e.take_token()));
             }
             if !tokens.is_empty() {
                 break Ok(());

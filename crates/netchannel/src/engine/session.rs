@@ -263,8 +263,10 @@ impl SessionRt {
         let grace = self.ctx.config.defer_grace;
         for _ in 0..RX_READS_PER_RUN {
             if st.reader.is_deferred() {
+                let waiting = ch.bytes_waiting();
                 let mut core = self.core();
-                if !core.reader_may_read(ch.meta.index, &mut st.reader, Instant::now(), grace) {
+                let now = Instant::now();
+                if !core.reader_may_read(ch.meta.index, &mut st.reader, now, grace, waiting) {
                     // Its reader reads the payload (woken now: bytes may have arrived for it);
                     // the tick takes it over if the reader does not come within the grace.
                     drop(core);
@@ -289,6 +291,9 @@ impl SessionRt {
             };
             self.dispatch(ch, &mut st)?;
             if n < asked && !ch.hung_up.load(Ordering::Acquire) {
+                if st.reader.is_deferred() {
+                    continue; // the loop's head settles whether the payload's reader has bytes
+                }
                 return Ok(true); // a short read: the socket is drained
             }
         }

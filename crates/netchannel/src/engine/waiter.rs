@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 
 use super::session::SessionRt;
 use crate::driver::Channel;
-use crate::sys::{Epoll, EventFd, EDGE, EXCLUSIVE, READABLE, WRITABLE};
+use crate::sys::{Epoll, EventFd, SignalPolicy, EDGE, EXCLUSIVE, READABLE, WRITABLE};
 use crate::wire::Class;
 
 const IDLE: u8 = 0;
@@ -96,6 +96,16 @@ impl Waiter {
         deadline: Option<Instant>,
         out: &mut Vec<ChannelEvent>,
     ) -> io::Result<bool> {
+        self.sleep_signals(deadline, out, SignalPolicy::default())
+    }
+
+    /// `sleep` under a signal policy (an interruptible sleep fails with `Interrupted`).
+    pub fn sleep_signals(
+        &self,
+        deadline: Option<Instant>,
+        out: &mut Vec<ChannelEvent>,
+        signals: SignalPolicy<'_>,
+    ) -> io::Result<bool> {
         if self.state.compare_exchange(IDLE, SLEEPING, Ordering::SeqCst, Ordering::SeqCst).is_err()
         {
             self.state.store(IDLE, Ordering::SeqCst);
@@ -103,9 +113,15 @@ impl Waiter {
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let mut raw = Vec::new();
-        let r = self.epoll.wait(&mut raw, 64, timeout);
+        let r = self.epoll.wait_signals(&mut raw, 64, timeout, signals);
         self.state.store(IDLE, Ordering::SeqCst);
         r?;
+        Ok(self.collect(raw, out))
+    }
+
+    /// Turns raw events of the thread's epoll set into channel events; returns whether the
+    /// companion fd had one.
+    fn collect(&self, raw: Vec<(u64, u32)>, out: &mut Vec<ChannelEvent>) -> bool {
         let watched = self.watched.lock();
         let mut companion = false;
         for (token, events) in raw {
@@ -121,7 +137,7 @@ impl Waiter {
                 out.push(ChannelEvent { channel, session, events });
             }
         }
-        Ok(companion)
+        companion
     }
 
     /// Puts `fd` (edge-triggered) in this thread's epoll set as the companion, in place of any
@@ -140,6 +156,29 @@ impl Waiter {
         if self.epoll.add_or_modify_raw(fd, READABLE | EDGE, TOKEN_COMPANION).is_ok() {
             *c = Some((fd, key));
         }
+    }
+
+    /// Sleeps in `sleep_in` (a `poll` over the caller's fds and `epoll_fd`, which is readable
+    /// while a watched channel has an event or a wake-up is pending), then collects the
+    /// channel events into `out`. `None` when a wake-up came since `begin` (nothing slept).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub fn sleep_beside<T>(
+        &self,
+        out: &mut Vec<ChannelEvent>,
+        sleep_in: impl FnOnce(RawFd) -> T,
+    ) -> Option<T> {
+        if self.state.compare_exchange(IDLE, SLEEPING, Ordering::SeqCst, Ordering::SeqCst).is_err()
+        {
+            self.state.store(IDLE, Ordering::SeqCst);
+            return None;
+        }
+        let r = sleep_in(self.epoll.raw());
+        self.state.store(IDLE, Ordering::SeqCst);
+        let mut raw = Vec::new();
+        if self.epoll.wait(&mut raw, 64, Some(Duration::ZERO)).is_ok() {
+            self.collect(raw, out);
+        }
+        Some(r)
     }
 
     /// Sleeps until notified or `deadline` without serving channels: for waits no channel

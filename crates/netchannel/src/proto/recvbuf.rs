@@ -101,6 +101,18 @@ impl RecvBuf {
         self.deferred_segs > 0
     }
 
+    /// Bytes in user space at the front, before any payload still in a channel's socket: what
+    /// a read copies out without touching a channel.
+    pub fn ready_front(&self) -> u64 {
+        self.ready
+            .iter()
+            .map_while(|s| match s {
+                Seg::Data(b) => Some(b.len() as u64),
+                Seg::Deferred { .. } => None,
+            })
+            .sum()
+    }
+
     /// The payload at the front is in a channel's socket: `(channel, bytes)`.
     pub fn front_deferred(&self) -> Option<(ChannelId, u64)> {
         match self.ready.front() {

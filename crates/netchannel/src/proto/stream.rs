@@ -100,6 +100,7 @@ pub(crate) const F_FIN_SENT: u16 = 32; // the FIN left (pulled at least once)
 pub(crate) const F_PINNED: u16 = 64; // holds slices of channel read buffers (see `compact`)
 pub(crate) const F_WRITE_LOST: u16 = 128; // every channel is gone; only reading goes on
 pub(crate) const F_STARVED: u16 = 256; // wants more credit than the receive budget has room for
+pub(crate) const F_READ_SHUT: u16 = 512; // the application shut the read half down (SHUT_RD)
 
 pub struct Stream<U> {
     /// What the runtime keeps with the stream (wakers, poller registration).
@@ -280,6 +281,11 @@ impl<U> Stream<U> {
         self.rx.unread()
     }
 
+    /// Received bytes in order and not read yet (what a read can take, `FIONREAD`).
+    pub fn readable_bytes(&self) -> u64 {
+        self.rx.ready_front()
+    }
+
     /// Bytes accepted from the application that are not yet on a channel.
     pub fn unsent_bytes(&self) -> u64 {
         self.tx.bytes()
@@ -294,6 +300,12 @@ impl<U> Stream<U> {
         self.fin != NO_FIN
     }
 
+    /// The peer's FIN is in order: every byte before it arrived and is in user space (what
+    /// TCP reports as `POLLRDHUP`; a FIN that came ahead of data on another channel is not).
+    pub fn fin_in_order(&self) -> bool {
+        self.peer_finished() && self.rx.contiguous_end() == self.fin && !self.rx.has_deferred()
+    }
+
     /// The peer finished and every byte up to its FIN is in user space.
     pub(crate) fn received_everything(&self) -> bool {
         self.reset.is_none()
@@ -305,6 +317,11 @@ impl<U> Stream<U> {
 
     pub fn write_closed(&self) -> bool {
         self.write_closed
+    }
+
+    /// The application shut its read half down: reads past the buffered bytes end at once.
+    pub fn read_closed(&self) -> bool {
+        self.flags & F_READ_SHUT != 0
     }
 
     pub fn state_name(&self) -> &'static str {

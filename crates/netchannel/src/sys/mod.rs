@@ -24,7 +24,7 @@ pub struct EventFd(OwnedFd);
 impl EventFd {
     /// A new eventfd (non-blocking, close-on-exec).
     pub fn new() -> io::Result<Self> {
-        Ok(EventFd(eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?))
+        Ok(EventFd(raised(eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?)))
     }
 
     /// Adds one to the counter: readable, and a new edge for edge-triggered epoll.
@@ -78,7 +78,7 @@ pub struct Epoll(OwnedFd);
 impl Epoll {
     /// A new epoll set (close-on-exec).
     pub fn new() -> io::Result<Self> {
-        Ok(Epoll(epoll::create(epoll::CreateFlags::CLOEXEC)?))
+        Ok(Epoll(raised(epoll::create(epoll::CreateFlags::CLOEXEC)?)))
     }
 
     /// The same epoll set under the lowest free number at or above `min` (close-on-exec).
@@ -152,6 +152,67 @@ impl Epoll {
     }
 }
 
+/// How a wait treats signals: whether an interrupted wait fails with `Interrupted` (instead of
+/// returning no event), and the signal mask to wait under (as `epoll_pwait`'s).
+#[derive(Clone, Copy, Default)]
+pub struct SignalPolicy<'a> {
+    /// An interrupted wait fails with `ErrorKind::Interrupted`.
+    pub interruptible: bool,
+    /// Signals blocked during the wait only (`None`: the thread's mask).
+    pub mask: Option<&'a libc::sigset_t>,
+}
+
+impl Epoll {
+    /// `wait` under a signal policy: with a mask it is `epoll_pwait2`, and an interruptible
+    /// wait reports a signal as `Interrupted`, so that a caller can apply the rules of the
+    /// call it stands in for (`SA_RESTART`, socket timeouts).
+    pub fn wait_signals(
+        &self,
+        out: &mut Vec<(u64, u32)>,
+        max: usize,
+        timeout: Option<Duration>,
+        signals: SignalPolicy<'_>,
+    ) -> io::Result<usize> {
+        if signals.mask.is_none() && !signals.interruptible {
+            return self.wait(out, max, timeout);
+        }
+        let ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as _,
+        });
+        let max = max.clamp(1, 1024);
+        let mut events: Vec<libc::epoll_event> = Vec::with_capacity(max);
+        let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        let mask_ptr = signals.mask.map_or(std::ptr::null(), |m| m as *const libc::sigset_t);
+        // SAFETY: a raw system call (never an interposed libc symbol) on our own epoll fd;
+        // the kernel writes at most `max` events into the vector's spare capacity, and reads
+        // the timespec and the 8-byte kernel sigset (the first 8 bytes of glibc's sigset_t)
+        // only for the duration of the call.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait2,
+                self.0.as_raw_fd(),
+                events.as_mut_ptr(),
+                max as libc::c_int,
+                ts_ptr,
+                mask_ptr,
+                8usize,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted && !signals.interruptible {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        // SAFETY: the kernel initialised the first `n` (<= max) entries.
+        unsafe { events.set_len(n as usize) };
+        out.extend(events.iter().map(|e| (e.u64, e.events)));
+        Ok(n as usize)
+    }
+}
+
 impl AsFd for Epoll {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()
@@ -169,7 +230,34 @@ fn tcp_socket(addr: &std::net::SocketAddr, flags: rustix::net::SocketFlags) -> i
         rustix::net::AddressFamily::INET6
     };
     let flags = flags | rustix::net::SocketFlags::CLOEXEC;
-    Ok(rustix::net::socket_with(family, rustix::net::SocketType::STREAM, flags, None)?)
+    Ok(raised(rustix::net::socket_with(family, rustix::net::SocketType::STREAM, flags, None)?))
+}
+
+/// The lowest number the engine's own fds take (0: any), for an interposition library.
+static FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Makes the engine put every fd it creates from now on (channel sockets, epoll sets,
+/// eventfds) at `min` or above: a program run under an interposition library then keeps
+/// getting the low numbers it expects (select's 1024, event loops sized to their own fds),
+/// even when the engine dials or accepts channels under load in its own threads.
+pub fn keep_fds_above(min: RawFd) {
+    FD_FLOOR.store(min, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `fd` moved to the floor (`keep_fds_above`) or above, close-on-exec; itself if no floor is
+/// set or no number is free there.
+pub fn raised(fd: OwnedFd) -> OwnedFd {
+    let floor = FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed);
+    if floor <= 0 || fd.as_raw_fd() >= floor {
+        return fd;
+    }
+    rustix::io::fcntl_dupfd_cloexec(&fd, floor).unwrap_or(fd)
+}
+
+/// The local address of a connected socket (a channel's, for the address a program's
+/// `getsockname` reports on a carried connection).
+pub fn local_addr(fd: BorrowedFd<'_>) -> Option<std::net::SocketAddr> {
+    std::net::SocketAddr::try_from(rustix::net::getsockname(fd).ok()?).ok()
 }
 
 /// `TcpStream::connect_timeout`, by raw system calls: connects within `timeout` (a refusal is
@@ -212,7 +300,7 @@ pub fn tcp_listen(addr: &std::net::SocketAddr) -> io::Result<std::net::TcpListen
 /// `TcpListener::accept`, by raw system calls (close-on-exec, as std makes it).
 pub fn tcp_accept(listener: &std::net::TcpListener) -> io::Result<std::net::TcpStream> {
     let fd = rustix::net::accept_with(listener, rustix::net::SocketFlags::CLOEXEC)?;
-    Ok(std::net::TcpStream::from(fd))
+    Ok(std::net::TcpStream::from(raised(fd)))
 }
 
 /// Waits up to `timeout` (None: forever) for `fd` to become readable.

@@ -9,6 +9,8 @@
 //! never the other way round.
 
 pub mod poller;
+#[cfg(feature = "internals")]
+pub mod serve;
 pub mod socket;
 
 use std::io;

@@ -23,13 +23,14 @@ use bytes::Bytes;
 
 use super::poller::Poller;
 use crate::engine::listener::ListenerShared;
-use crate::engine::readiness::{PollEntry, StreamUser};
+use crate::engine::readiness::{PollEntry, ReadinessObserver, StreamUser};
 use crate::engine::session::{Core, SessionRt};
 use crate::engine::waiter;
 use crate::engine::{EngineCtx, SocketStats};
 use crate::proto::{
     ChannelId, OpenError, Phase, Recv, ResetCause, SendError, StreamId, EV_READ, EV_WRITE,
 };
+use crate::sys::SignalPolicy;
 use crate::wire::{Class, RstReason};
 
 /// Writes at least this large are copied into the send buffer outside the session lock.
@@ -93,6 +94,29 @@ fn store_timeout(ns: &AtomicU64, t: Option<Duration>) -> io::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A virtual socket's readiness ([`VSocket::readiness`]), in the terms of a TCP socket's
+/// poll bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readiness {
+    /// `recv` returns without waiting (data, end of stream or an error): `POLLIN`.
+    pub readable: bool,
+    /// `send` takes bytes or fails without waiting: `POLLOUT`.
+    pub writable: bool,
+    /// The peer accepted the connection.
+    pub connected: bool,
+    /// The peer's FIN arrived, and every byte before it (they may still be unread): `POLLRDHUP`.
+    pub peer_finished: bool,
+    /// This side's write half is shut down.
+    pub write_closed: bool,
+    /// This side's read half is shut down (`shutdown_read`).
+    pub read_closed: bool,
+    /// The connection failed: the error `recv` and `send` report (`POLLERR`).
+    pub error: Option<io::ErrorKind>,
+    /// Bytes `recv` returns now at least (`FIONREAD`): in order, not those that arrived ahead of
+    /// a gap, nor those of a payload not yet out of its channel's socket beyond the first.
+    pub unread: u64,
 }
 
 /// A virtual stream socket. Usable from several threads at once (`&self` methods).
@@ -213,6 +237,13 @@ impl VSocket {
         self.session.peer_addr
     }
 
+    /// The local address of one of the channels carrying it: the address this host uses
+    /// towards the peer (what a TCP socket's `getsockname` would name).
+    pub fn local_channel_addr(&self) -> Option<SocketAddr> {
+        let ch = self.session.channels().into_iter().next()?;
+        crate::sys::local_addr(ch.fd())
+    }
+
     /// Its traffic class.
     pub fn class(&self) -> Class {
         self.session.core().stream(self.id).map_or(Class::Throughput, |s| s.class)
@@ -252,6 +283,17 @@ impl VSocket {
         &self,
         interest: u8,
         deadline: Option<Instant>,
+        check: impl FnMut(&mut Core) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
+        self.wait_for_signals(interest, deadline, SignalPolicy::default(), check)
+    }
+
+    /// `wait_for` under a signal policy: an interruptible wait fails with `Interrupted`.
+    fn wait_for_signals<T>(
+        &self,
+        interest: u8,
+        deadline: Option<Instant>,
+        signals: SignalPolicy<'_>,
         mut check: impl FnMut(&mut Core) -> Option<io::Result<T>>,
     ) -> io::Result<T> {
         let w = waiter::current()?;
@@ -279,10 +321,11 @@ impl VSocket {
             }
             waiter::before_wait(false);
             w.watch(&self.session, class);
-            if let Err(e) = w.sleep(deadline, &mut events) {
+            let slept = w.sleep_signals(deadline, &mut events, signals);
+            waiter::handle(&mut events);
+            if let Err(e) = slept {
                 break Err(e);
             }
-            waiter::handle(&mut events);
         };
         if registered {
             if let Some(s) = self.session.core().stream_mut(self.id) {
@@ -400,16 +443,44 @@ impl VSocket {
     /// Receives bytes; `Ok(0)` means the peer shut down its write half and every byte arrived.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         let deadline = timeout_from(&self.read_timeout_ns);
+        let mut moved = 0;
         loop {
             if let Some(n) = self.try_recv(buf)? {
                 return Ok(n);
             }
             if self.is_nonblocking() {
+                // A payload read from its channel may have been staged by the engine meanwhile:
+                // a stream that still says readable is read again, not reported empty.
+                moved += 1;
+                if moved < 4 && self.settle_front() {
+                    continue;
+                }
                 return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
             }
             let id = self.id;
             self.wait_for(EV_READ, deadline, |core| core.handle(id).readable().then_some(Ok(())))?;
         }
+    }
+
+    /// After a read found nothing: whether to try again. Yes if the stream says readable now
+    /// (a payload read from its channel was staged meanwhile), or once a thread that is
+    /// reading the payload at the front out of its channel (the engine took it over) is done.
+    fn settle_front(&self) -> bool {
+        let (readable, front) = {
+            let mut core = self.session.core();
+            let front = core.stream(self.id).and_then(|s| s.rx.front_deferred());
+            (core.handle(self.id).readable(), front)
+        };
+        if readable {
+            return true;
+        }
+        let Some((index, _)) = front else { return false };
+        let Some(ch) = self.session.channel(index) else { return false };
+        if !ch.rx_run.is_busy() || !acquire_briefly(&ch.rx_run) {
+            return false;
+        }
+        self.session.rx_owned(&ch);
+        self.session.core().handle(self.id).readable()
     }
 
     /// One attempt: `None` when nothing is there yet.
@@ -456,9 +527,14 @@ impl VSocket {
     fn read_deferred(&self, index: ChannelId, buf: &mut [u8]) -> Option<usize> {
         let s = &self.session;
         let ch = s.channel(index)?;
-        if !ch.rx_run.try_acquire() {
-            // Somebody else serves the channel; it tells us when our bytes can be read.
+        if !acquire_briefly(&ch.rx_run) {
+            // Somebody else serves the channel; it tells us when our bytes can be read. It may
+            // have settled the stream's readiness before we marked it empty: a second try
+            // (which leaves the owner a note to run again if it fails) settles it after.
             s.core().handle(self.id).deferred_empty();
+            if ch.rx_run.try_acquire() {
+                s.rx_owned(&ch);
+            }
             return None;
         }
         // Checked again now that the channel's receive half is ours: another thread may have
@@ -619,9 +695,128 @@ impl VSocket {
             readable || writable
         };
         if ready {
-            entry.notify();
+            entry.notify(EV_READ | EV_WRITE);
         }
         Ok(())
+    }
+
+    /// Hands every readiness change of this socket to `observer` (instead of a poller): for a
+    /// layer that mirrors the socket's readiness into a kernel object (the interposition
+    /// library's placeholder fd). Told once right away. A socket has one poller or observer.
+    pub fn set_observer(&self, observer: Arc<dyn ReadinessObserver>) -> io::Result<()> {
+        let entry = Arc::new(PollEntry::observer(observer));
+        {
+            let mut core = self.session.core();
+            let Some(s) = core.stream_mut(self.id) else { return Err(closed()) };
+            if s.user.poll.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "the socket already has a poller or an observer",
+                ));
+            }
+            s.user.poll = Some(entry.clone());
+        }
+        entry.notify(EV_READ | EV_WRITE);
+        Ok(())
+    }
+
+    /// Takes the socket's poller registration or observer away (it may then get another).
+    pub fn deregister(&self) {
+        if let Some(s) = self.session.core().stream_mut(self.id) {
+            s.user.poll = None;
+        }
+    }
+
+    /// Resets the connection and closes the socket (a TCP close with `SO_LINGER` zero): what
+    /// is unsent is dropped and the peer's next read fails with `ConnectionReset`.
+    pub fn abort(&self) {
+        self.session.with_core(|core| core.handle(self.id).abort(ResetCause::LocalAbort));
+        self.close_inner();
+    }
+
+    /// Its readiness, all of it read under one lock.
+    pub fn readiness(&self) -> Readiness {
+        let mut r = self.readiness_locked();
+        if r.readable && r.unread == 1 {
+            // What comes next may be a payload still in its channel's socket, readable "once
+            // bytes came for it" by the engine's last look. Asked now: a program told
+            // readable must find bytes (one that finds none counts an error, as wrk does).
+            // If none are there yet, their arrival makes the stream readable again.
+            let front = self.session.core().stream(self.id).and_then(|s| s.rx.front_deferred());
+            if let Some((index, _)) = front {
+                if self.session.channel(index).is_some_and(|ch| !ch.bytes_waiting()) {
+                    r.readable = false;
+                    r.unread = 0;
+                }
+            }
+        }
+        r
+    }
+
+    fn readiness_locked(&self) -> Readiness {
+        let mut core = self.session.core();
+        let (readable, writable) =
+            (core.handle(self.id).readable(), core.handle(self.id).writable());
+        match core.stream(self.id) {
+            Some(s) => Readiness {
+                readable,
+                writable,
+                connected: s.phase == Phase::Open,
+                peer_finished: s.fin_in_order(),
+                write_closed: s.write_closed(),
+                read_closed: s.read_closed(),
+                error: s.reset.map(|c| reset_error(c).kind()),
+                // A payload still in a channel's socket counts as one byte: a read returns at
+                // least that much, and no more is known without asking the kernel.
+                unread: match s.readable_bytes() {
+                    _ if !readable => 0,
+                    0 if s.rx.front_deferred().is_some() => 1,
+                    n => n,
+                },
+            },
+            None => Readiness {
+                readable: true,
+                writable: true,
+                connected: false,
+                peer_finished: true,
+                write_closed: true,
+                read_closed: true,
+                error: Some(io::ErrorKind::NotConnected),
+                unread: 0,
+            },
+        }
+    }
+
+    /// Shuts down the read half (`shutdown(SHUT_RD)`): bytes already received can still be
+    /// read, then `recv` returns end of stream instead of waiting; blocked readers wake.
+    pub fn shutdown_read(&self) {
+        self.session.core().handle(self.id).shutdown_read();
+    }
+
+    /// Blocks until the socket is readable (`read`) or writable (`write`), `deadline`
+    /// (`TimedOut`), or a signal under an interruptible policy (`Interrupted`), serving the
+    /// session's channels meanwhile. For a layer that implements blocking calls on top of
+    /// non-blocking ones with the kernel's signal rules.
+    #[cfg(feature = "internals")]
+    pub fn wait_ready(
+        &self,
+        read: bool,
+        write: bool,
+        deadline: Option<Instant>,
+        signals: SignalPolicy<'_>,
+    ) -> io::Result<()> {
+        let id = self.id;
+        let interest = if read { EV_READ } else { 0 } | if write { EV_WRITE } else { 0 };
+        self.wait_for_signals(interest, deadline, signals, |core| {
+            let h = core.handle(id);
+            ((read && h.readable()) || (write && h.writable())).then_some(Ok(()))
+        })
+    }
+
+    /// The session it belongs to (a `ServeSet` serves its channels).
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
+    pub(crate) fn session(&self) -> &Arc<SessionRt> {
+        &self.session
     }
 
     /// Whether `recv` would return without blocking (data, end of stream or an error).
@@ -819,4 +1014,36 @@ impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Listener").field("port", &self.port).finish()
     }
+}
+
+/// Takes a channel half that was found readable for us, waiting for a thread that is serving
+/// it (it lets go as soon as it sees the payload is ours; the wait is for it to be scheduled,
+/// as a kernel socket's reader waits on the socket lock): a reader told "readable" should find
+/// bytes, and programs count an EAGAIN then as an error.
+fn acquire_briefly(run: &crate::driver::RunLock) -> bool {
+    const SPINS: usize = 16;
+    const YIELDING: Duration = Duration::from_millis(1);
+    // A bound for safety only: the owner never blocks while it holds the half.
+    const MOST: Duration = Duration::from_millis(100);
+    let mut since = None;
+    for i in 0.. {
+        if !run.is_busy() && run.try_acquire() {
+            return true;
+        }
+        if i < SPINS {
+            std::hint::spin_loop();
+            continue;
+        }
+        let waited = since.get_or_insert_with(Instant::now).elapsed();
+        if waited > MOST {
+            break;
+        }
+        if waited < YIELDING {
+            std::thread::yield_now();
+        } else {
+            // The owner is not running (a loaded machine): let it have the core.
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    run.try_acquire()
 }

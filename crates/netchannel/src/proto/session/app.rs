@@ -150,7 +150,7 @@ impl<U: Default> Session<U> {
             }
             return Recv::Empty;
         }
-        if eof {
+        if eof || s.read_closed() {
             return Recv::Eof;
         }
         Recv::Empty
@@ -194,6 +194,16 @@ impl<U: Default> Session<U> {
             self.emit(id, EV_WRITE);
         }
         Ok(())
+    }
+
+    /// Shuts the read half down (`SHUT_RD`): what is buffered can still be read, then reads
+    /// end at once instead of waiting (as on a Linux TCP socket; later bytes are still taken).
+    pub(super) fn shutdown_read(&mut self, id: StreamId) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.flags & F_READ_SHUT == 0 {
+            s.flags |= F_READ_SHUT;
+            self.emit(id, EV_READ);
+        }
     }
 
     /// The application closed its handle. Unread received bytes reset the peer, as TCP does;
@@ -372,6 +382,11 @@ impl<U: Default> StreamHandle<'_, U> {
     /// Moves the stream to another class: its next chunks use that class's channels.
     pub fn set_class(&mut self, class: Class) {
         self.session.set_class(self.id, class)
+    }
+
+    /// Shuts the read half down (`SHUT_RD`).
+    pub fn shutdown_read(&mut self) {
+        self.session.shutdown_read(self.id)
     }
 
     /// Resets the stream locally, telling the peer.

@@ -301,7 +301,7 @@ impl<U: Default> Session<U> {
         // read before it.
         match s.rx.front_deferred() {
             Some((channel, _)) => self.deferred_ready(id, channel),
-            None => s.rx.ready_data() > 0 || s.at_eof(),
+            None => s.rx.ready_data() > 0 || s.at_eof() || s.read_closed(),
         }
     }
 

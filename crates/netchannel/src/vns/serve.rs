@@ -1,0 +1,136 @@
+//! Serving channels while the thread waits somewhere the engine does not own: in a program's
+//! own `epoll_wait`, `poll` or `select` (the interposition library's direct path).
+//!
+//! A [`ServeSet`] names the virtual sockets whose channels a waiting thread serves (reads,
+//! dispatches, writes), as a thread blocked in `VSocket::recv` or `Poller::wait` does: the
+//! thread that waits for a message usually reads it itself (run to completion), one wake-up per
+//! message. Their readiness reaches the program through each socket's observer, which mirrors
+//! it into a kernel object the program's own wait sees.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use super::socket::VSocket;
+use crate::engine::readiness::SERVING_OBSERVED;
+use crate::engine::session::SessionRt;
+use crate::engine::waiter::{self, Waiter};
+use crate::sys::SignalPolicy;
+use crate::wire::Class;
+
+/// The sessions (and how many of the set's sockets use each) whose channels a wait serves.
+#[derive(Clone)]
+pub struct ServeSet {
+    sessions: Vec<(Weak<SessionRt>, usize)>,
+    /// Tells this set's companion registration from an older one under a reused fd number.
+    key: u64,
+}
+
+impl Default for ServeSet {
+    fn default() -> Self {
+        ServeSet::new()
+    }
+}
+
+impl ServeSet {
+    /// An empty set.
+    pub fn new() -> ServeSet {
+        static KEYS: AtomicU64 = AtomicU64::new(1 << 32);
+        ServeSet { sessions: Vec::new(), key: KEYS.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// Serves `sock`'s channels during waits (counted: add once per registration).
+    pub fn add(&mut self, sock: &VSocket) {
+        let s = sock.session();
+        self.sessions.retain(|(w, _)| w.strong_count() > 0);
+        match self.sessions.iter_mut().find(|(w, _)| w.as_ptr() == Arc::as_ptr(s)) {
+            Some((_, n)) => *n += 1,
+            None => self.sessions.push((Arc::downgrade(s), 1)),
+        }
+    }
+
+    /// Undoes one `add` of `sock`.
+    pub fn remove(&mut self, sock: &VSocket) {
+        let s = sock.session();
+        if let Some(i) = self.sessions.iter().position(|(w, _)| w.as_ptr() == Arc::as_ptr(s)) {
+            self.sessions[i].1 -= 1;
+            if self.sessions[i].1 == 0 {
+                self.sessions.swap_remove(i);
+            }
+        }
+    }
+
+    /// Adds every session of `other` (a nested wait: an epoll set inside another, or a poll
+    /// over an epoll set).
+    pub fn merge(&mut self, other: &ServeSet) {
+        for (w, n) in &other.sessions {
+            match self.sessions.iter_mut().find(|(x, _)| x.as_ptr() == w.as_ptr()) {
+                Some((_, m)) => *m += n,
+                None => self.sessions.push((w.clone(), *n)),
+            }
+        }
+    }
+
+    /// Whether no socket is in the set.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
+    /// Registers the sessions' channels with the thread's waiter; writes what this thread's
+    /// sends deferred (an event loop flushes once per iteration, when it waits).
+    fn prepare(&self, w: &Arc<Waiter>) {
+        waiter::before_wait(true);
+        for (s, _) in &self.sessions {
+            if let Some(s) = s.upgrade() {
+                w.watch(&s, Class::Throughput);
+                w.watch(&s, Class::Latency);
+            }
+        }
+    }
+
+    /// Sleeps until `companion` (the program's epoll set) has an event, a channel event was
+    /// served, or `deadline`; serves the channels meanwhile. Returns `Ok` in every case but a
+    /// signal under an interruptible policy (`Interrupted`): the caller then looks at its fd.
+    pub fn wait(
+        &self,
+        companion: RawFd,
+        deadline: Option<Instant>,
+        signals: SignalPolicy<'_>,
+    ) -> io::Result<()> {
+        let w = waiter::current()?;
+        w.begin();
+        self.prepare(&w);
+        w.set_companion(companion, self.key);
+        let mut events = Vec::new();
+        let r = w.sleep_signals(deadline, &mut events, signals);
+        serve(&mut events);
+        r.map(|_| ())
+    }
+
+    /// Sleeps in `sleep_in`, given the fd of the thread's epoll set (readable while a channel
+    /// of the set has an event), for a wait over the program's own fds (`poll`, `select`);
+    /// serves the channel events it finds after. `None`: a wake-up was already pending (it did
+    /// not sleep; look at the fds again).
+    pub fn sleep_beside<T>(&self, sleep_in: impl FnOnce(RawFd) -> T) -> io::Result<Option<T>> {
+        let w = waiter::current()?;
+        w.begin();
+        self.prepare(&w);
+        let mut events = Vec::new();
+        let r = w.sleep_beside(&mut events, sleep_in);
+        serve(&mut events);
+        Ok(r)
+    }
+}
+
+/// Handles channel events, telling the engine the observed sockets' reader is at hand (a large
+/// payload may stay in its channel for the program's next read to take straight).
+fn serve(events: &mut Vec<waiter::ChannelEvent>) {
+    if events.is_empty() {
+        return;
+    }
+    waiter::set_polling(SERVING_OBSERVED);
+    waiter::handle(events);
+    waiter::set_polling(0);
+}
