@@ -1,73 +1,115 @@
-//! The interposed C ABI functions and the bookkeeping behind them (the crate doc says how
-//! carried connections work). The one module of this crate where `unsafe` is allowed: it is
-//! made of C entry points and raw libc calls.
+//! The interposed C entry points, and the few raw system interfaces the library needs. The one
+//! module of this crate where `unsafe` is allowed: it turns C arguments (pointers, lengths,
+//! raw fd numbers) into Rust types and hands them to the safe modules.
+//!
+//! Every entry point starts with one atomic load (`table::kind`) and, for an fd that is not the
+//! library's, calls libc's own function at once: no lock, no allocation, nothing that is not
+//! async-signal-safe.
 
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::ffi::c_int;
-use std::io::{self, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-
-use parking_lot::Mutex;
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::ffi::{c_int, c_void};
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::ManuallyDrop;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use libc::{sockaddr, socklen_t};
-use netchannel::{Config, Engine, VSocket};
 
-use crate::relay;
-
-/// Highest fd number tracked; above it sockets are left to kernel TCP (counted).
-const MAX_FD: usize = 65536;
-/// The fd is a carried connection (getpeername reports the real peer).
-const CARRIED: u8 = 1;
-/// The fd is a listening socket with an engine `Listener` beside it.
-const LISTENING: u8 = 2;
-
-static FLAGS: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
-
-fn flag(fd: c_int) -> u8 {
-    if fd >= 0 && (fd as usize) < MAX_FD {
-        FLAGS[fd as usize].load(Ordering::Acquire)
-    } else {
-        0
-    }
-}
-
-fn set_flag(fd: c_int, v: u8) {
-    if fd >= 0 && (fd as usize) < MAX_FD {
-        FLAGS[fd as usize].store(v, Ordering::Release);
-    }
-}
+use crate::carried::Carried;
+use crate::process::{self, bump, is_inside, COUNTERS};
+use crate::table::{self, CARRIED, EPOLL, LISTENING, RELAYED, REMOTE};
+use crate::{connect, inherit, listen, sockopt, waits};
 
 // ---------------------------------------------------------------------------------------------
-// The real libc functions, resolved once at load time (dlsym is not signal-safe, so the hot
+// The real libc functions, resolved at load time (dlsym is not async-signal-safe, so the hot
 // path only loads a pointer).
 
-struct Real {
-    connect: AtomicUsize,
-    listen: AtomicUsize,
-    accept: AtomicUsize,
-    accept4: AtomicUsize,
-    getpeername: AtomicUsize,
-    close: AtomicUsize,
-    dup2: AtomicUsize,
-    dup3: AtomicUsize,
+macro_rules! reals {
+    ($($name:ident : $ty:ty,)*) => {
+        #[allow(non_upper_case_globals)]
+        mod slots {
+            use std::sync::atomic::AtomicUsize;
+            $(pub static $name: AtomicUsize = AtomicUsize::new(0);)*
+        }
+        fn resolve_all() {
+            $(resolve(&slots::$name, concat!(stringify!($name), "\0").as_bytes());)*
+        }
+        #[allow(non_camel_case_types)]
+        mod types {
+            use super::*;
+            $(pub type $name = $ty;)*
+        }
+    };
 }
 
-static REAL: Real = Real {
-    connect: AtomicUsize::new(0),
-    listen: AtomicUsize::new(0),
-    accept: AtomicUsize::new(0),
-    accept4: AtomicUsize::new(0),
-    getpeername: AtomicUsize::new(0),
-    close: AtomicUsize::new(0),
-    dup2: AtomicUsize::new(0),
-    dup3: AtomicUsize::new(0),
-};
+macro_rules! real {
+    ($name:ident) => {
+        as_fn::<types::$name>(resolve(&slots::$name, concat!(stringify!($name), "\0").as_bytes()))
+    };
+}
+
+/// A resolved symbol as the function type it was declared with in `reals!`.
+fn as_fn<F: Copy>(p: usize) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<usize>());
+    // SAFETY: `p` is libc's definition of the symbol (RTLD_NEXT) whose C signature `F` is, as
+    // declared in `reals!`; every symbol listed exists in glibc (a null would be a load bug).
+    unsafe { std::mem::transmute_copy::<usize, F>(&p) }
+}
+
+type Ssize = isize;
+
+reals! {
+    read: unsafe extern "C" fn(c_int, *mut c_void, usize) -> Ssize,
+    write: unsafe extern "C" fn(c_int, *const c_void, usize) -> Ssize,
+    readv: unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> Ssize,
+    writev: unsafe extern "C" fn(c_int, *const libc::iovec, c_int) -> Ssize,
+    recv: unsafe extern "C" fn(c_int, *mut c_void, usize, c_int) -> Ssize,
+    send: unsafe extern "C" fn(c_int, *const c_void, usize, c_int) -> Ssize,
+    recvfrom: unsafe extern "C" fn(c_int, *mut c_void, usize, c_int, *mut sockaddr, *mut socklen_t) -> Ssize,
+    sendto: unsafe extern "C" fn(c_int, *const c_void, usize, c_int, *const sockaddr, socklen_t) -> Ssize,
+    recvmsg: unsafe extern "C" fn(c_int, *mut libc::msghdr, c_int) -> Ssize,
+    sendmsg: unsafe extern "C" fn(c_int, *const libc::msghdr, c_int) -> Ssize,
+    recvmmsg: unsafe extern "C" fn(c_int, *mut libc::mmsghdr, u32, c_int, *mut libc::timespec) -> c_int,
+    sendmmsg: unsafe extern "C" fn(c_int, *mut libc::mmsghdr, u32, c_int) -> c_int,
+    __read_chk: unsafe extern "C" fn(c_int, *mut c_void, usize, usize) -> Ssize,
+    __recv_chk: unsafe extern "C" fn(c_int, *mut c_void, usize, usize, c_int) -> Ssize,
+    __recvfrom_chk: unsafe extern "C" fn(c_int, *mut c_void, usize, usize, c_int, *mut sockaddr, *mut socklen_t) -> Ssize,
+    sendfile: unsafe extern "C" fn(c_int, c_int, *mut libc::off_t, usize) -> Ssize,
+    sendfile64: unsafe extern "C" fn(c_int, c_int, *mut libc::off64_t, usize) -> Ssize,
+    splice: unsafe extern "C" fn(c_int, *mut libc::loff_t, c_int, *mut libc::loff_t, usize, u32) -> Ssize,
+    epoll_ctl: unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int,
+    epoll_wait: unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int,
+    epoll_pwait: unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int,
+    epoll_pwait2: unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int,
+    poll: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int,
+    ppoll: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int,
+    __poll_chk: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int, usize) -> c_int,
+    __ppoll_chk: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t, usize) -> c_int,
+    select: unsafe extern "C" fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int,
+    pselect: unsafe extern "C" fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int,
+    fcntl: unsafe extern "C" fn(c_int, c_int, usize) -> c_int,
+    fcntl64: unsafe extern "C" fn(c_int, c_int, usize) -> c_int,
+    ioctl: unsafe extern "C" fn(c_int, libc::c_ulong, *mut c_void) -> c_int,
+    getsockopt: unsafe extern "C" fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int,
+    setsockopt: unsafe extern "C" fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int,
+    shutdown: unsafe extern "C" fn(c_int, c_int) -> c_int,
+    close: unsafe extern "C" fn(c_int) -> c_int,
+    close_range: unsafe extern "C" fn(u32, u32, c_int) -> c_int,
+    dup: unsafe extern "C" fn(c_int) -> c_int,
+    dup2: unsafe extern "C" fn(c_int, c_int) -> c_int,
+    dup3: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int,
+    getsockname: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int,
+    getpeername: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int,
+    connect: unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int,
+    listen: unsafe extern "C" fn(c_int, c_int) -> c_int,
+    accept: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int,
+    accept4: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int,
+    sigaction: unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int,
+    siginterrupt: unsafe extern "C" fn(c_int, c_int) -> c_int,
+}
 
 fn resolve(slot: &AtomicUsize, name: &'static [u8]) -> usize {
     let p = slot.load(Ordering::Relaxed);
@@ -80,330 +122,108 @@ fn resolve(slot: &AtomicUsize, name: &'static [u8]) -> usize {
     p
 }
 
-macro_rules! real {
-    ($field:ident, $ty:ty) => {{
-        let p = resolve(&REAL.$field, concat!(stringify!($field), "\0").as_bytes());
-        // SAFETY: the pointer is libc's definition of this very symbol, whose C signature is $ty;
-        // dlsym cannot fail for these symbols in a process linked against libc.
-        unsafe { std::mem::transmute::<usize, $ty>(p) }
-    }};
-}
-
-type ConnectFn = unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int;
-type ListenFn = unsafe extern "C" fn(c_int, c_int) -> c_int;
-type AcceptFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
-type Accept4Fn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
-type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
-type Dup2Fn = unsafe extern "C" fn(c_int, c_int) -> c_int;
-type Dup3Fn = unsafe extern "C" fn(c_int, c_int, c_int) -> c_int;
-
-/// The process that loaded the library. A forked child (Redis' BGSAVE) has none of the
-/// engine's or relays' threads, and any lock may have been held at fork time, so a child never
-/// touches that state: its inherited fds are plain kernel sockets to it, its new connections
-/// go over kernel TCP.
-static OWNER_PID: AtomicU32 = AtomicU32::new(0);
-
-fn in_owner() -> bool {
-    // SAFETY: getpid has no preconditions.
-    OWNER_PID.load(Ordering::Relaxed) == unsafe { libc::getpid() } as u32
-}
-
 extern "C" fn init() {
-    // SAFETY: getpid has no preconditions.
-    OWNER_PID.store(unsafe { libc::getpid() } as u32, Ordering::Relaxed);
-    resolve(&REAL.connect, b"connect\0");
-    resolve(&REAL.listen, b"listen\0");
-    resolve(&REAL.accept, b"accept\0");
-    resolve(&REAL.accept4, b"accept4\0");
-    resolve(&REAL.getpeername, b"getpeername\0");
-    resolve(&REAL.close, b"close\0");
-    resolve(&REAL.dup2, b"dup2\0");
-    resolve(&REAL.dup3, b"dup3\0");
-    // SAFETY: registering a plain extern "C" fn with no arguments.
-    unsafe { libc::atexit(at_exit) };
-}
-
-/// io_uring instances the process holds: a socket driven through one bypasses the socket
-/// calls this library interposes, so its bytes go over kernel TCP.
-fn io_uring_rings() -> usize {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return 0 };
-    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|target| target.to_string_lossy().contains("io_uring"))
-        .count()
+    process::set_pid();
+    resolve_all();
+    // SAFETY: registering plain extern "C" functions with no arguments.
+    unsafe {
+        libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+        libc::atexit(at_exit);
+    }
+    if !process::settings().disabled {
+        let _ = caught(inherit::scan_inherited);
+    }
 }
 
 extern "C" fn at_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        let rings = io_uring_rings();
-        if rings > 0 {
-            let _ = writeln!(
-                io::stderr(),
-                "netchannel: pid {} holds {rings} io_uring instance(s): sockets it drives through \
-                 io_uring are not carried (they use kernel TCP); see docs/ARCHITECTURE.md, limits",
-                std::process::id()
-            );
-        }
-        if std::env::var_os("NETCHANNEL_STATS").is_some() {
-            print_stats(rings);
-        }
-    });
+    let _ = caught(process::at_exit);
 }
 
 #[used]
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
-// ---------------------------------------------------------------------------------------------
-// Settings (from `netchannel run` through the environment).
+// fork: the tables' locks are taken before and released after on both sides, so that a child
+// never inherits one held by a thread it does not have.
 
-struct Settings {
-    channel_port: u16,
-    /// Destination ports carried; empty: every TCP destination.
-    ports: Vec<u16>,
-    disabled: bool,
+/// Takes (`hold`) or releases a lock around `fork`.
+trait ForkLock {
+    fn hold(&self);
+    /// # Safety
+    /// Only after `hold` by the same (forking) thread.
+    unsafe fn release(&self);
 }
 
-fn settings() -> &'static Settings {
-    static S: OnceLock<Settings> = OnceLock::new();
-    S.get_or_init(|| {
-        let channel_port = std::env::var("NETCHANNEL_PORT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_CHANNEL_PORT);
-        let ports = std::env::var("NETCHANNEL_PORTS")
-            .map(|v| v.split(',').filter_map(|p| p.trim().parse().ok()).collect())
-            .unwrap_or_default();
-        let disabled = std::env::var("NETCHANNEL_DISABLE").is_ok_and(|v| v == "1");
-        Settings { channel_port, ports, disabled }
-    })
-}
-
-/// The channel port an engine listens on when its process listens (`netchannel run --port`).
-pub const DEFAULT_CHANNEL_PORT: u16 = 7450;
-
-// ---------------------------------------------------------------------------------------------
-// Counters for `--stats`.
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    carried_connects: AtomicU64,
-    carried_accepts: AtomicU64,
-    kernel_no_engine: AtomicU64,
-    kernel_not_selected: AtomicU64,
-    kernel_other: AtomicU64,
-    kernel_listen_only: AtomicU64,
-    pub(crate) bytes_out: AtomicU64,
-    pub(crate) bytes_in: AtomicU64,
-    /// Interposed socket calls made by the library's or the engine's own threads: there should
-    /// be none (both use raw system calls), and the stats line says so.
-    reentered: AtomicU64,
-}
-
-pub(crate) static COUNTERS: Counters = Counters {
-    carried_connects: AtomicU64::new(0),
-    carried_accepts: AtomicU64::new(0),
-    kernel_no_engine: AtomicU64::new(0),
-    kernel_not_selected: AtomicU64::new(0),
-    kernel_other: AtomicU64::new(0),
-    kernel_listen_only: AtomicU64::new(0),
-    bytes_out: AtomicU64::new(0),
-    bytes_in: AtomicU64::new(0),
-    reentered: AtomicU64::new(0),
-};
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-fn print_stats(io_uring_rings: usize) {
-    let c = &COUNTERS;
-    let mut channels = 0;
-    for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
-        if e.pid == std::process::id() {
-            channels += e.engine.stats().channels.len();
-        }
+impl<T> ForkLock for parking_lot::RwLock<T> {
+    fn hold(&self) {
+        std::mem::forget(self.write());
     }
-    let line = format!(
-        "netchannel: pid {} virtual sockets {} (connect {}, accept {}), kernel tcp {} \
-             (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
-             bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}\n",
-        std::process::id(),
-        c.carried_connects.load(Ordering::Relaxed) + c.carried_accepts.load(Ordering::Relaxed),
-        c.carried_connects.load(Ordering::Relaxed),
-        c.carried_accepts.load(Ordering::Relaxed),
-        c.kernel_no_engine.load(Ordering::Relaxed)
-            + c.kernel_not_selected.load(Ordering::Relaxed)
-            + c.kernel_other.load(Ordering::Relaxed),
-        c.kernel_no_engine.load(Ordering::Relaxed),
-        c.kernel_not_selected.load(Ordering::Relaxed),
-        c.kernel_other.load(Ordering::Relaxed),
-        c.kernel_listen_only.load(Ordering::Relaxed),
-        c.bytes_out.load(Ordering::Relaxed),
-        c.bytes_in.load(Ordering::Relaxed),
-        channels,
-        io_uring_rings,
-        c.reentered.load(Ordering::Relaxed),
+    unsafe fn release(&self) {
+        // SAFETY: the caller took the write lock in `hold` and forgot its guard.
+        unsafe { self.force_unlock_write() }
+    }
+}
+
+impl<T> ForkLock for parking_lot::Mutex<T> {
+    fn hold(&self) {
+        std::mem::forget(self.lock());
+    }
+    unsafe fn release(&self) {
+        // SAFETY: the caller took the lock in `hold` and forgot its guard.
+        unsafe { self.force_unlock() }
+    }
+}
+
+extern "C" fn fork_prepare() {
+    table::fork_locks(|l| l.hold(), |l| l.hold(), |l| l.hold(), |l| l.hold());
+}
+
+fn release_fork_locks() {
+    // SAFETY: `fork_prepare` took every one of these in this thread just before the fork.
+    table::fork_locks(
+        |l| unsafe { l.release() },
+        |l| unsafe { l.release() },
+        |l| unsafe { l.release() },
+        |l| unsafe { l.release() },
     );
-    match std::env::var("NETCHANNEL_STATS").as_deref() {
-        Ok("stderr") | Ok("") | Err(_) => {
-            let _ = io::stderr().write_all(line.as_bytes());
-        }
-        Ok(path) => {
-            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-                let _ = f.write_all(line.as_bytes());
-            }
-        }
-    }
+}
+
+extern "C" fn fork_parent() {
+    release_fork_locks();
+}
+
+extern "C" fn fork_child() {
+    process::set_pid();
+    release_fork_locks();
 }
 
 // ---------------------------------------------------------------------------------------------
-// Engines. A process that listens owns the host's channel port (server engine); a process
-// that only connects uses an engine on an ephemeral loopback port (client engine). Engines
-// belong to the process that created them: after fork the child has none of their threads,
-// so a child leaves its new connections to kernel TCP.
+// Helpers for the safe modules.
 
-struct ProcEngine {
-    engine: Engine,
-    pid: u32,
+/// Runs `f` with the program's fd `fd` borrowed.
+pub(crate) fn with_fd<T>(fd: RawFd, f: impl FnOnce(BorrowedFd<'_>) -> T) -> T {
+    // SAFETY: the number was given to an interposed call by the program, which keeps it open
+    // for the duration of that call (a concurrent close by another of its threads is the
+    // program's race, as on kernel TCP); the borrow does not outlive `f`, and the kernel
+    // checks the number on every use.
+    f(unsafe { BorrowedFd::borrow_raw(fd) })
 }
 
-static SERVER_ENGINE: OnceLock<Option<ProcEngine>> = OnceLock::new();
-static CLIENT_ENGINE: OnceLock<Option<ProcEngine>> = OnceLock::new();
-
-thread_local! {
-    /// Set while this library itself makes socket calls (engine set-up, relay connections), so
-    /// they are never carried.
-    static INSIDE: Cell<bool> = const { Cell::new(false) };
+/// Borrows an fd that `owner` keeps open.
+pub(crate) fn borrow_raw<'a, O>(fd: RawFd, _owner: &'a O) -> BorrowedFd<'a> {
+    // SAFETY: the caller passes the object that owns `fd`; the borrow lives no longer than it.
+    unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
-pub(crate) fn inside<T>(f: impl FnOnce() -> T) -> T {
-    struct Reset(bool);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            INSIDE.with(|c| c.set(self.0));
-        }
-    }
-    let _r = Reset(INSIDE.with(|c| c.replace(true)));
-    f()
-}
-
-fn is_inside() -> bool {
-    INSIDE.try_with(|c| c.get()).unwrap_or(true)
-}
-
-fn live(e: &Option<ProcEngine>) -> Option<&Engine> {
-    e.as_ref().filter(|e| e.pid == std::process::id()).map(|e| &e.engine)
-}
-
-fn server_engine() -> Option<&'static Engine> {
-    live(SERVER_ENGINE.get_or_init(|| {
-        let port = settings().channel_port;
-        inside(|| {
-            let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
-            let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
-            fds_high(|| {
-                let new = |a| {
-                    let c = engine_config(a).ok_or_else(|| io::Error::other("no key"))?;
-                    Engine::new(c)
-                };
-                let e = new(v6).or_else(|_| new(v4));
-                relay::loops();
-                e
-            })
-            .ok()
-            .map(|engine| ProcEngine { engine, pid: std::process::id() })
-        })
-    }))
-}
-
-fn client_engine() -> Option<&'static Engine> {
-    if let Some(Some(e)) = SERVER_ENGINE.get() {
-        if e.pid == std::process::id() {
-            return Some(&e.engine);
-        }
-    }
-    live(CLIENT_ENGINE.get_or_init(|| {
-        inside(|| {
-            fds_high(|| {
-                let e = engine_config(Config::default().listen_addr)
-                    .ok_or_else(|| io::Error::other("no key"))
-                    .and_then(Engine::new);
-                relay::loops();
-                e
-            })
-            .ok()
-            .map(|engine| ProcEngine { engine, pid: std::process::id() })
-        })
-    }))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Bookkeeping for carried fds (locked only on carried fds and on connect/listen/accept).
-
-/// Real peer address of each carried fd, for getpeername.
-static PEERS: Mutex<Option<HashMap<c_int, SocketAddr>>> = Mutex::new(None);
-/// Virtual sockets waiting for the application's fd to reach the relay, by its local port.
-static PENDING: Mutex<Option<HashMap<u16, VSocket>>> = Mutex::new(None);
-/// Loopback connections made by an acceptor into the application's listener, by local port:
-/// the virtual peer's address.
-static INJECTED: Mutex<Option<HashMap<u16, SocketAddr>>> = Mutex::new(None);
-static INJECTED_COUNT: AtomicUsize = AtomicUsize::new(0);
-/// Stop flags of the acceptor threads beside listening fds.
-static LISTENERS: Mutex<Option<HashMap<c_int, Arc<ListenEntry>>>> = Mutex::new(None);
-/// Destinations refused by the peer's engine (none there, or no listener on that port): left
-/// to kernel TCP without asking again for a while.
-static NO_ENGINE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None);
-/// Peer engines this process has connected to (their channels exist).
-static CONTACTED: Mutex<Option<HashMap<SocketAddr, ()>>> = Mutex::new(None);
-const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
-/// How long a connect waits for the peer's channel port to answer on first contact (the
-/// engine's default is 3 s per channel): the program's own `connect` waits that long, even a
-/// non-blocking one, before it falls back to kernel TCP.
-const DIAL_TIMEOUT: Duration = Duration::from_millis(250);
-
-/// The engine's configuration: `netchannel run`'s key file and budgets, from the environment.
-/// `None` when a key file was asked for and cannot be read: then no engine starts (the
-/// program's connections stay kernel TCP) rather than one that admits peers without the key.
-fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
-    let mut c = Config::new(channel_listener);
-    c.dial_timeout = DIAL_TIMEOUT;
-    fn num<T: std::str::FromStr>(name: &str, into: &mut T) {
-        if let Some(v) = std::env::var_os(name) {
-            match v.to_str().and_then(|v| v.parse().ok()) {
-                Some(n) => *into = n,
-                None => eprintln!("netchannel: ignoring {name}={v:?}: not a number"),
-            }
-        }
-    }
-    num("NETCHANNEL_MAX_SESSIONS", &mut c.max_sessions);
-    num("NETCHANNEL_MAX_PEER_BUFFERED", &mut c.max_peer_buffered);
-    num("NETCHANNEL_MAX_BUFFERED", &mut c.max_buffered);
-    num("NETCHANNEL_MAX_SEND_BUFFERED", &mut c.max_send_buffered);
-    num("NETCHANNEL_MAX_CHANNELS_TOTAL", &mut c.max_channels_total);
-    num("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", &mut c.max_channels_per_source);
-    num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
-    if let Some(path) = std::env::var_os("NETCHANNEL_PSK_FILE") {
-        match std::fs::read(&path) {
-            Ok(key) => c.psk = Some(key),
-            Err(e) => {
-                eprintln!(
-                    "netchannel: cannot read the key file {}: {e}; connections stay kernel TCP",
-                    Path::new(&path).display()
-                );
-                return None;
-            }
-        }
-    }
-    Some(c)
-}
-
-fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {
-    let mut g = m.lock();
-    f(g.get_or_insert_with(HashMap::new))
+/// Drops the contents of `slot` (a field whose drop depends on the process, see
+/// `Carried::drop`).
+pub(crate) fn drop_once<T>(slot: &mut ManuallyDrop<T>) {
+    // SAFETY: called only from the owner's `Drop` impl, once, and the slot is never read after.
+    unsafe { ManuallyDrop::drop(slot) }
 }
 
 fn errno() -> c_int {
-    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 fn set_errno(e: c_int) {
@@ -411,73 +231,142 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
-// ---------------------------------------------------------------------------------------------
-// File descriptor numbers. Programs expect their own fds to be numbered from the lowest free
-// slot, and some size tables by their connection count (wrk's event loop holds
-// 10 + 3 x connections fds). The library's and engine's fds therefore live high: ours are moved
-// above `fd_base()`, and while the engine creates its fds (start, first contact with a peer)
-// the free slots below are held, so the kernel's lowest-free rule places them above too.
-
-pub(crate) fn fd_base() -> c_int {
-    static BASE: OnceLock<c_int> = OnceLock::new();
-    *BASE.get_or_init(|| {
-        // SAFETY: zeroed rlimit is valid; getrlimit writes it.
-        let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
-            rl.rlim_cur.min(1 << 20) as c_int
-        } else {
-            1024
-        };
-        (cur / 2).clamp(64, 8192)
-    })
-}
-
-/// Moves one of our fds above `fd_base()` (close-on-exec), returning its new number.
-fn relocate(fd: c_int) -> c_int {
-    // SAFETY: duplicating an fd we own.
-    let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, fd_base()) };
-    if n < 0 {
-        return fd;
+fn last(rc: i64) -> Result<usize, i32> {
+    if rc < 0 {
+        Err(errno())
+    } else {
+        Ok(rc as usize)
     }
-    let real = real!(close, CloseFn);
-    // SAFETY: closing the original of an fd we own, now duplicated.
-    unsafe { real(fd) };
-    n
 }
 
-fn relocate_stream(s: TcpStream) -> TcpStream {
-    use std::os::fd::IntoRawFd;
-    // SAFETY: the relocated fd is the only owner of the socket.
-    unsafe { TcpStream::from_raw_fd(relocate(s.into_raw_fd())) }
-}
-
-/// Runs `f` with the free fd slots below `fd_base()` held, so fds it creates land above.
-fn fds_high<T>(f: impl FnOnce() -> T) -> T {
-    let base = fd_base();
-    // SAFETY: opening /dev/null read-only as a placeholder we close below.
-    let ph = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    let mut held = Vec::new();
-    if ph >= 0 && ph < base {
-        loop {
-            // SAFETY: duplicating our placeholder into the lowest free slot.
-            let n = unsafe { libc::fcntl(ph, libc::F_DUPFD_CLOEXEC, 0) };
-            if n < 0 {
-                break;
-            }
-            held.push(n);
-            if n >= base {
-                break;
-            }
+fn ret(r: Result<usize, i32>) -> Ssize {
+    match r {
+        Ok(n) => n as Ssize,
+        Err(e) => {
+            set_errno(e);
+            -1
         }
     }
-    let out = f();
-    let real = real!(close, CloseFn);
-    for fd in held.into_iter().chain((ph >= 0).then_some(ph)) {
-        // SAFETY: closing the placeholders opened above.
-        unsafe { real(fd) };
+}
+
+fn ret_int(r: Result<usize, i32>) -> c_int {
+    ret(r) as c_int
+}
+
+/// Runs `f`; `None` if it panicked (a bug of ours must not unwind into the program's C).
+fn caught<T>(f: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()
+}
+
+/// Runs a slow path, turning a panic (a bug of ours) into `EIO` rather than unwinding into C.
+fn guard(f: impl FnOnce() -> Result<usize, i32>) -> Result<usize, i32> {
+    caught(f).unwrap_or(Err(libc::EIO))
+}
+
+/// The carried connection this process serves under `fd`; a placeholder it holds but does not
+/// own is taken over first (then `None`: the fd is kernel TCP for the real call).
+#[inline]
+fn served(fd: c_int) -> Option<Arc<Carried>> {
+    if table::kind(fd) & (CARRIED | REMOTE) == 0 {
+        return None;
     }
-    out
+    caught(|| waits::served(fd)).flatten()
+}
+
+/// `dup3(src, target)` by raw system call, with `target`'s close-on-exec flag.
+pub(crate) fn dup_onto(src: BorrowedFd<'_>, target: RawFd, cloexec: bool) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+    // SAFETY: a raw dup3 between valid numbers; `target`'s previous file is released by the
+    // kernel as the program's own dup3 would.
+    let rc = unsafe { libc::syscall(libc::SYS_dup3, src.as_raw_fd(), target, flags) };
+    last(rc).map(|_| ())
+}
+
+/// The program's own `connect` on `fd` (to a relay listener).
+pub(crate) fn real_connect(fd: RawFd, to: SocketAddr) -> Result<(), i32> {
+    let (ss, len) = from_socketaddr(to);
+    // SAFETY: a well-formed sockaddr of `len` bytes for libc's connect.
+    let rc = unsafe { real!(connect)(fd, &ss as *const _ as *const sockaddr, len) };
+    last(rc as i64).map(|_| ())
+}
+
+/// `setsockopt` by raw system call (the template sockets, a taken-over socket).
+pub(crate) fn raw_setsockopt(
+    fd: BorrowedFd<'_>,
+    level: i32,
+    name: i32,
+    v: &[u8],
+) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the kernel reads `v.len()` bytes from `v`.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_setsockopt, fd.as_raw_fd(), level, name, v.as_ptr(), v.len())
+    };
+    last(rc).map(|_| ())
+}
+
+/// `getsockopt` by raw system call; returns the length the kernel reports.
+pub(crate) fn raw_getsockopt(
+    fd: BorrowedFd<'_>,
+    level: i32,
+    name: i32,
+    out: &mut [u8],
+) -> Result<usize, i32> {
+    use std::os::fd::AsRawFd;
+    let mut len = out.len() as socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `out` and updates `len`.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_getsockopt, fd.as_raw_fd(), level, name, out.as_mut_ptr(), &mut len)
+    };
+    last(rc).map(|_| len as usize)
+}
+
+/// Raises `SIGPIPE` in the calling thread, as the kernel does for a write on a closed
+/// connection without `MSG_NOSIGNAL`.
+pub(crate) fn raise_sigpipe() {
+    // SAFETY: signalling the calling thread.
+    unsafe { libc::pthread_kill(libc::pthread_self(), libc::SIGPIPE) };
+}
+
+fn mut_slice<'a>(buf: *mut c_void, len: usize) -> &'a mut [u8] {
+    if len == 0 || buf.is_null() {
+        return &mut [];
+    }
+    // SAFETY: the program passed `len` writable bytes at `buf`, as for the real call.
+    unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) }
+}
+
+fn slice<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
+    if len == 0 || buf.is_null() {
+        return &[];
+    }
+    // SAFETY: the program passed `len` readable bytes at `buf`, as for the real call.
+    unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
+}
+
+fn iovecs_mut<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSliceMut<'a>>, i32> {
+    if n < 0 || n as usize > libc::UIO_MAXIOV as usize {
+        return Err(libc::EINVAL);
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the program passed `n` iovecs at `iov`, each naming writable memory.
+    let v = unsafe { std::slice::from_raw_parts(iov, n as usize) };
+    Ok(v.iter().map(|i| IoSliceMut::new(mut_slice(i.iov_base, i.iov_len))).collect())
+}
+
+fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSlice<'a>>, i32> {
+    if n < 0 || n as usize > libc::UIO_MAXIOV as usize {
+        return Err(libc::EINVAL);
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the program passed `n` iovecs at `iov`, each naming readable memory.
+    let v = unsafe { std::slice::from_raw_parts(iov, n as usize) };
+    Ok(v.iter().map(|i| IoSlice::new(slice(i.iov_base, i.iov_len))).collect())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,7 +423,7 @@ fn from_socketaddr(a: SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
 /// Copies `a` into a caller's (addr, len) result pair, truncating as the kernel does.
 ///
 /// # Safety
-/// `addr`/`len` as passed to accept/getpeername by the application.
+/// `addr`/`len` as passed to accept/getpeername by the program.
 unsafe fn write_addr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) {
     if addr.is_null() || len.is_null() {
         return;
@@ -548,130 +437,1312 @@ unsafe fn write_addr(a: SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) {
     }
 }
 
-fn sock_local(fd: c_int) -> Option<SocketAddr> {
-    // SAFETY: zeroed sockaddr_storage is valid; getsockname writes at most `len` bytes.
-    unsafe {
-        let mut ss: libc::sockaddr_storage = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-        if libc::getsockname(fd, &mut ss as *mut _ as *mut sockaddr, &mut len) != 0 {
-            return None;
-        }
-        to_socketaddr(&ss as *const _ as *const sockaddr, len)
-    }
-}
-
-fn sock_peer(fd: c_int) -> Option<SocketAddr> {
-    let f = real!(getpeername, AcceptFn);
-    // SAFETY: as in sock_local.
-    unsafe {
-        let mut ss: libc::sockaddr_storage = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-        if f(fd, &mut ss as *mut _ as *mut sockaddr, &mut len) != 0 {
-            return None;
-        }
-        to_socketaddr(&ss as *const _ as *const sockaddr, len)
-    }
-}
-
-fn is_stream(fd: c_int) -> bool {
-    let mut ty: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as socklen_t;
-    // SAFETY: SO_TYPE writes one c_int into `ty`.
-    let rc = unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_TYPE, &mut ty as *mut _ as *mut _, &mut len)
-    };
-    rc == 0 && ty == libc::SOCK_STREAM
-}
-
-fn loopback_of(a: &SocketAddr) -> IpAddr {
-    match a {
-        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        SocketAddr::V6(v6) if v6.ip().to_ipv4_mapped().is_some() => {
-            IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())
-        }
-        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
-    }
-}
-
-/// `a` in the address family of `like` (v4-mapped IPv6 ⇔ IPv4), as the kernel would report a
-/// peer to a socket of that family: programs such as Redis check `is loopback` on it.
-fn same_family(a: SocketAddr, like: &SocketAddr) -> SocketAddr {
-    match (a, like) {
-        (SocketAddr::V6(v6), SocketAddr::V4(_)) => match v6.ip().to_ipv4_mapped() {
-            Some(ip) => SocketAddr::from((ip, v6.port())),
-            None => a,
-        },
-        (SocketAddr::V4(v4), SocketAddr::V6(_)) => {
-            SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port()))
-        }
-        _ => a,
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
-// The kernel end of a carried connection: reset like TCP when its virtual connection was.
+// Signals: which handlers restart system calls. The program's handlers are installed behind a
+// trampoline that counts, per thread, the signals handled without `SA_RESTART`; a blocking
+// call on a carried socket interrupted by a signal restarts or fails with EINTR as the kernel
+// would decide for that handler.
 
-pub(crate) fn reset(s: &TcpStream) {
-    let l = libc::linger { l_onoff: 1, l_linger: 0 };
-    // SAFETY: SO_LINGER takes a struct linger; the fd is ours.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &l as *const _ as *const _,
-            std::mem::size_of::<libc::linger>() as socklen_t,
-        );
-    }
-    let _ = s.shutdown(Shutdown::Read);
+const NSIG: usize = 65;
+static APP_HANDLER: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+static APP_FLAGS: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
+/// Signals `siginterrupt` made interrupting (no `SA_RESTART` for `signal`).
+static INTERRUPTING: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
+
+thread_local! {
+    // Plain thread-locals with constant initialisers: no lazy init, safe in a handler.
+    static HANDLED_NO_RESTART: Cell<u32> = const { Cell::new(0) };
 }
 
-// ---------------------------------------------------------------------------------------------
-// Relay listeners (one per address family), reached by the application's carried fds.
+/// Per-thread count of handled signals without `SA_RESTART` (for `carried`).
+pub(crate) mod signals {
+    /// A point in a thread's signal history.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Snapshot(u32);
 
-fn relay_addr(v6: bool) -> Option<SocketAddr> {
-    static V4: OnceLock<Option<SocketAddr>> = OnceLock::new();
-    static V6: OnceLock<Option<SocketAddr>> = OnceLock::new();
-    let (cell, ip) = if v6 {
-        (&V6, IpAddr::V6(Ipv6Addr::LOCALHOST))
+    pub(crate) fn snapshot() -> Snapshot {
+        Snapshot(super::HANDLED_NO_RESTART.with(|c| c.get()))
+    }
+
+    /// Whether a handler without `SA_RESTART` ran in this thread since `s`.
+    pub(crate) fn no_restart_since(s: Snapshot) -> bool {
+        super::HANDLED_NO_RESTART.with(|c| c.get()) != s.0
+    }
+}
+
+extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let i = sig as usize;
+    if i >= NSIG {
+        return;
+    }
+    let flags = APP_FLAGS[i].load(Ordering::Relaxed);
+    if flags & libc::SA_RESTART == 0 {
+        HANDLED_NO_RESTART.with(|c| c.set(c.get().wrapping_add(1)));
+    }
+    let h = APP_HANDLER[i].load(Ordering::Relaxed);
+    if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return;
+    }
+    if flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed `h` as an SA_SIGINFO handler.
+        let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx)
     } else {
-        (&V4, IpAddr::V4(Ipv4Addr::LOCALHOST))
+        // SAFETY: the program installed `h` as a plain handler.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
+        f(sig)
+    }
+}
+
+/// # Safety
+/// C ABI: as sigaction(2).
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(
+    sig: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    let real = real!(sigaction);
+    let i = sig as usize;
+    if sig <= 0 || i >= NSIG || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real(sig, act, old) };
+    }
+    let (prev_h, prev_f) =
+        (APP_HANDLER[i].load(Ordering::Relaxed), APP_FLAGS[i].load(Ordering::Relaxed));
+    // SAFETY: zeroed sigaction is valid plain data.
+    let mut kernel_old: libc::sigaction = unsafe { std::mem::zeroed() };
+    let rc = if act.is_null() {
+        // SAFETY: a query only.
+        unsafe { real(sig, std::ptr::null(), &mut kernel_old) }
+    } else {
+        // SAFETY: the program passed a valid sigaction.
+        let mut a = unsafe { *act };
+        let h = a.sa_sigaction;
+        if h == libc::SIG_DFL || h == libc::SIG_IGN {
+            APP_HANDLER[i].store(0, Ordering::Relaxed);
+        } else {
+            APP_HANDLER[i].store(h, Ordering::Relaxed);
+            APP_FLAGS[i].store(a.sa_flags, Ordering::Relaxed);
+            a.sa_sigaction = trampoline as *const () as usize;
+            a.sa_flags |= libc::SA_SIGINFO;
+        }
+        // SAFETY: a valid sigaction for libc.
+        let rc = unsafe { real(sig, &a, &mut kernel_old) };
+        if rc != 0 {
+            APP_HANDLER[i].store(prev_h, Ordering::Relaxed);
+            APP_FLAGS[i].store(prev_f, Ordering::Relaxed);
+        }
+        rc
     };
-    *cell.get_or_init(|| {
-        inside(|| {
-            let l = netchannel::sys::tcp_listen(&SocketAddr::new(ip, 0)).ok()?;
-            use std::os::fd::IntoRawFd;
-            // SAFETY: the relocated fd is the only owner of the listening socket.
-            let l = unsafe { TcpListener::from_raw_fd(relocate(l.into_raw_fd())) };
-            let addr = l.local_addr().ok()?;
-            std::thread::Builder::new()
-                .name("nc-relay".into())
-                .spawn(move || inside(|| relay_loop(l)))
-                .ok()?;
-            Some(addr)
+    if rc == 0 && !old.is_null() {
+        if kernel_old.sa_sigaction == trampoline as *const () as usize {
+            kernel_old.sa_sigaction = prev_h;
+            kernel_old.sa_flags = prev_f;
+        }
+        // SAFETY: the program passed a writable sigaction.
+        unsafe { *old = kernel_old };
+    }
+    rc
+}
+
+/// `signal` with BSD semantics (glibc's): restarting unless `siginterrupt` said otherwise.
+fn install(sig: c_int, handler: libc::sighandler_t, flags: c_int) -> libc::sighandler_t {
+    // SAFETY: zeroed sigaction is valid plain data; sigemptyset/sigaddset initialise the mask.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        let mut old: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = handler;
+        a.sa_flags = flags;
+        libc::sigemptyset(&mut a.sa_mask);
+        if flags & libc::SA_NODEFER == 0 {
+            libc::sigaddset(&mut a.sa_mask, sig);
+        }
+        if sigaction(sig, &a, &mut old) != 0 {
+            return libc::SIG_ERR;
+        }
+        old.sa_sigaction
+    }
+}
+
+/// # Safety
+/// C ABI: as signal(2).
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    let i = sig as usize;
+    let interrupting = i < NSIG && INTERRUPTING[i].load(Ordering::Relaxed) != 0;
+    install(sig, handler, if interrupting { 0 } else { libc::SA_RESTART })
+}
+
+/// # Safety
+/// C ABI: as bsd_signal(3).
+#[no_mangle]
+pub unsafe extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    // SAFETY: same contract.
+    unsafe { signal(sig, handler) }
+}
+
+/// # Safety
+/// C ABI: as sysv_signal(3).
+#[no_mangle]
+pub unsafe extern "C" fn sysv_signal(
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    install(sig, handler, libc::SA_RESETHAND | libc::SA_NODEFER)
+}
+
+/// # Safety
+/// C ABI: as siginterrupt(3).
+#[no_mangle]
+pub unsafe extern "C" fn siginterrupt(sig: c_int, flag: c_int) -> c_int {
+    let i = sig as usize;
+    if i > 0 && i < NSIG {
+        INTERRUPTING[i].store(flag, Ordering::Relaxed);
+        let f = APP_FLAGS[i].load(Ordering::Relaxed);
+        let f = if flag != 0 { f & !libc::SA_RESTART } else { f | libc::SA_RESTART };
+        APP_FLAGS[i].store(f, Ordering::Relaxed);
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(siginterrupt)(sig, flag) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading.
+
+fn recv_one(
+    c: &Carried,
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+) -> Result<usize, i32> {
+    guard(|| with_fd(fd, |app| c.recv(app, &mut [IoSliceMut::new(mut_slice(buf, len))], flags)))
+}
+
+/// # Safety
+/// C ABI: as read(2).
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: usize) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(recv_one(&c, fd, buf, len, 0));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(read)(fd, buf, len) }
+}
+
+/// # Safety
+/// C ABI: as glibc's __read_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, len: usize, size: usize) -> Ssize {
+    if len <= size {
+        if let Some(c) = served(fd) {
+            return ret(recv_one(&c, fd, buf, len, 0));
+        }
+    }
+    // SAFETY: forwarding (glibc aborts on an overflowing length).
+    unsafe { real!(__read_chk)(fd, buf, len, size) }
+}
+
+/// # Safety
+/// C ABI: as recv(2).
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(recv_one(&c, fd, buf, len, flags));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(recv)(fd, buf, len, flags) }
+}
+
+/// # Safety
+/// C ABI: as glibc's __recv_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    size: usize,
+    flags: c_int,
+) -> Ssize {
+    if len <= size {
+        if let Some(c) = served(fd) {
+            return ret(recv_one(&c, fd, buf, len, flags));
+        }
+    }
+    // SAFETY: forwarding (glibc aborts on an overflowing length).
+    unsafe { real!(__recv_chk)(fd, buf, len, size, flags) }
+}
+
+/// A stream socket's recvfrom reports no address (its length comes back 0).
+///
+/// # Safety
+/// `alen` as passed by the program.
+unsafe fn no_address(alen: *mut socklen_t) {
+    if !alen.is_null() {
+        // SAFETY: the program passed a writable length.
+        unsafe { *alen = 0 };
+    }
+}
+
+/// # Safety
+/// C ABI: as recvfrom(2).
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> Ssize {
+    if let Some(c) = served(fd) {
+        let r = recv_one(&c, fd, buf, len, flags);
+        if r.is_ok() && !addr.is_null() {
+            // SAFETY: as passed by the program.
+            unsafe { no_address(alen) };
+        }
+        return ret(r);
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(recvfrom)(fd, buf, len, flags, addr, alen) }
+}
+
+/// # Safety
+/// C ABI: as glibc's __recvfrom_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    size: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> Ssize {
+    if len <= size {
+        // SAFETY: same contract as recvfrom.
+        return unsafe { recvfrom(fd, buf, len, flags, addr, alen) };
+    }
+    // SAFETY: forwarding (glibc aborts on an overflowing length).
+    unsafe { real!(__recvfrom_chk)(fd, buf, len, size, flags, addr, alen) }
+}
+
+/// # Safety
+/// C ABI: as readv(2).
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(guard(|| {
+            let mut v = iovecs_mut(iov, n)?;
+            with_fd(fd, |app| c.recv(app, &mut v, 0))
+        }));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(readv)(fd, iov, n) }
+}
+
+/// # Safety
+/// C ABI: as recvmsg(2).
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(guard(|| {
+            // SAFETY: the program passed a valid msghdr.
+            let m = unsafe { &mut *msg };
+            let mut v = iovecs_mut(m.msg_iov, m.msg_iovlen as c_int)?;
+            let n = with_fd(fd, |app| c.recv(app, &mut v, flags))?;
+            m.msg_namelen = 0;
+            m.msg_controllen = 0;
+            m.msg_flags = 0;
+            Ok(n)
+        }));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    let n = unsafe { real!(recvmsg)(fd, msg, flags) };
+    if n >= 0 && !msg.is_null() {
+        // SAFETY: the kernel filled the program's msghdr.
+        unsafe { received_fds(&*msg) };
+    }
+    n
+}
+
+/// Placeholders received by `SCM_RIGHTS` are adopted (their connection is reached through its
+/// owner on first use).
+///
+/// # Safety
+/// `m` is a msghdr the kernel just filled.
+unsafe fn received_fds(m: &libc::msghdr) {
+    if m.msg_controllen == 0 || m.msg_control.is_null() || process::settings().disabled {
+        return;
+    }
+    // SAFETY: walking the control buffer the kernel filled, with libc's CMSG macros.
+    unsafe {
+        let mut cm = libc::CMSG_FIRSTHDR(m);
+        while !cm.is_null() {
+            if (*cm).cmsg_level == libc::SOL_SOCKET && (*cm).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cm) as *const c_int;
+                let bytes = (*cm).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for k in 0..bytes / std::mem::size_of::<c_int>() {
+                    let fd = std::ptr::read_unaligned(data.add(k));
+                    let _ = caught(|| with_fd(fd, |app| inherit::adopt(fd, app)));
+                }
+            }
+            cm = libc::CMSG_NXTHDR(m, cm);
+        }
+    }
+}
+
+/// # Safety
+/// C ABI: as recvmmsg(2).
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: u32,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    if let Some(_c) = served(fd) {
+        let mut done = 0;
+        for i in 0..n as usize {
+            let f =
+                if done == 0 { flags & !libc::MSG_WAITFORONE } else { flags | libc::MSG_DONTWAIT };
+            // SAFETY: the program passed `n` mmsghdrs.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: same contract as recvmsg.
+            let r = unsafe { recvmsg(fd, &mut m.msg_hdr, f) };
+            if r < 0 {
+                if done == 0 {
+                    return -1;
+                }
+                break;
+            }
+            m.msg_len = r as u32;
+            done += 1;
+            if r == 0 {
+                break;
+            }
+        }
+        return done;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(recvmmsg)(fd, msgs, n, flags, timeout) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing.
+
+fn send_one(
+    c: &Carried,
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+) -> Result<usize, i32> {
+    guard(|| with_fd(fd, |app| c.send(app, &[IoSlice::new(slice(buf, len))], flags)))
+}
+
+/// # Safety
+/// C ABI: as write(2).
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: usize) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(send_one(&c, fd, buf, len, 0));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(write)(fd, buf, len) }
+}
+
+/// # Safety
+/// C ABI: as send(2).
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: usize, flags: c_int) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(send_one(&c, fd, buf, len, flags));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(send)(fd, buf, len, flags) }
+}
+
+/// # Safety
+/// C ABI: as sendto(2). A connected stream socket ignores the address.
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(send_one(&c, fd, buf, len, flags));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(sendto)(fd, buf, len, flags, addr, alen) }
+}
+
+/// # Safety
+/// C ABI: as writev(2).
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, n: c_int) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(guard(|| {
+            let v = iovecs(iov, n)?;
+            with_fd(fd, |app| c.send(app, &v, 0))
+        }));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(writev)(fd, iov, n) }
+}
+
+/// # Safety
+/// C ABI: as sendmsg(2).
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> Ssize {
+    if let Some(c) = served(fd) {
+        return ret(guard(|| {
+            // SAFETY: the program passed a valid msghdr.
+            let m = unsafe { &*msg };
+            let v = iovecs(m.msg_iov, m.msg_iovlen as c_int)?;
+            with_fd(fd, |app| c.send(app, &v, flags))
+        }));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(sendmsg)(fd, msg, flags) }
+}
+
+/// # Safety
+/// C ABI: as sendmmsg(2).
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: u32,
+    flags: c_int,
+) -> c_int {
+    if served(fd).is_some() {
+        let mut done = 0;
+        for i in 0..n as usize {
+            // SAFETY: the program passed `n` mmsghdrs.
+            let m = unsafe { &mut *msgs.add(i) };
+            // SAFETY: same contract as sendmsg.
+            let r = unsafe { sendmsg(fd, &m.msg_hdr, flags) };
+            if r < 0 {
+                if done == 0 {
+                    return -1;
+                }
+                break;
+            }
+            m.msg_len = r as u32;
+            done += 1;
+        }
+        return done;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(sendmmsg)(fd, msgs, n, flags) }
+}
+
+/// `sendfile` into a carried socket: the file's bytes are read here and sent.
+fn sendfile_carried(
+    c: &Carried,
+    out: c_int,
+    inp: c_int,
+    offset: Option<&mut i64>,
+    count: usize,
+) -> Result<usize, i32> {
+    let mut buf = vec![0u8; count.min(256 * 1024)];
+    let mut at = offset.as_ref().map(|o| **o);
+    let mut total = 0;
+    while total < count {
+        let want = (count - total).min(buf.len());
+        let got = with_fd(inp, |f| match at {
+            Some(pos) => rustix::io::pread(f, &mut buf[..want], pos as u64),
+            None => rustix::io::read(f, &mut buf[..want]),
+        })
+        .map_err(|e| e.raw_os_error())?;
+        if got == 0 {
+            break;
+        }
+        let sent = match with_fd(out, |app| c.send(app, &[IoSlice::new(&buf[..got])], 0)) {
+            Ok(n) => n,
+            Err(e) if total == 0 && at.is_none() => {
+                // Nothing went out: the file position goes back to where it was.
+                let _ = with_fd(inp, |f| {
+                    rustix::fs::seek(f, rustix::fs::SeekFrom::Current(-(got as i64)))
+                });
+                return Err(e);
+            }
+            Err(e) if total == 0 => return Err(e),
+            Err(_) => 0,
+        };
+        if sent < got && at.is_none() {
+            let back = (got - sent) as i64;
+            let _ = with_fd(inp, |f| rustix::fs::seek(f, rustix::fs::SeekFrom::Current(-back)));
+        }
+        total += sent;
+        if let Some(p) = at.as_mut() {
+            *p += sent as i64;
+        }
+        if sent < got {
+            break;
+        }
+    }
+    if let (Some(o), Some(p)) = (offset, at) {
+        *o = p;
+    }
+    Ok(total)
+}
+
+/// # Safety
+/// C ABI: as sendfile(2).
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    inp: c_int,
+    offset: *mut libc::off_t,
+    count: usize,
+) -> Ssize {
+    if let Some(c) = served(out) {
+        // SAFETY: the program's offset pointer, if any.
+        let off = unsafe { offset.as_mut() };
+        return ret(guard(|| sendfile_carried(&c, out, inp, off, count)));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(sendfile)(out, inp, offset, count) }
+}
+
+/// # Safety
+/// C ABI: as sendfile64(2).
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    inp: c_int,
+    offset: *mut libc::off64_t,
+    count: usize,
+) -> Ssize {
+    if let Some(c) = served(out) {
+        // SAFETY: the program's offset pointer, if any.
+        let off = unsafe { offset.as_mut() };
+        return ret(guard(|| sendfile_carried(&c, out, inp, off, count)));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(sendfile64)(out, inp, offset, count) }
+}
+
+/// # Safety
+/// C ABI: as splice(2). A carried socket on either side is served by a copy through this
+/// library: socket -> pipe takes at most what the pipe has room for; pipe -> socket sends all
+/// it took from the pipe (waiting for the window if need be).
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: usize,
+    flags: u32,
+) -> Ssize {
+    let nonblock = flags & libc::SPLICE_F_NONBLOCK != 0;
+    if let Some(c) = served(fd_in) {
+        if !off_in.is_null() {
+            set_errno(libc::ESPIPE);
+            return -1;
+        }
+        return ret(guard(|| {
+            let room = with_fd(fd_out, pipe_room)?;
+            if room == 0 {
+                return Err(libc::EAGAIN);
+            }
+            let mut buf = vec![0u8; len.min(room).min(256 * 1024)];
+            let f = if nonblock { libc::MSG_DONTWAIT } else { 0 };
+            let n = with_fd(fd_in, |app| c.recv(app, &mut [IoSliceMut::new(&mut buf)], f))?;
+            let mut put = 0;
+            while put < n {
+                put += with_fd(fd_out, |p| rustix::io::write(p, &buf[put..n]))
+                    .map_err(|e| e.raw_os_error())?;
+            }
+            Ok(n)
+        }));
+    }
+    if let Some(c) = served(fd_out) {
+        if !off_out.is_null() {
+            set_errno(libc::ESPIPE);
+            return -1;
+        }
+        return ret(guard(|| {
+            let mut buf = vec![0u8; len.min(256 * 1024)];
+            let n =
+                with_fd(fd_in, |p| rustix::io::read(p, &mut buf)).map_err(|e| e.raw_os_error())?;
+            let mut sent = 0;
+            while sent < n {
+                sent += with_fd(fd_out, |app| c.send(app, &[IoSlice::new(&buf[sent..n])], 0))?;
+            }
+            Ok(n)
+        }));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(splice)(fd_in, off_in, fd_out, off_out, len, flags) }
+}
+
+/// Free bytes in a pipe.
+fn pipe_room(p: BorrowedFd<'_>) -> Result<usize, i32> {
+    use std::os::fd::AsRawFd;
+    let size = rustix::pipe::fcntl_getpipe_size(p).map_err(|e| e.raw_os_error())?;
+    let mut used: c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let rc = unsafe { libc::ioctl(p.as_raw_fd(), libc::FIONREAD, &mut used) };
+    if rc < 0 {
+        return Err(errno());
+    }
+    Ok(size.saturating_sub(used.max(0) as usize))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting.
+
+/// # Safety
+/// C ABI: as epoll_ctl(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    let real = real!(epoll_ctl);
+    if table::kind(fd) == 0 {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real(epfd, op, fd, ev) };
+    }
+    // SAFETY: the program's event, if any.
+    let events = unsafe { ev.as_ref() }.map_or(0, |e| e.events);
+    let c = caught(|| waits::before_ctl(op, fd, events)).flatten();
+    // SAFETY: forwarding the caller's arguments.
+    let rc = unsafe { real(epfd, op, fd, ev) };
+    if rc == 0 {
+        let e = errno();
+        let _ = caught(|| waits::after_ctl(epfd, op, fd, c));
+        set_errno(e);
+    }
+    rc
+}
+
+fn ms(timeout: c_int) -> Option<Duration> {
+    (timeout >= 0).then(|| Duration::from_millis(timeout as u64))
+}
+
+fn ts(t: *const libc::timespec) -> Option<Duration> {
+    // SAFETY: the program's timespec, if any.
+    unsafe { t.as_ref() }
+        .map(|t| Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+}
+
+/// Shared by the epoll waits: `None` when the set holds nothing carried.
+fn epoll_common(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
+) -> Option<c_int> {
+    if table::kind(epfd) & EPOLL == 0 {
+        return None;
+    }
+    let real = real!(epoll_wait);
+    // SAFETY: the program's sigmask, if any.
+    let mask = unsafe { mask.as_ref() };
+    let r = caught(|| {
+        waits::epoll_wait(epfd, timeout, mask, || {
+            // SAFETY: the program's buffer of `max` events; a zero timeout.
+            last(unsafe { real(epfd, events, max, 0) } as i64)
         })
     })
+    .flatten()?;
+    Some(ret_int(r))
 }
 
-fn relay_loop(l: TcpListener) {
-    loop {
-        let Ok(s) = netchannel::sys::tcp_accept(&l) else { continue };
-        let Ok(peer) = s.peer_addr() else { continue };
-        let s = relocate_stream(s);
-        if let Some(vs) = with(&PENDING, |p| p.remove(&peer.port())) {
-            relay::relay(s, vs);
+/// # Safety
+/// C ABI: as epoll_wait(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    if let Some(n) = epoll_common(epfd, events, max, ms(timeout), std::ptr::null()) {
+        return n;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(epoll_wait)(epfd, events, max, timeout) }
+}
+
+/// # Safety
+/// C ABI: as epoll_pwait(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some(n) = epoll_common(epfd, events, max, ms(timeout), mask) {
+        return n;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(epoll_pwait)(epfd, events, max, timeout, mask) }
+}
+
+/// # Safety
+/// C ABI: as epoll_pwait2(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut libc::epoll_event,
+    max: c_int,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some(n) = epoll_common(epfd, events, max, ts(timeout), mask) {
+        return n;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(epoll_pwait2)(epfd, events, max, timeout, mask) }
+}
+
+fn pollfds<'a>(fds: *mut libc::pollfd, n: libc::nfds_t) -> &'a mut [libc::pollfd] {
+    if fds.is_null() || n == 0 {
+        return &mut [];
+    }
+    // SAFETY: the program passed `n` pollfds.
+    unsafe { std::slice::from_raw_parts_mut(fds, n as usize) }
+}
+
+/// The kernel's ppoll over `fds` with the program's mask.
+fn kernel_ppoll(
+    fds: &mut [libc::pollfd],
+    timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
+) -> Result<usize, i32> {
+    let t = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as _,
+    });
+    let tp = t.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: a valid pollfd slice, timespec and mask (or null) for libc's ppoll.
+    last(unsafe { real!(ppoll)(fds.as_mut_ptr(), fds.len() as libc::nfds_t, tp, mask) } as i64)
+}
+
+/// Shared by the poll family: `None` when no fd of the set is the library's.
+fn poll_common(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
+) -> Option<c_int> {
+    let set = pollfds(fds, n);
+    if !waits::any_ours(set.iter().map(|p| p.fd)) {
+        return None;
+    }
+    let r = guard(|| waits::poll(set, timeout, &mut |f, t| kernel_ppoll(f, t, mask)));
+    Some(ret_int(r))
+}
+
+/// # Safety
+/// C ABI: as poll(2).
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    if let Some(r) = poll_common(fds, n, ms(timeout), std::ptr::null()) {
+        return r;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(poll)(fds, n, timeout) }
+}
+
+/// # Safety
+/// C ABI: as glibc's __poll_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+    size: usize,
+) -> c_int {
+    if (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>()) <= size {
+        if let Some(r) = poll_common(fds, n, ms(timeout), std::ptr::null()) {
+            return r;
         }
     }
+    // SAFETY: forwarding (glibc aborts on an overflowing count).
+    unsafe { real!(__poll_chk)(fds, n, timeout, size) }
+}
+
+/// # Safety
+/// C ABI: as ppoll(2).
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some(r) = poll_common(fds, n, ts(timeout), mask) {
+        return r;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(ppoll)(fds, n, timeout, mask) }
+}
+
+/// # Safety
+/// C ABI: as glibc's __ppoll_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+    size: usize,
+) -> c_int {
+    if (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>()) <= size {
+        if let Some(r) = poll_common(fds, n, ts(timeout), mask) {
+            return r;
+        }
+    }
+    // SAFETY: forwarding (glibc aborts on an overflowing count).
+    unsafe { real!(__ppoll_chk)(fds, n, timeout, mask, size) }
+}
+
+/// An fd_set as its bit words.
+fn fd_words<'a>(set: *mut libc::fd_set) -> Option<&'a mut [u64; 16]> {
+    // SAFETY: fd_set is 1024 bits of plain data on Linux (16 x u64), as the program passed it.
+    unsafe { (set as *mut [u64; 16]).as_mut() }
+}
+
+fn fds_in<'a>(words: &'a Option<&mut [u64; 16]>, nfds: usize) -> impl Iterator<Item = c_int> + 'a {
+    (0..nfds.min(1024))
+        .filter(move |&fd| words.as_ref().is_some_and(|w| w[fd / 64] & (1 << (fd % 64)) != 0))
+        .map(|fd| fd as c_int)
+}
+
+/// select/pselect over sets holding carried fds, through `waits::poll` (the kernel's select is
+/// its poll with these bit mappings). `None` when no fd is the library's.
+fn select_common(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
+) -> Option<(Result<usize, i32>, Option<Duration>)> {
+    let nfds = nfds.clamp(0, 1024) as usize;
+    let (mut rs, mut ws, mut es) = (fd_words(r), fd_words(w), fd_words(e));
+    let ours = waits::any_ours(fds_in(&rs, nfds).chain(fds_in(&ws, nfds)).chain(fds_in(&es, nfds)));
+    if !ours {
+        return None;
+    }
+    let mut p: Vec<libc::pollfd> = Vec::new();
+    for fd in 0..nfds as c_int {
+        let bit = |s: &Option<&mut [u64; 16]>| {
+            s.as_ref().is_some_and(|x| x[fd as usize / 64] & (1 << (fd % 64)) != 0)
+        };
+        let mut ev = 0;
+        if bit(&rs) {
+            ev |= libc::POLLIN;
+        }
+        if bit(&ws) {
+            ev |= libc::POLLOUT;
+        }
+        if bit(&es) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            p.push(libc::pollfd { fd, events: ev, revents: 0 });
+        }
+    }
+    let start = std::time::Instant::now();
+    let res = guard(|| waits::poll(&mut p, timeout, &mut |f, t| kernel_ppoll(f, t, mask)));
+    let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+    let res = res.and_then(|_| {
+        if p.iter().any(|x| x.revents & libc::POLLNVAL != 0) {
+            return Err(libc::EBADF);
+        }
+        for s in [&mut rs, &mut ws, &mut es].into_iter().flatten() {
+            s.iter_mut().for_each(|x| *x = 0);
+        }
+        let mut count = 0;
+        for x in &p {
+            let (fd, rv) = (x.fd as usize, x.revents);
+            let mut set = |s: &mut Option<&mut [u64; 16]>, on: bool| {
+                if on {
+                    if let Some(s) = s.as_mut() {
+                        s[fd / 64] |= 1 << (fd % 64);
+                        count += 1;
+                    }
+                }
+            };
+            set(
+                &mut rs,
+                x.events & libc::POLLIN != 0
+                    && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0,
+            );
+            set(
+                &mut ws,
+                x.events & libc::POLLOUT != 0 && rv & (libc::POLLOUT | libc::POLLERR) != 0,
+            );
+            set(&mut es, x.events & libc::POLLPRI != 0 && rv & libc::POLLPRI != 0);
+        }
+        Ok(count)
+    });
+    Some((res, left))
+}
+
+/// # Safety
+/// C ABI: as select(2).
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    // SAFETY: the program's timeval, if any.
+    let timeout = unsafe { tv.as_ref() }.map(|t| {
+        Duration::new(t.tv_sec.max(0) as u64, (t.tv_usec.clamp(0, 999_999) * 1000) as u32)
+    });
+    if let Some((res, left)) = select_common(nfds, r, w, e, timeout, std::ptr::null()) {
+        // Linux writes back the time left.
+        // SAFETY: the program's timeval, if any.
+        if let (Some(t), Some(l)) = (unsafe { tv.as_mut() }, left) {
+            t.tv_sec = l.as_secs() as _;
+            t.tv_usec = l.subsec_micros() as _;
+        }
+        return ret_int(res);
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(select)(nfds, r, w, e, tv) }
+}
+
+/// # Safety
+/// C ABI: as pselect(2).
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if let Some((res, _)) = select_common(nfds, r, w, e, ts(timeout), mask) {
+        return ret_int(res);
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(pselect)(nfds, r, w, e, timeout, mask) }
 }
 
 // ---------------------------------------------------------------------------------------------
-// connect
+// Control: fcntl, ioctl, socket options, shutdown, names.
+
+fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, real: types::fcntl) -> c_int {
+    // SAFETY: forwarding the caller's arguments.
+    let rc = unsafe { real(fd, cmd, arg) };
+    if rc >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && table::kind(fd) != 0 {
+        let e = errno();
+        let _ = caught(|| table::dup_into(fd, rc));
+        set_errno(e);
+    }
+    rc
+}
+
+/// # Safety
+/// C ABI: as fcntl(2) (its third argument is read as one machine word, as glibc does).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    fcntl_common(fd, cmd, arg, real!(fcntl))
+}
+
+/// # Safety
+/// C ABI: as fcntl64.
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    fcntl_common(fd, cmd, arg, real!(fcntl64))
+}
+
+/// # Safety
+/// C ABI: as ioctl(2).
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) -> c_int {
+    if let Some(c) = served(fd) {
+        let v = match req {
+            libc::FIONREAD => Some(c.unread()),
+            libc::TIOCOUTQ => Some(c.outq(false)),
+            0x894B /* SIOCOUTQNSD */ => Some(c.outq(true)),
+            0x8905 /* SIOCATMARK */ => Some(0),
+            _ => None,
+        };
+        if let Some(v) = v {
+            if arg.is_null() {
+                set_errno(libc::EFAULT);
+                return -1;
+            }
+            // SAFETY: these requests write one int at `arg`.
+            unsafe { *(arg as *mut c_int) = v.min(c_int::MAX as usize) as c_int };
+            return 0;
+        }
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(ioctl)(fd, req, arg) }
+}
+
+/// # Safety
+/// C ABI: as getsockopt(2).
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if let Some(c) = served(fd) {
+        if val.is_null() || len.is_null() {
+            set_errno(libc::EFAULT);
+            return -1;
+        }
+        // SAFETY: the program's length.
+        let cap = unsafe { *len } as usize;
+        let out = mut_slice(val, cap);
+        let r = guard(|| match (level, name) {
+            (libc::SOL_SOCKET, libc::SO_ERROR) => {
+                let v = with_fd(fd, |app| c.so_error(app)).to_ne_bytes();
+                let n = cap.min(4);
+                out[..n].copy_from_slice(&v[..n]);
+                Ok(n)
+            }
+            (libc::IPPROTO_TCP, libc::TCP_INFO) => {
+                let n = sockopt::get(&c, level, name, out)?;
+                if n > 0 {
+                    out[0] = c.tcp_state();
+                }
+                Ok(n)
+            }
+            _ => sockopt::get(&c, level, name, out),
+        });
+        return match r {
+            Ok(n) => {
+                // SAFETY: the program's length.
+                unsafe { *len = n as socklen_t };
+                0
+            }
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        };
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(getsockopt)(fd, level, name, val, len) }
+}
+
+/// # Safety
+/// C ABI: as setsockopt(2).
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if let Some(c) = served(fd) {
+        let v = slice(val, len as usize);
+        return ret_int(guard(|| sockopt::set(&c, level, name, v).map(|_| 0)));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(setsockopt)(fd, level, name, val, len) }
+}
+
+/// # Safety
+/// C ABI: as shutdown(2).
+#[no_mangle]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(c) = served(fd) {
+        return ret_int(guard(|| with_fd(fd, |app| c.shutdown(app, how)).map(|_| 0)));
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(shutdown)(fd, how) }
+}
+
+/// # Safety
+/// C ABI: as getsockname(2).
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(c) = served(fd) {
+        // SAFETY: forwarded from the caller.
+        unsafe { write_addr(c.local, addr, len) };
+        return 0;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real!(getsockname)(fd, addr, len) }
+}
+
+/// # Safety
+/// C ABI: as getpeername(2).
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(c) = served(fd) {
+        // SAFETY: forwarded from the caller.
+        unsafe { write_addr(c.peer, addr, len) };
+        return 0;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    let rc = unsafe { real!(getpeername)(fd, addr, len) };
+    if rc == 0 && table::kind(fd) & RELAYED != 0 {
+        if let Some(p) = crate::relay::relayed_peer(fd) {
+            // SAFETY: forwarded from the caller.
+            unsafe { write_addr(p, addr, len) };
+        }
+    }
+    rc
+}
+
+// ---------------------------------------------------------------------------------------------
+// close, dup2, dup3, close_range.
+
+/// What closing the number `fd` means for the library (after the real close).
+fn closed(fd: c_int, k: u8) {
+    if k & CARRIED != 0 {
+        if let Some(c) = table::unmap_carried(fd) {
+            if c.owner == process::pid() && table::fds_of(&c).is_empty() {
+                c.last_fd_closed();
+            }
+        }
+    }
+    if k & REMOTE != 0 {
+        table::unmap_remote(fd);
+    }
+    if k & LISTENING != 0 {
+        if let Some(l) = table::unmap_listener(fd) {
+            l.close();
+        }
+    }
+    if k & EPOLL != 0 {
+        table::unmap_epoll(fd);
+    }
+    if k & RELAYED != 0 {
+        crate::relay::forget_relayed(fd);
+    }
+}
+
+/// # Safety
+/// C ABI: as close(2).
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let k = table::kind(fd);
+    // SAFETY: forwarding the caller's argument.
+    let rc = unsafe { real!(close)(fd) };
+    if k != 0 {
+        let e = errno();
+        let _ = caught(|| closed(fd, k));
+        set_errno(e);
+    }
+    rc
+}
+
+fn dup_common(old: c_int, new: c_int, rc: c_int) -> c_int {
+    if rc >= 0 && old != new {
+        let e = errno();
+        let _ = caught(|| {
+            let k = table::kind(new);
+            if k != 0 {
+                closed(new, k);
+            }
+            if table::kind(old) != 0 {
+                table::dup_into(old, new);
+            }
+        });
+        set_errno(e);
+    }
+    rc
+}
+
+/// # Safety
+/// C ABI: as dup(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup(old: c_int) -> c_int {
+    // SAFETY: forwarding the caller's argument.
+    let rc = unsafe { real!(dup)(old) };
+    if rc >= 0 && table::kind(old) != 0 {
+        return dup_common(old, rc, rc);
+    }
+    rc
+}
+
+/// # Safety
+/// C ABI: as dup2(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let interesting = table::kind(old) != 0 || table::kind(new) != 0;
+    // SAFETY: forwarding the caller's arguments.
+    let rc = unsafe { real!(dup2)(old, new) };
+    if interesting {
+        return dup_common(old, new, rc);
+    }
+    rc
+}
+
+/// # Safety
+/// C ABI: as dup3(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let interesting = table::kind(old) != 0 || table::kind(new) != 0;
+    // SAFETY: forwarding the caller's arguments.
+    let rc = unsafe { real!(dup3)(old, new, flags) };
+    if interesting {
+        return dup_common(old, new, rc);
+    }
+    rc
+}
+
+/// # Safety
+/// C ABI: as close_range(2).
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_int {
+    let ours: Vec<(c_int, u8)> = if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        (first as usize..=(last as usize).min(table::MAX_FD - 1))
+            .map(|fd| (fd as c_int, table::kind(fd as c_int)))
+            .filter(|(_, k)| *k != 0)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // SAFETY: forwarding the caller's arguments.
+    let rc = unsafe { real!(close_range)(first, last, flags) };
+    if rc == 0 {
+        for (fd, k) in ours {
+            let _ = caught(|| closed(fd, k));
+        }
+    }
+    rc
+}
+
+// ---------------------------------------------------------------------------------------------
+// connect, listen, accept.
 
 /// # Safety
 /// C ABI: `addr` points to `len` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    let real = real!(connect, ConnectFn);
+    let real = real!(connect);
+    if table::kind(fd) & CARRIED != 0 && served(fd).is_some() {
+        set_errno(libc::EISCONN);
+        return -1;
+    }
     if is_inside() {
         bump(&COUNTERS.reentered);
         // SAFETY: forwarding the caller's arguments unchanged.
@@ -679,326 +1750,69 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     }
     // SAFETY: the caller guarantees `len` bytes at `addr`.
     let dest = unsafe { to_socketaddr(addr, len) };
-    let carried = std::panic::catch_unwind(|| dest.and_then(|d| try_carry(fd, d)));
-    match carried {
-        Ok(Some(rc)) => rc,
-        // SAFETY: forwarding the caller's arguments unchanged.
-        _ => unsafe { real(fd, addr, len) },
-    }
-}
-
-/// Carries the connection when selected and an engine answers at the peer's host; returns the
-/// connect result then, or None to leave the fd to kernel TCP.
-fn try_carry(fd: c_int, dest: SocketAddr) -> Option<c_int> {
-    let s = settings();
-    if !in_owner() {
-        bump(&COUNTERS.kernel_other);
-        return None;
-    }
-    if s.disabled || !is_stream(fd) || dest.port() == 0 || dest.ip().is_unspecified() {
-        return None;
-    }
-    if dest.port() == s.channel_port || (!s.ports.is_empty() && !s.ports.contains(&dest.port())) {
-        bump(&COUNTERS.kernel_not_selected);
-        return None;
-    }
-    if fd < 0 || fd as usize >= MAX_FD {
-        bump(&COUNTERS.kernel_other);
-        return None;
-    }
-    let host = dest.ip();
-    if with(&NO_ENGINE, |m| m.get(&dest).is_some_and(|t| t.elapsed() < NO_ENGINE_TTL)) {
-        bump(&COUNTERS.kernel_no_engine);
-        return None;
-    }
-    let Some(engine) = client_engine() else {
-        bump(&COUNTERS.kernel_other);
-        return None;
-    };
     let saved = errno();
-    let engine_addr = SocketAddr::new(host, s.channel_port);
-    // The first connect to a peer dials its channels in this thread.
-    let first = !with(&CONTACTED, |m| m.contains_key(&engine_addr));
-    let connect = || inside(|| engine.connect(engine_addr, dest.port()));
-    let vs = match if first { fds_high(connect) } else { connect() } {
-        Ok(vs) => {
-            with(&CONTACTED, |m| m.insert(engine_addr, ()));
-            vs
-        }
-        Err(e) => {
-            match e.kind() {
-                io::ErrorKind::ConnectionRefused => {
-                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
-                    bump(&COUNTERS.kernel_no_engine);
-                }
-                // Nothing answered at the channel port within `DIAL_TIMEOUT` (a host that
-                // drops packets): not asked again for a while either, so that the program's
-                // next connects there do not wait again.
-                io::ErrorKind::TimedOut => {
-                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
-                    bump(&COUNTERS.kernel_other);
-                }
-                _ => bump(&COUNTERS.kernel_other),
-            }
+    let carried = caught(|| dest.and_then(|d| with_fd(fd, |app| connect::try_carry(fd, app, d))));
+    match carried {
+        Some(Some(r)) => {
             set_errno(saved);
-            return None;
+            ret_int(r.map(|_| 0))
         }
-    };
-    let local = sock_local(fd)?;
-    let relay = relay_addr(local.is_ipv6())?;
-    let mut local_port = local.port();
-    if local_port == 0 {
-        let (ss, l) = from_socketaddr(SocketAddr::new(loopback_of(&local), 0));
-        // SAFETY: binding our own well-formed loopback address.
-        if unsafe { libc::bind(fd, &ss as *const _ as *const sockaddr, l) } != 0 {
-            bump(&COUNTERS.kernel_other);
+        _ => {
             set_errno(saved);
-            return None;
+            // SAFETY: forwarding the caller's arguments unchanged.
+            unsafe { real(fd, addr, len) }
         }
-        local_port = sock_local(fd)?.port();
     }
-    let relay = if local.is_ipv6() && local.ip().to_string().starts_with("::ffff:") {
-        relay_addr(false).map(|a| SocketAddr::new(loopback_of(&local), a.port())).unwrap_or(relay)
-    } else {
-        relay
-    };
-    with(&PENDING, |p| p.insert(local_port, vs));
-    let (ss, l) = from_socketaddr(relay);
-    let real = real!(connect, ConnectFn);
-    set_errno(saved);
-    // SAFETY: connecting the application's fd to our relay's loopback address.
-    let rc = unsafe { real(fd, &ss as *const _ as *const sockaddr, l) };
-    let e = errno();
-    if rc == 0 || e == libc::EINPROGRESS {
-        with(&PEERS, |m| m.insert(fd, dest));
-        set_flag(fd, CARRIED);
-        bump(&COUNTERS.carried_connects);
-    } else {
-        with(&PENDING, |p| p.remove(&local_port));
-    }
-    set_errno(e);
-    Some(rc)
 }
-
-// ---------------------------------------------------------------------------------------------
-// listen
 
 /// # Safety
 /// C ABI.
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    let real = real!(listen, ListenFn);
     // SAFETY: forwarding the caller's arguments unchanged.
-    let rc = unsafe { real(fd, backlog) };
+    let rc = unsafe { real!(listen)(fd, backlog) };
     if is_inside() {
         bump(&COUNTERS.reentered);
         return rc;
     }
-    if rc != 0 || flag(fd) == LISTENING {
-        return rc;
+    if rc == 0 && table::kind(fd) & LISTENING == 0 {
+        let saved = errno();
+        let _ = caught(|| with_fd(fd, |app| listen::add_engine_listener(fd, app)));
+        set_errno(saved);
     }
-    let saved = errno();
-    let _ = std::panic::catch_unwind(|| add_engine_listener(fd));
-    set_errno(saved);
     rc
 }
 
-fn add_engine_listener(fd: c_int) {
-    let s = settings();
-    if !in_owner() {
-        bump(&COUNTERS.kernel_listen_only);
-        return;
-    }
-    if s.disabled || !is_stream(fd) || fd < 0 || fd as usize >= MAX_FD {
-        return;
-    }
-    let Some(local) = sock_local(fd) else { return };
-    if local.port() == s.channel_port || (!s.ports.is_empty() && !s.ports.contains(&local.port())) {
-        return;
-    }
-    let Some(engine) = server_engine() else {
-        bump(&COUNTERS.kernel_listen_only);
-        return;
-    };
-    let Ok(listener) = inside(|| engine.listen(local.port())) else {
-        bump(&COUNTERS.kernel_listen_only);
-        return;
-    };
-    let target = if local.ip().is_unspecified() {
-        SocketAddr::new(loopback_of(&local), local.port())
-    } else {
-        local
-    };
-    // The acceptor thread holds the listener only weakly, so that closing the application's
-    // listening fd frees the virtual port at once (iperf3 closes and re-creates its listener
-    // on the same port between control and data connections).
-    listener.set_nonblocking(true);
-    let Ok(ready) = listener.readiness_fd() else {
-        bump(&COUNTERS.kernel_listen_only);
-        return;
-    };
-    // SAFETY: plain eventfd creation; the fd is owned by the entry below.
-    let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if stop < 0 {
-        bump(&COUNTERS.kernel_listen_only);
-        return;
-    }
-    let listener = Arc::new(listener);
-    let weak = Arc::downgrade(&listener);
-    let entry = Arc::new(ListenEntry { listener: Mutex::new(Some(listener)), stop });
-    with(&LISTENERS, |m| m.insert(fd, entry.clone()));
-    set_flag(fd, LISTENING);
-    let _ = std::thread::Builder::new()
-        .name("nc-listen".into())
-        .spawn(move || inside(|| acceptor(entry, weak, ready, target)));
-}
-
-struct ListenEntry {
-    listener: Mutex<Option<Arc<netchannel::Listener>>>,
-    /// eventfd signalled when the application closes its listening fd.
-    stop: c_int,
-}
-
-impl ListenEntry {
-    fn close(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our own eventfd.
-        unsafe { libc::write(self.stop, &one as *const u64 as *const _, 8) };
-        drop(self.listener.lock().take());
-    }
-}
-
-impl Drop for ListenEntry {
-    fn drop(&mut self) {
-        let real = real!(close, CloseFn);
-        // SAFETY: closing our own eventfd, once.
-        unsafe { real(self.stop) };
-    }
-}
-
-fn acceptor(
-    entry: Arc<ListenEntry>,
-    weak: std::sync::Weak<netchannel::Listener>,
-    ready: c_int,
-    target: SocketAddr,
-) {
-    loop {
-        let mut fds = [
-            libc::pollfd { fd: entry.stop, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: ready, events: libc::POLLIN, revents: 0 },
-        ];
-        // The listener (and its readiness fd) lives as long as `weak` upgrades; check the stop
-        // flag first, so a closed listener's fd number is never waited on alone.
-        {
-            let Some(l) = weak.upgrade() else { return };
-            l.clear_readiness();
-            loop {
-                match l.accept() {
-                    Ok(vs) => {
-                        let peer = same_family(vs.peer_engine_addr(), &target);
-                        if let Some(s) = inject(target, peer) {
-                            bump(&COUNTERS.carried_accepts);
-                            relay::relay(s, vs);
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => return,
-                }
-            }
-        }
-        // SAFETY: two valid pollfd entries.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
-        if n > 0 && fds[0].revents != 0 {
-            return;
-        }
-    }
-}
-
-/// Connects a loopback TCP socket into the application's listener on behalf of a virtual
-/// client, registered before the connect so that the application's accept always finds it.
-fn inject(target: SocketAddr, peer: SocketAddr) -> Option<TcpStream> {
-    let family = if target.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-    // SAFETY: plain socket creation; the fd is owned by the TcpStream below or closed.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    let fd = relocate(fd);
-    // SAFETY: `fd` is a fresh socket we own.
-    let stream = unsafe { TcpStream::from_raw_fd(fd) };
-    let (ss, l) = from_socketaddr(SocketAddr::new(target.ip(), 0));
-    // SAFETY: binding our own well-formed address.
-    if unsafe { libc::bind(fd, &ss as *const _ as *const sockaddr, l) } != 0 {
-        return None;
-    }
-    let port = sock_local(fd)?.port();
-    with(&INJECTED, |m| m.insert(port, peer));
-    INJECTED_COUNT.fetch_add(1, Ordering::AcqRel);
-    let (ss, l) = from_socketaddr(target);
-    let real = real!(connect, ConnectFn);
-    // SAFETY: connecting our own socket to the application's listening address.
-    if unsafe { real(fd, &ss as *const _ as *const sockaddr, l) } != 0 {
-        if with(&INJECTED, |m| m.remove(&port)).is_some() {
-            INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
-        }
-        return None;
-    }
-    Some(stream)
-}
-
-// ---------------------------------------------------------------------------------------------
-// accept, accept4
-
-/// Marks an accepted fd that is one of our injected connections and reports the virtual
-/// peer's address instead of the loopback one.
-///
-/// # Safety
-/// `addr`/`len` as passed by the application.
-unsafe fn accepted(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) {
-    if fd < 0 || INJECTED_COUNT.load(Ordering::Acquire) == 0 || !in_owner() {
-        return;
-    }
-    let Some(peer) = sock_peer(fd) else { return };
-    if !peer.ip().is_loopback() && peer.ip().to_string() != "::ffff:127.0.0.1" {
-        return;
-    }
-    let Some(real_peer) = with(&INJECTED, |m| m.remove(&peer.port())) else { return };
-    INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
-    with(&PEERS, |m| m.insert(fd, real_peer));
-    set_flag(fd, CARRIED);
-    // SAFETY: forwarded from the caller.
-    unsafe { write_addr(real_peer, addr, len) };
-}
-
-/// # Safety
-/// C ABI.
-#[no_mangle]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    let real = real!(accept, AcceptFn);
-    // SAFETY: forwarding the caller's arguments unchanged.
-    let nfd = unsafe { real(fd, addr, len) };
-    // SAFETY: the caller's arguments, as the real accept just used them.
-    unsafe { after_accept(fd, nfd, addr, len) }
-}
-
-/// What `accept` and `accept4` do after the real call: a connection accepted on a listener
-/// that also takes netchannel clients may be one of them (its peer address is rewritten).
-/// errno is kept as the real call left it.
+/// What `accept` and `accept4` do after the real call (errno as the real call left it).
 ///
 /// # Safety
 /// `addr` and `len` as the caller passed them to the real accept.
 unsafe fn after_accept(fd: c_int, nfd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if is_inside() {
         bump(&COUNTERS.reentered);
+        return nfd;
     }
-    if nfd >= 0 && flag(fd) == LISTENING {
-        let saved = errno();
+    if nfd < 0 || process::settings().disabled {
+        return nfd;
+    }
+    let saved = errno();
+    let peer = caught(|| with_fd(nfd, |app| listen::accepted(fd, nfd, app)));
+    if let Some(Some(p)) = peer {
         // SAFETY: forwarded from the caller.
-        let _ = std::panic::catch_unwind(|| unsafe { accepted(nfd, addr, len) });
-        set_errno(saved);
+        unsafe { write_addr(p, addr, len) };
     }
+    set_errno(saved);
     nfd
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding the caller's arguments unchanged.
+    let nfd = unsafe { real!(accept)(fd, addr, len) };
+    // SAFETY: the caller's arguments, as the real accept just used them.
+    unsafe { after_accept(fd, nfd, addr, len) }
 }
 
 /// # Safety
@@ -1010,81 +1824,8 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
-    let real = real!(accept4, Accept4Fn);
     // SAFETY: forwarding the caller's arguments unchanged.
-    let nfd = unsafe { real(fd, addr, len, flags) };
+    let nfd = unsafe { real!(accept4)(fd, addr, len, flags) };
     // SAFETY: the caller's arguments, as the real accept4 just used them.
     unsafe { after_accept(fd, nfd, addr, len) }
-}
-
-// ---------------------------------------------------------------------------------------------
-// getpeername, close, dup2, dup3
-
-/// # Safety
-/// C ABI.
-#[no_mangle]
-pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    let real = real!(getpeername, AcceptFn);
-    // SAFETY: forwarding the caller's arguments unchanged.
-    let rc = unsafe { real(fd, addr, len) };
-    if rc == 0 && flag(fd) == CARRIED && in_owner() {
-        if let Ok(Some(p)) = std::panic::catch_unwind(|| with(&PEERS, |m| m.get(&fd).copied())) {
-            // SAFETY: forwarded from the caller.
-            unsafe { write_addr(p, addr, len) };
-        }
-    }
-    rc
-}
-
-fn forget(fd: c_int) {
-    match flag(fd) {
-        0 => {}
-        _ if !in_owner() => set_flag(fd, 0),
-        CARRIED => {
-            set_flag(fd, 0);
-            let _ = std::panic::catch_unwind(|| with(&PEERS, |m| m.remove(&fd)));
-        }
-        _ => {
-            set_flag(fd, 0);
-            let _ = std::panic::catch_unwind(|| {
-                if let Some(entry) = with(&LISTENERS, |m| m.remove(&fd)) {
-                    entry.close();
-                }
-            });
-        }
-    }
-}
-
-/// # Safety
-/// C ABI.
-#[no_mangle]
-pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    forget(fd);
-    let real = real!(close, CloseFn);
-    // SAFETY: forwarding the caller's argument unchanged.
-    unsafe { real(fd) }
-}
-
-/// # Safety
-/// C ABI.
-#[no_mangle]
-pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if old != new {
-        forget(new);
-    }
-    let real = real!(dup2, Dup2Fn);
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { real(old, new) }
-}
-
-/// # Safety
-/// C ABI.
-#[no_mangle]
-pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if old != new {
-        forget(new);
-    }
-    let real = real!(dup3, Dup3Fn);
-    // SAFETY: forwarding the caller's arguments unchanged.
-    unsafe { real(old, new, flags) }
 }

@@ -1,28 +1,35 @@
 //! LD_PRELOAD interposition library: an unmodified, dynamically linked program's TCP
 //! connections are carried by a netchannel engine inside the process.
 //!
-//! Scheme ("relay", see docs/ARCHITECTURE.md, "Interposition layer"): the application's fd
-//! stays a real kernel TCP socket for its whole life. A carried `connect` opens a virtual
-//! socket to the peer engine and then connects the application's fd to a loopback relay
-//! listener owned by this library; relay loops (`relay.rs`: a few threads, each an epoll set
-//! over many connections) move bytes between the relay end and the `VSocket`. A carried
-//! `listen` also opens an engine `Listener` on the same port; each virtual connection it
-//! accepts is turned into a loopback connection to the application's own listening socket, so
-//! `accept`, `poll`, `select` and `epoll` see it like any kernel client.
-//! Because every fd is a kernel socket, all data-path calls (read, write, *msg, poll, select,
-//! epoll in every mode, fcntl, ioctl, dup, fork, close-on-exec) keep exact kernel semantics and
-//! are not interposed at all. Interposed: `connect`, `listen`, `accept`, `accept4`,
-//! `getpeername`, `close`, `dup2`, `dup3`.
+//! The direct path (docs/ARCHITECTURE.md, "Interposition layer"): a carried `connect` opens a
+//! virtual socket to the peer engine and puts a placeholder under the program's fd number, an
+//! AF_UNIX socket whose readiness mirrors the virtual socket's (`carried`). The program's data
+//! calls on it (`read`, `write`, `send*`, `recv*`, `sendfile`, `splice`, ...) are served from
+//! the virtual socket in the calling thread; its waits (`epoll_*`, `poll`, `select`) wait on the
+//! kernel object, and serve the connections' channels while they wait (`waits`). A carried
+//! `listen` also listens in the engine, and announces each virtual connection through the
+//! program's own kernel listener (`listen`). Connections the program's own process cannot serve
+//! (accepted by a forked worker, inherited through fork, exec or `SCM_RIGHTS`) are served by a
+//! relay loop (`relay`, `inherit`), as is every connection with `netchannel run --path relay`.
 //!
-//! Signal safety: a call on an fd that is not carried costs one atomic load in `FLAGS` and
-//! goes straight to libc (no lock, no allocation). `connect`/`listen`/`accept` are not
-//! async-signal-safe in POSIX anyway.
+//! Module map: `interpose` (the C entry points, the only unsafe code), `table` (which fds are
+//! ours), `connect`, `listen`, `carried` (a direct-path connection and its placeholder),
+//! `sockopt`, `waits`, `inherit`, `reaper`, `relay`, `process` (settings, engines, counters).
 
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod carried;
+mod connect;
+mod inherit;
 #[allow(unsafe_code)]
 mod interpose;
+mod listen;
+mod process;
+mod reaper;
 mod relay;
+mod sockopt;
+mod table;
+mod waits;
 
-pub use interpose::DEFAULT_CHANNEL_PORT;
+pub use process::DEFAULT_CHANNEL_PORT;

@@ -1,5 +1,8 @@
-//! Relay loops: move bytes between the kernel end of each carried connection (the loopback
-//! socket the application's fd is connected to) and its virtual socket.
+//! Relay loops: move bytes between a kernel TCP socket a program holds and a virtual socket,
+//! for the connections the direct path cannot serve: one accepted by another process of the
+//! program (a forked worker), one a process took over after fork, exec or `SCM_RIGHTS`
+//! (`attach`), and every connection under `netchannel run --path relay`. The program's end is
+//! a loopback TCP connection to the relay's listener, so it keeps kernel TCP's semantics.
 //!
 //! A few threads (one per CPU, at most 4) each run one epoll set over the kernel ends of their
 //! connections and one `Poller` over their virtual sockets, and sleep in the poller (which the
@@ -14,8 +17,8 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsFd;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -24,7 +27,25 @@ use netchannel::sys::{Epoll, EventFd, EDGE, PEER_SHUTDOWN, READABLE, WRITABLE};
 use netchannel::{Poller, VSocket};
 use parking_lot::Mutex;
 
-use crate::interpose::{fd_base, inside, reset, COUNTERS};
+use crate::carried::Carried;
+use crate::process::{fd_base, inside, relocate, COUNTERS};
+
+/// The virtual side of a relayed connection.
+pub(crate) enum Held {
+    /// A virtual socket only the relay uses.
+    Own(VSocket),
+    /// A carried connection a process took over (its owner may still hold placeholders).
+    Shared(Arc<Carried>),
+}
+
+impl Held {
+    fn vs(&self) -> &VSocket {
+        match self {
+            Held::Own(vs) => vs,
+            Held::Shared(c) => &c.vs,
+        }
+    }
+}
 
 /// Bytes moved per read.
 const CHUNK: usize = 64 * 1024;
@@ -33,7 +54,7 @@ const WAKE: u64 = u64::MAX;
 
 pub(crate) struct Loop {
     /// Connections handed over, not yet registered.
-    inbox: Mutex<Vec<(TcpStream, VSocket)>>,
+    inbox: Mutex<Vec<(TcpStream, Held)>>,
     /// The inbox has something.
     wake: EventFd,
 }
@@ -65,7 +86,7 @@ fn start() -> Option<Arc<Loop>> {
 }
 
 /// Hands a connection to a relay loop (round robin).
-pub(crate) fn relay(app: TcpStream, vs: VSocket) {
+pub(crate) fn relay(app: TcpStream, vs: Held) {
     use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let all = loops();
@@ -81,7 +102,7 @@ pub(crate) fn relay(app: TcpStream, vs: VSocket) {
 
 struct Conn {
     app: TcpStream,
-    vs: VSocket,
+    vs: Held,
     /// Read from the application, not yet taken by the virtual socket.
     up: Vec<u8>,
     /// Received from the virtual socket, not yet written to the application.
@@ -127,11 +148,15 @@ fn run(lp: &Loop, ep: Epoll, poller: Poller) {
                 next_id += 1;
                 let _ = app.set_nonblocking(true);
                 let _ = app.set_nodelay(true);
-                vs.set_nonblocking(true);
+                vs.vs().set_nonblocking(true);
                 let flags = READABLE | WRITABLE | PEER_SHUTDOWN | EDGE;
-                if ep.add(app.as_fd(), flags, id).is_err() || poller.register(&vs, id).is_err() {
+                if ep.add(app.as_fd(), flags, id).is_err() || poller.register(vs.vs(), id).is_err()
+                {
                     reset(&app);
                     continue;
+                }
+                if let Held::Shared(c) = &vs {
+                    c.relay_link(app.as_fd().try_clone_to_owned().ok());
                 }
                 let c = Conn {
                     app,
@@ -198,10 +223,8 @@ fn forward(
                 }
                 Err(e) if blocked(&e) => return Stop::Blocked,
                 Err(e) if interrupted(&e) => {}
-                Err(_) => {
-                    pending.clear();
-                    return Stop::WriteFailed;
-                }
+                // What is pending stays for the caller (given back, or dropped).
+                Err(_) => return Stop::WriteFailed,
             }
             continue;
         }
@@ -225,16 +248,29 @@ fn forward(
 /// Moves what can move in both directions until each would block.
 fn drive(c: &mut Conn, scratch: &mut [u8]) {
     if !c.up_done {
-        let (app, vs) = (&c.app, &c.vs);
+        let (app, vs) = (&c.app, c.vs.vs());
         match forward(&mut c.up, scratch, &COUNTERS.bytes_out, |b| (&*app).read(b), |b| vs.send(b))
         {
             Stop::Blocked => {}
             Stop::Ended => {
-                let _ = c.vs.shutdown();
+                if let Held::Shared(carried) = &c.vs {
+                    if carried.held_here() {
+                        // The taker closed its copy while the owner holds P: not the last
+                        // close. The connection goes back to the owner's direct path, with
+                        // what could not be delivered.
+                        c.vs.vs().deregister();
+                        carried.retire_relay(&mut c.down);
+                        c.up_done = true;
+                        c.down_done = true;
+                        return;
+                    }
+                }
+                let _ = c.vs.vs().shutdown();
                 c.up_done = true;
             }
             // The virtual connection is gone: what the application writes goes nowhere.
             Stop::WriteFailed => {
+                c.up.clear();
                 let _ = c.app.shutdown(Shutdown::Read);
                 c.up_done = true;
             }
@@ -247,7 +283,7 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
         }
     }
     if !c.down_done {
-        let (app, vs) = (&c.app, &c.vs);
+        let (app, vs) = (&c.app, c.vs.vs());
         match forward(
             &mut c.down,
             scratch,
@@ -260,7 +296,14 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
                 let _ = c.app.shutdown(Shutdown::Write);
                 c.down_done = true;
             }
-            Stop::WriteFailed => c.down_done = true,
+            // The taker is gone. Bytes it did not get are kept for the owner of a shared
+            // connection (given back when the taker's end reads as closed), else dropped.
+            Stop::WriteFailed => {
+                if matches!(c.vs, Held::Own(_)) {
+                    c.down.clear();
+                }
+                c.down_done = true;
+            }
             // The virtual connection was reset: reset the application's too.
             Stop::ReadFailed => {
                 reset(&c.app);
@@ -269,4 +312,225 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
             }
         }
     }
+}
+
+/// Resets the program's end like TCP when its virtual connection was reset.
+fn reset(s: &TcpStream) {
+    let _ = rustix::net::sockopt::set_socket_linger(s, Some(Duration::ZERO));
+    let _ = s.shutdown(Shutdown::Read);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The relay listeners (one per address family): the program's end of a relayed connection is a
+// loopback connection to one of them, matched by its port to what waits for it here.
+
+/// What waits for a loopback connection from a given local port.
+static PENDING: Mutex<Option<HashMap<u16, Held>>> = Mutex::new(None);
+
+/// A connection from local port `port` will come for `held`.
+pub(crate) fn expect_held(port: u16, held: Held) {
+    PENDING.lock().get_or_insert_with(HashMap::new).insert(port, held);
+}
+
+/// `--path relay`: the program's fd will connect from `port` for `vs`.
+pub(crate) fn expect(port: u16, vs: VSocket) {
+    expect_held(port, Held::Own(vs));
+}
+
+/// The connect from `port` failed: what waited is dropped (the virtual socket closes).
+pub(crate) fn unexpect(port: u16) {
+    PENDING.lock().get_or_insert_with(HashMap::new).remove(&port);
+}
+
+/// The relay listener's address for one family, started on first use.
+pub(crate) fn relay_addr(v6: bool) -> Option<SocketAddr> {
+    static V4: OnceLock<Option<SocketAddr>> = OnceLock::new();
+    static V6: OnceLock<Option<SocketAddr>> = OnceLock::new();
+    let (cell, ip) = if v6 {
+        (&V6, IpAddr::V6(Ipv6Addr::LOCALHOST))
+    } else {
+        (&V4, IpAddr::V4(Ipv4Addr::LOCALHOST))
+    };
+    *cell.get_or_init(|| {
+        inside(|| {
+            let l = netchannel::sys::tcp_listen(&SocketAddr::new(ip, 0)).ok()?;
+            let l = TcpListener::from(relocate(OwnedFd::from(l)));
+            let addr = l.local_addr().ok()?;
+            std::thread::Builder::new()
+                .name("nc-relay".into())
+                .spawn(move || inside(|| relay_listener(l)))
+                .ok()?;
+            Some(addr)
+        })
+    })
+}
+
+fn relay_listener(l: TcpListener) {
+    loop {
+        let Ok(s) = netchannel::sys::tcp_accept(&l) else { continue };
+        let Ok(peer) = s.peer_addr() else { continue };
+        if !peer.ip().is_loopback() && !is_mapped_loopback(&peer) {
+            continue;
+        }
+        let s = TcpStream::from(relocate(OwnedFd::from(s)));
+        let held = PENDING.lock().get_or_insert_with(HashMap::new).remove(&peer.port());
+        // Anything else knocking on the relay's port is dropped.
+        if let Some(held) = held {
+            relay(s, held);
+        }
+    }
+}
+
+fn is_mapped_loopback(a: &SocketAddr) -> bool {
+    matches!(a, SocketAddr::V6(v6) if v6.ip().to_ipv4_mapped().is_some_and(|ip| ip.is_loopback()))
+}
+
+/// A connected loopback TCP pair for a relayed connection: the program's end (returned) and
+/// the relay's end, which serves `held`.
+pub(crate) fn relayed_pair(held: Held) -> io::Result<OwnedFd> {
+    let relay = relay_addr(false).ok_or_else(|| io::Error::other("no relay listener"))?;
+    inside(|| {
+        let s = rustix::net::socket_with(
+            rustix::net::AddressFamily::INET,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::net::bind(&s, &SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0))?;
+        let port = crate::connect::local_of(s.as_fd()).map_or(0, |a| a.port());
+        expect_held(port, held);
+        if let Err(e) = rustix::net::connect(&s, &relay) {
+            unexpect(port);
+            return Err(e.into());
+        }
+        let _ = rustix::net::sockopt::set_tcp_nodelay(&s, true);
+        Ok(s)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Taking a connection over: a process that inherited a placeholder (fork, exec, SCM_RIGHTS)
+// connects to its owner's attach socket (abstract AF_UNIX "nc-attach/<owner pid>"), proves
+// that it holds the placeholder by sending a copy of it, and gets back the program's end of a
+// relayed TCP connection to put under the placeholder's number.
+
+/// The attach socket's name for the process `pid`.
+pub(crate) fn attach_name(pid: u32) -> String {
+    format!("nc-attach/{pid}")
+}
+
+/// Starts the attach socket of this process (once; before its first placeholder exists).
+pub(crate) fn start_attach_server() {
+    static STARTED: OnceLock<bool> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        inside(|| {
+            let listen = || -> io::Result<OwnedFd> {
+                let s = rustix::net::socket_with(
+                    rustix::net::AddressFamily::UNIX,
+                    rustix::net::SocketType::STREAM,
+                    rustix::net::SocketFlags::CLOEXEC,
+                    None,
+                )?;
+                let name = attach_name(crate::process::pid());
+                let addr = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+                rustix::net::bind(&s, &addr)?;
+                rustix::net::listen(&s, 64)?;
+                Ok(relocate(s))
+            };
+            match listen() {
+                Ok(l) => std::thread::Builder::new()
+                    .name("nc-attach".into())
+                    .spawn(move || inside(|| attach_server(l)))
+                    .is_ok(),
+                Err(_) => false,
+            }
+        })
+    });
+}
+
+fn attach_server(l: OwnedFd) {
+    loop {
+        let Ok(conn) = rustix::net::accept_with(&l, rustix::net::SocketFlags::CLOEXEC) else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        let _ = rustix::net::sockopt::set_socket_timeout(
+            &conn,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_secs(1)),
+        );
+        let answer = serve_attach(&conn);
+        let (status, fd) = match &answer {
+            Some(fd) => (1u8, Some(fd.as_fd())),
+            None => (0u8, None),
+        };
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        let fds;
+        if let Some(fd) = fd {
+            fds = [fd];
+            control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+        }
+        let _ = rustix::net::sendmsg(
+            &conn,
+            &[io::IoSlice::new(&[status])],
+            &mut control,
+            rustix::net::SendFlags::NOSIGNAL,
+        );
+    }
+}
+
+/// Reads an attach request (connection id and a copy of its placeholder); hands the connection
+/// to a relay loop and returns the program's end, or `None` when the request does not prove it
+/// holds that connection's placeholder.
+fn serve_attach(conn: &OwnedFd) -> Option<OwnedFd> {
+    let mut id = [0u8; 8];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        conn,
+        &mut [io::IoSliceMut::new(&mut id)],
+        &mut control,
+        rustix::net::RecvFlags::CMSG_CLOEXEC,
+    )
+    .ok()?;
+    let mut proof = None;
+    for msg in control.drain() {
+        if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = msg {
+            for fd in fds {
+                proof.get_or_insert(fd);
+            }
+        }
+    }
+    if got.bytes != 8 {
+        return None;
+    }
+    let c = crate::carried::registered(u64::from_ne_bytes(id))?;
+    if !c.is_placeholder(proof?.as_fd()) {
+        return None;
+    }
+    c.hand_over();
+    let end = relayed_pair(Held::Shared(c)).ok()?;
+    crate::process::bump(&COUNTERS.relayed_inherited);
+    Some(end)
+}
+
+// ---------------------------------------------------------------------------------------------
+// `--path relay`: the program's fd is a loopback connection; `getpeername` reports the virtual
+// peer instead of the relay listener.
+
+static RELAYED_PEERS: Mutex<Option<HashMap<std::ffi::c_int, SocketAddr>>> = Mutex::new(None);
+
+pub(crate) fn note_relayed_peer(fd: std::ffi::c_int, peer: SocketAddr) {
+    RELAYED_PEERS.lock().get_or_insert_with(HashMap::new).insert(fd, peer);
+    crate::table::set_bits(fd, crate::table::RELAYED);
+}
+
+pub(crate) fn relayed_peer(fd: std::ffi::c_int) -> Option<SocketAddr> {
+    RELAYED_PEERS.lock().get_or_insert_with(HashMap::new).get(&fd).copied()
+}
+
+pub(crate) fn forget_relayed(fd: std::ffi::c_int) {
+    crate::table::clear_bits(fd, crate::table::RELAYED);
+    RELAYED_PEERS.lock().get_or_insert_with(HashMap::new).remove(&fd);
 }

@@ -80,6 +80,11 @@ struct Run {
     /// Virtual sockets per peer.
     #[arg(long, value_name = "N")]
     max_streams: Option<u32>,
+    /// How the program's own calls reach a carried connection: `direct` serves them from the
+    /// virtual socket in the calling thread; `relay` moves the bytes through a kernel socket
+    /// pair and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
+    #[arg(long, value_enum, default_value_t = DataPath::Direct)]
+    path: DataPath,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -88,6 +93,12 @@ struct Run {
         value_name = "COMMAND"
     )]
     command: Vec<OsString>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DataPath {
+    Direct,
+    Relay,
 }
 
 /// A byte count with an optional k, M or G suffix (powers of 1024).
@@ -113,6 +124,9 @@ fn main() {
     if !run.ports.is_empty() {
         let list: Vec<String> = run.ports.iter().map(u16::to_string).collect();
         envs.push(("NETCHANNEL_PORTS", list.join(",").into()));
+    }
+    if run.path == DataPath::Relay {
+        envs.push(("NETCHANNEL_PATH", "relay".into()));
     }
     if run.stats {
         envs.push(("NETCHANNEL_STATS", "stderr".into()));

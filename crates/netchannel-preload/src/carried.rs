@@ -1,0 +1,928 @@
+//! A carried connection on the direct path: the program's fd number holds a placeholder, one
+//! end (P) of an AF_UNIX stream socketpair, and every data call on it is served from the
+//! connection's `VSocket` in the calling thread (no relay, no copy through the kernel).
+//!
+//! The placeholder exists for the kernel's sake: whatever the program waits in (epoll in every
+//! mode, poll, select, a dup, a nested epoll set, another process after fork) sees P's
+//! readiness, and the library makes P's readiness mirror the virtual socket's through the
+//! other end (L), which only the library holds:
+//!
+//! | virtual socket           | placeholder P                | done through L            |
+//! |--------------------------|------------------------------|---------------------------|
+//! | readable (data, EOF)     | `POLLIN`                     | a token byte written to P |
+//! | new data (edge)          | a new `EPOLLET` edge         | one more token byte       |
+//! | read drained             | not readable                 | the program's next read drains P's tokens |
+//! | not writable (window)    | not `POLLOUT`                | ballast written into L from P fills P's minimal send buffer |
+//! | writable again           | `POLLOUT`                    | L reads the ballast       |
+//! | peer's FIN               | `POLLIN`/`POLLRDHUP`         | `shutdown(L, SHUT_WR)`    |
+//! | both halves shut         | `POLLHUP`                    | L read empty, then closed |
+//! | reset                    | `POLLERR`/`POLLHUP`, `SO_ERROR` | L closed with a byte unread (the "primer") |
+//!
+//! Readiness is mirrored only once the placeholder is watched by the kernel (the program put it
+//! in an epoll set or a poll/select): a program that only makes blocking calls costs no token.
+//! L also tells when the program's last copy of P, in any process, is closed: L reports
+//! `POLLHUP` then and only then (P is never shut down in both directions while L is open).
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::ManuallyDrop;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use netchannel::sys::SignalPolicy;
+use netchannel::{ReadinessObserver, VSocket};
+use parking_lot::Mutex;
+use rustix::event::{PollFd, PollFlags};
+use rustix::net::{RecvFlags, SendFlags};
+
+use crate::interpose::{raise_sigpipe, signals};
+use crate::process::{pid, relocate, COUNTERS};
+
+/// Carried connections by id: how a process that inherited a placeholder (fork, exec,
+/// `SCM_RIGHTS`) finds the connection through the relay, and who holds it while the owner's
+/// own fds are closed but a copy of P lives elsewhere.
+static REGISTRY: Mutex<Option<HashMap<u64, Arc<Carried>>>> = Mutex::new(None);
+
+/// Bytes a large write sends through the virtual socket in one call; writes up to this size
+/// from several buffers are gathered into one send.
+const GATHER: usize = 64 * 1024;
+
+/// The placeholder's mirror state (see the module doc).
+struct Mirror {
+    /// The library's end; `None` once a terminal state is mirrored by closing it.
+    l: Option<OwnedFd>,
+    /// Token bytes written into P and not drained yet.
+    tokens: u32,
+    /// Ballast bytes in L (beyond the primer).
+    ballast: u32,
+    /// The peer's FIN is mirrored (`shutdown(L, SHUT_WR)`).
+    eof: bool,
+    /// The program shut its halves down.
+    wr_shut: bool,
+    rd_shut: bool,
+}
+
+/// A handed-over connection, between the relay serving the process that took it over and the
+/// owner's own calls (kernel TCP lets both processes use the socket; the common case is one
+/// after the other: a child uses it and exits, and the parent goes on).
+#[derive(Default)]
+struct Share {
+    /// A copy of the relay's end of the taker's connection: tells the owner that the taker
+    /// closed it before the relay has noticed.
+    link: Option<OwnedFd>,
+    /// Bytes the relay took from the virtual socket and could not deliver to the taker (it
+    /// closed): the owner's next reads return them first.
+    returned: Vec<u8>,
+}
+
+/// The connection's pending error, reported once as TCP reports `sk_err`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ErrorState {
+    None,
+    Pending(i32),
+    Reported,
+}
+
+/// A carried connection on the direct path.
+pub(crate) struct Carried {
+    /// Dropped only in the owning process (a forked child's copy of the engine has no threads
+    /// and must never write to the parent's channels).
+    pub vs: ManuallyDrop<VSocket>,
+    pub id: u64,
+    /// The process whose engine carries it.
+    pub owner: u32,
+    /// The placeholder's identity (a process taking the connection over proves it holds it).
+    inode: (u64, u64),
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    /// The program's socket was IPv6 (getsockopt answers for its family).
+    pub v6: bool,
+    mirror: Mutex<Mirror>,
+    error: Mutex<ErrorState>,
+    /// P is, or was, in a kernel wait (epoll set, poll, select): mirror readiness.
+    watched: AtomicBool,
+    /// P is registered edge-triggered somewhere: every arrival makes a new edge.
+    edge: AtomicBool,
+    /// Numbers of this process's fd table that hold P.
+    fds: AtomicUsize,
+    pub(crate) opts: crate::sockopt::Options,
+    /// A child or another process took the connection over through the relay.
+    pub handed_over: AtomicBool,
+    /// What the relay and this process's own calls share while it is handed over.
+    share: Mutex<Share>,
+    closed: AtomicBool,
+    /// This process closed its last fd for it while a copy of P lived elsewhere.
+    orphaned: AtomicBool,
+}
+
+/// A socket error as the errno TCP reports.
+pub(crate) fn errno_of(e: &io::Error) -> i32 {
+    use io::ErrorKind::*;
+    match e.kind() {
+        WouldBlock => libc::EAGAIN,
+        ConnectionReset => libc::ECONNRESET,
+        ConnectionRefused => libc::ECONNREFUSED,
+        ConnectionAborted => libc::ECONNABORTED,
+        TimedOut => libc::ETIMEDOUT,
+        BrokenPipe => libc::EPIPE,
+        NotConnected => libc::ENOTCONN,
+        Interrupted => libc::EINTR,
+        _ => e.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
+/// A reset after the peer's FIN (TCP's CLOSE_WAIT) is reported as `EPIPE`, as Linux does.
+fn reset_errno(errno: i32, after_fin: bool) -> i32 {
+    if errno == libc::ECONNRESET && after_fin {
+        libc::EPIPE
+    } else {
+        errno
+    }
+}
+
+fn kind_errno(k: io::ErrorKind) -> i32 {
+    errno_of(&io::Error::from(k))
+}
+
+/// What a blocking call does when its wait is interrupted by a signal: Linux restarts socket
+/// calls whose handler has `SA_RESTART`, unless the socket has a timeout for that direction.
+fn restart_after_signal(seen: signals::Snapshot, has_timeout: bool) -> bool {
+    !has_timeout && !signals::no_restart_since(seen)
+}
+
+impl Carried {
+    /// Makes the placeholder for `vs` (returned as P, for the caller to put under the
+    /// program's fd number with the program's close-on-exec flag) and registers the
+    /// connection. `nonblocking`: the program's socket was non-blocking (P inherits it).
+    pub(crate) fn create(
+        vs: VSocket,
+        peer: SocketAddr,
+        local: SocketAddr,
+        v6: bool,
+        nonblocking: bool,
+    ) -> io::Result<(Arc<Carried>, OwnedFd)> {
+        use rustix::net::{AddressFamily, SocketFlags, SocketType};
+        static IDS: AtomicU64 = AtomicU64::new(1);
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let (p, l) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        // Named, so that a process that inherits P (exec, SCM_RIGHTS) recognises it and finds
+        // the connection ("nc/<owner pid>/<id>" in the abstract namespace), through the owner's
+        // attach socket.
+        crate::relay::start_attach_server();
+        let name = crate::inherit::placeholder_name(pid(), id);
+        let addr = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes())?;
+        rustix::net::bind(&p, &addr)?;
+        // The smallest send buffer: one ballast byte beyond the primer makes P unwritable.
+        rustix::net::sockopt::set_socket_send_buffer_size(&p, 1)?;
+        // The primer: a byte L never reads while the connection lives, so that closing L
+        // reports ECONNRESET on P (a reset); read before a clean close (both halves shut).
+        rustix::net::send(&p, &[0], SendFlags::DONTWAIT)?;
+        if nonblocking {
+            let fl = rustix::fs::fcntl_getfl(&p)?;
+            rustix::fs::fcntl_setfl(&p, fl | rustix::fs::OFlags::NONBLOCK)?;
+        }
+        let st = rustix::fs::fstat(&p)?;
+        let l = relocate(l);
+        vs.set_nonblocking(true);
+        let c = Arc::new(Carried {
+            vs: ManuallyDrop::new(vs),
+            id,
+            owner: pid(),
+            inode: (st.st_dev, st.st_ino),
+            peer,
+            local,
+            v6,
+            mirror: Mutex::new(Mirror {
+                l: Some(l),
+                tokens: 0,
+                ballast: 0,
+                eof: false,
+                wr_shut: false,
+                rd_shut: false,
+            }),
+            error: Mutex::new(ErrorState::None),
+            watched: AtomicBool::new(false),
+            edge: AtomicBool::new(false),
+            fds: AtomicUsize::new(0),
+            opts: crate::sockopt::Options::default(),
+            handed_over: AtomicBool::new(false),
+            share: Mutex::new(Share::default()),
+            closed: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
+        });
+        REGISTRY.lock().get_or_insert_with(HashMap::new).insert(id, c.clone());
+        Ok((c, p))
+    }
+
+    /// Starts mirroring readiness changes (after the placeholder is in the program's fd table).
+    pub(crate) fn observe(self: &Arc<Self>) {
+        let o: Arc<dyn ReadinessObserver> = Arc::new(Observer(Arc::downgrade(self)));
+        let _ = self.vs.set_observer(o);
+    }
+
+    pub(crate) fn fd_mapped(&self) {
+        self.fds.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn fd_unmapped(&self) {
+        self.fds.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Mirroring
+
+    /// Mirrors the virtual socket's state into the placeholder, from any thread (only L is
+    /// touched). `new_data`: an arrival, which makes a new edge for edge-triggered waiters.
+    fn sync(&self, new_data: bool) {
+        let mut m = self.mirror.lock();
+        if m.l.is_none() {
+            return;
+        }
+        // Read under the mirror lock: a reader that drained the stream meanwhile takes the
+        // same lock to drain P's tokens, so a token is never written for data already gone
+        // (a stale POLLIN makes programs such as wrk count a read error on EAGAIN).
+        let mut r = self.vs.readiness();
+        r.readable |= self.has_returned();
+        if let Some(kind) = r.error {
+            self.note_error(reset_errno(kind_errno(kind), r.peer_finished || m.eof));
+            // Closed with the primer unread: P reports ECONNRESET, POLLERR and POLLHUP.
+            m.l = None;
+            drop(m);
+            self.l_closed();
+            return;
+        }
+        if r.peer_finished && !m.eof {
+            m.eof = true;
+            if m.wr_shut {
+                close_clean(&mut m);
+                drop(m);
+                self.l_closed();
+                return;
+            }
+            if let Some(l) = &m.l {
+                let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Write);
+            }
+        }
+        if r.readable && !m.eof && !m.rd_shut {
+            let edge = new_data && self.edge.load(Ordering::Relaxed);
+            if m.tokens == 0 || edge {
+                let l = m.l.as_ref().expect("checked");
+                if rustix::net::send(l, &[1], SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok() {
+                    m.tokens += 1;
+                }
+            }
+        }
+        if m.ballast > 0 && r.writable {
+            drain_ballast(&mut m);
+        }
+    }
+
+    /// The program put P in a kernel wait: from now on readiness is mirrored. Called in the
+    /// program's thread with P at hand (`fd`), so a full window also makes P unwritable.
+    pub(crate) fn arm(&self, fd: BorrowedFd<'_>, edge: bool) {
+        if edge {
+            self.edge.store(true, Ordering::Relaxed);
+        }
+        self.watched.store(true, Ordering::Release);
+        self.sync(false);
+        self.block_writes(fd);
+    }
+
+    pub(crate) fn watched(&self) -> bool {
+        self.watched.load(Ordering::Acquire)
+    }
+
+    /// P unwritable while the virtual socket is: ballast from P into L until P's send buffer
+    /// is past the writable mark. Checked again after, since credit may have come meanwhile
+    /// (the observer found no ballast to take then).
+    fn block_writes(&self, fd: BorrowedFd<'_>) {
+        if self.vs.readiness().writable {
+            return;
+        }
+        let mut m = self.mirror.lock();
+        if m.l.is_none() || m.wr_shut || m.ballast > 0 {
+            return;
+        }
+        for _ in 0..8 {
+            if rustix::net::send(fd, &[0], SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_err() {
+                break;
+            }
+            m.ballast += 1;
+            let mut p = [PollFd::new(&fd, PollFlags::OUT)];
+            let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+            if rustix::event::poll(&mut p, Some(&zero)).is_ok()
+                && !p[0].revents().contains(PollFlags::OUT)
+            {
+                break;
+            }
+        }
+        if self.vs.readiness().writable {
+            drain_ballast(&mut m);
+        }
+    }
+
+    /// After the program read: P's tokens are taken once nothing is left to read.
+    fn drain_tokens(&self, fd: BorrowedFd<'_>) {
+        let mut m = self.mirror.lock();
+        if m.tokens == 0 || m.l.is_none() || m.eof {
+            return;
+        }
+        if self.vs.readiness().readable || self.has_returned() {
+            return;
+        }
+        let mut buf = [0u8; 64];
+        while let Ok((n, _)) = rustix::net::recv(fd, &mut buf, RecvFlags::DONTWAIT) {
+            if n < buf.len() {
+                break;
+            }
+        }
+        m.tokens = 0;
+    }
+
+    fn note_error(&self, errno: i32) {
+        let mut e = self.error.lock();
+        if *e == ErrorState::None {
+            *e = ErrorState::Pending(errno);
+        }
+    }
+
+    /// Reports the pending error once (as TCP consumes `sk_err`); clears P's own error too.
+    fn take_error(&self, fd: BorrowedFd<'_>) -> Option<i32> {
+        let mut e = self.error.lock();
+        match *e {
+            ErrorState::Pending(errno) => {
+                *e = ErrorState::Reported;
+                let _ = rustix::net::sockopt::socket_error(fd);
+                Some(errno)
+            }
+            _ => None,
+        }
+    }
+
+    /// `SO_ERROR`.
+    pub(crate) fn so_error(&self, fd: BorrowedFd<'_>) -> i32 {
+        let mut r = self.vs.readiness();
+        r.readable |= self.has_returned();
+        if let Some(kind) = r.error {
+            self.note_error(kind_errno(kind));
+        }
+        self.take_error(fd).unwrap_or(0)
+    }
+
+    /// A failed call learned that the connection is gone: mirror it and report it once.
+    /// What comes after the report: reads see end of stream, writes `EPIPE`.
+    fn failed(&self, fd: BorrowedFd<'_>, e: &io::Error, writing: bool, nosignal: bool) -> i32 {
+        let errno = errno_of(e);
+        if matches!(errno, libc::EAGAIN | libc::EINTR | libc::EPIPE | libc::ENOTCONN) {
+            return errno;
+        }
+        let after_fin = self.mirror.lock().eof || self.vs.readiness().peer_finished;
+        self.note_error(reset_errno(errno, after_fin));
+        self.sync(false);
+        if !writing && after_fin {
+            // As TCP: once the peer's FIN is in, a read returns end of stream; the error
+            // stays for SO_ERROR and the next write.
+            return 0;
+        }
+        match self.take_error(fd) {
+            Some(errno) => errno,
+            None if writing => {
+                if !nosignal {
+                    raise_sigpipe();
+                }
+                libc::EPIPE
+            }
+            None => 0,
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Data
+
+    fn nonblocking(&self, fd: BorrowedFd<'_>) -> bool {
+        rustix::fs::fcntl_getfl(fd).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK))
+    }
+
+    /// `recv`/`read`/`readv`/`recvmsg` on the connection: `Ok(n)` (0 at end of stream) or an
+    /// errno, with blocking, timeouts and signals as on a TCP socket.
+    pub(crate) fn recv(
+        &self,
+        fd: BorrowedFd<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        flags: c_int,
+    ) -> Result<usize, i32> {
+        if flags & libc::MSG_OOB != 0 {
+            return Err(libc::EINVAL);
+        }
+        if flags & libc::MSG_ERRQUEUE != 0 {
+            return Err(libc::EAGAIN);
+        }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total == 0 {
+            return Ok(0);
+        }
+        let peek = flags & libc::MSG_PEEK != 0;
+        if self.handed_over.load(Ordering::Acquire) {
+            self.await_retired();
+        }
+        if let Some(n) = self.take_returned(bufs, peek) {
+            return Ok(n);
+        }
+        let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0;
+        let timeout = self.opts.rcv_timeout();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let seen = signals::snapshot();
+        let mut got = 0;
+        let result = loop {
+            let attempt =
+                if peek { self.peek_into(bufs) } else { self.take_into(bufs, got, flags) };
+            match attempt {
+                Ok(0) => break Ok(got),
+                Ok(n) => {
+                    got += n;
+                    if !waitall || got == total {
+                        break Ok(got);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if dontwait || self.nonblocking(fd) {
+                        break if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+                    }
+                    match self.vs.wait_ready(true, false, deadline, interruptible()) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                            break if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                            if got > 0 {
+                                break Ok(got);
+                            }
+                            if !restart_after_signal(seen, timeout.is_some()) {
+                                break Err(libc::EINTR);
+                            }
+                        }
+                        Err(e) => break Err(errno_of(&e)),
+                    }
+                }
+                Err(e) => {
+                    if got > 0 {
+                        break Ok(got);
+                    }
+                    match self.failed(fd, &e, false, true) {
+                        0 => break Ok(0),
+                        errno => break Err(errno),
+                    }
+                }
+            }
+        };
+        if result.is_ok_and(|n| n > 0) {
+            COUNTERS.bytes_in.fetch_add(*result.as_ref().unwrap() as u64, Ordering::Relaxed);
+        }
+        if self.watched() {
+            self.drain_tokens(fd);
+        }
+        result
+    }
+
+    /// One non-blocking read into `bufs`, skipping the first `skip` bytes (already filled):
+    /// `Ok(0)` at end of stream, `WouldBlock` when nothing is there.
+    fn take_into(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        skip: usize,
+        flags: c_int,
+    ) -> io::Result<usize> {
+        let trunc = flags & libc::MSG_TRUNC != 0;
+        let mut at = 0;
+        let mut got = 0;
+        for b in bufs.iter_mut() {
+            let len = b.len();
+            if at + len <= skip {
+                at += len;
+                continue;
+            }
+            let from = skip.saturating_sub(at);
+            at += len;
+            let want = &mut b[from..];
+            let r = if trunc {
+                // MSG_TRUNC on TCP: the bytes are consumed, not copied.
+                let mut scratch = vec![0u8; want.len()];
+                self.vs.recv(&mut scratch)
+            } else {
+                self.vs.recv(want)
+            };
+            match r {
+                Ok(n) => {
+                    got += n;
+                    if n < want.len() {
+                        break;
+                    }
+                }
+                Err(e) if got > 0 && e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if got > 0 => {
+                    // Reported on the next call, as TCP reports an error after data.
+                    let _ = e;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(got)
+    }
+
+    fn peek_into(&self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut tmp = vec![0u8; total];
+        let n = self.vs.peek(&mut tmp)?;
+        scatter(&tmp[..n], bufs);
+        Ok(n)
+    }
+
+    /// `send`/`write`/`writev`/`sendmsg` on the connection: every byte (blocking), or what the
+    /// window takes (non-blocking), with `EPIPE`/`SIGPIPE`, timeouts and signals as on TCP.
+    pub(crate) fn send(
+        &self,
+        fd: BorrowedFd<'_>,
+        bufs: &[IoSlice<'_>],
+        flags: c_int,
+    ) -> Result<usize, i32> {
+        let nosignal = flags & libc::MSG_NOSIGNAL != 0;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0;
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total == 0 {
+            return match self.vs.send(&[]) {
+                Ok(_) => Ok(0),
+                Err(e) => match self.failed(fd, &e, true, nosignal) {
+                    0 => Ok(0),
+                    errno => Err(errno),
+                },
+            };
+        }
+        // Small vectors leave in one send (one lock, one frame); large ones buffer by buffer.
+        let gathered: Option<Vec<u8>> = (bufs.len() > 1 && total <= GATHER).then(|| {
+            let mut g = Vec::with_capacity(total);
+            for b in bufs {
+                g.extend_from_slice(b);
+            }
+            g
+        });
+        let timeout = self.opts.snd_timeout();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let seen = signals::snapshot();
+        let mut sent = 0;
+        let chunk = |at: usize| -> &[u8] {
+            if let Some(g) = &gathered {
+                return &g[at..];
+            }
+            let mut off = at;
+            for b in bufs {
+                if off < b.len() {
+                    return &b[off..];
+                }
+                off -= b.len();
+            }
+            &[]
+        };
+        let result = loop {
+            match self.vs.send(chunk(sent)) {
+                Ok(n) => {
+                    sent += n;
+                    if sent == total {
+                        break Ok(sent);
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    if sent > 0 {
+                        break Ok(sent);
+                    }
+                    break match self.failed(fd, &e, true, nosignal) {
+                        0 => Ok(0),
+                        libc::EPIPE => {
+                            if e.kind() == io::ErrorKind::BrokenPipe && !nosignal {
+                                raise_sigpipe();
+                            }
+                            Err(libc::EPIPE)
+                        }
+                        errno => Err(errno),
+                    };
+                }
+            }
+            if dontwait || self.nonblocking(fd) {
+                break if sent > 0 { Ok(sent) } else { Err(libc::EAGAIN) };
+            }
+            match self.vs.wait_ready(false, true, deadline, interruptible()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                    break if sent > 0 { Ok(sent) } else { Err(libc::EAGAIN) };
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    if sent > 0 {
+                        break Ok(sent);
+                    }
+                    if !restart_after_signal(seen, timeout.is_some()) {
+                        break Err(libc::EINTR);
+                    }
+                }
+                Err(e) => break Err(errno_of(&e)),
+            }
+        };
+        if let Ok(n) = result {
+            COUNTERS.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        if self.watched() {
+            self.block_writes(fd);
+        }
+        result
+    }
+
+    /// `FIONREAD`.
+    pub(crate) fn unread(&self) -> usize {
+        let returned = self.share.lock().returned.len() as u64;
+        (self.vs.readiness().unread + returned).min(i32::MAX as u64) as usize
+    }
+
+    /// `SIOCOUTQ` (unsent and unacknowledged) or `SIOCOUTQNSD` (unsent only).
+    pub(crate) fn outq(&self, unsent_only: bool) -> usize {
+        let s = self.vs.stats();
+        let n = if unsent_only { s.unsent_bytes } else { s.unsent_bytes + s.unacked_bytes };
+        n.min(i32::MAX as u64) as usize
+    }
+
+    /// TCP state for `TCP_INFO`.
+    pub(crate) fn tcp_state(&self) -> u8 {
+        let r = self.vs.readiness();
+        let m = self.mirror.lock();
+        match (r.error.is_some(), r.peer_finished, m.wr_shut) {
+            (true, ..) => 7,           // TCP_CLOSE
+            (false, true, true) => 7,  // both directions done
+            (false, true, false) => 8, // TCP_CLOSE_WAIT
+            (false, false, true) => 4, // TCP_FIN_WAIT2
+            _ => 1,                    // TCP_ESTABLISHED
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Shutdown and close
+
+    /// `shutdown(how)`.
+    pub(crate) fn shutdown(&self, fd: BorrowedFd<'_>, how: c_int) -> Result<(), i32> {
+        let (rd, wr) = match how {
+            libc::SHUT_RD => (true, false),
+            libc::SHUT_WR => (false, true),
+            libc::SHUT_RDWR => (true, true),
+            _ => return Err(libc::EINVAL),
+        };
+        let r = self.vs.readiness();
+        if r.error.is_some() {
+            return Err(libc::ENOTCONN);
+        }
+        if wr {
+            match self.vs.shutdown() {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+                Err(e) => return Err(errno_of(&e)),
+            }
+        }
+        if rd {
+            self.vs.shutdown_read();
+        }
+        let mut m = self.mirror.lock();
+        m.rd_shut |= rd;
+        m.wr_shut |= wr;
+        if m.l.is_none() {
+            return Ok(());
+        }
+        if wr && (rd || m.eof) {
+            // TCP reports POLLHUP once both directions are done (or the program shut both).
+            close_clean(&mut m);
+            drop(m);
+            self.l_closed();
+            return Ok(());
+        }
+        if rd {
+            // P itself reports POLLIN|POLLRDHUP, as TCP after SHUT_RD.
+            let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Read);
+        }
+        if wr && m.ballast > 0 {
+            // Writes fail at once now: TCP reports POLLOUT after SHUT_WR.
+            drain_ballast(&mut m);
+        }
+        Ok(())
+    }
+
+    /// The process's last fd for this connection was closed: end it when no copy of P is left
+    /// anywhere (now, or when L reports it), otherwise keep it for the process holding a copy.
+    pub(crate) fn last_fd_closed(self: &Arc<Self>) {
+        if self.owner != pid() || self.handed_over.load(Ordering::Acquire) {
+            return;
+        }
+        let hup = {
+            let m = self.mirror.lock();
+            match &m.l {
+                None => true,
+                Some(l) => {
+                    let mut p = [PollFd::new(l, PollFlags::empty())];
+                    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+                    rustix::event::poll(&mut p, Some(&zero)).is_ok()
+                        && p[0].revents().contains(PollFlags::HUP)
+                }
+            }
+        };
+        if hup {
+            self.finish();
+        } else {
+            self.orphaned.store(true, Ordering::Release);
+            crate::reaper::watch(self.clone());
+        }
+    }
+
+    /// L was closed (a terminal state): an orphaned connection has nothing left to wait for.
+    fn l_closed(&self) {
+        if self.orphaned.load(Ordering::Acquire) {
+            crate::reaper::unwatch(self.id);
+            self.finish();
+        }
+    }
+
+    /// Ends the connection: as TCP's last close (FIN after the bytes sent, a reset when bytes
+    /// were left unread or `SO_LINGER` is zero).
+    pub(crate) fn finish(&self) {
+        REGISTRY.lock().get_or_insert_with(HashMap::new).remove(&self.id);
+        if self.handed_over.load(Ordering::Acquire) || self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.vs.deregister();
+        if self.opts.linger_abort() {
+            self.vs.abort();
+        }
+        // The VSocket itself closes when the last reference goes (Drop below).
+    }
+
+    /// Whether `fd` is this connection's placeholder (a copy of P).
+    pub(crate) fn is_placeholder(&self, fd: BorrowedFd<'_>) -> bool {
+        rustix::fs::fstat(fd).is_ok_and(|st| (st.st_dev, st.st_ino) == self.inode)
+    }
+
+    /// The library's end, for the reaper's epoll set.
+    pub(crate) fn with_l<T>(&self, f: impl FnOnce(Option<BorrowedFd<'_>>) -> T) -> T {
+        let m = self.mirror.lock();
+        f(m.l.as_ref().map(|l| l.as_fd()))
+    }
+
+    /// A process that inherited P takes the connection over through the relay: the owner's
+    /// direct path stops mirroring it.
+    pub(crate) fn hand_over(&self) {
+        self.handed_over.store(true, Ordering::Release);
+        self.vs.deregister();
+        REGISTRY.lock().get_or_insert_with(HashMap::new).remove(&self.id);
+    }
+
+    /// The relay serves the taker through `link` (its end of the taker's connection).
+    pub(crate) fn relay_link(&self, link: Option<OwnedFd>) {
+        self.share.lock().link = link;
+    }
+
+    /// Whether this process still holds P (the relay's taker closing is then not the last
+    /// close, and the connection comes back to this process).
+    pub(crate) fn held_here(&self) -> bool {
+        self.fds.load(Ordering::Acquire) > 0 && !self.orphaned.load(Ordering::Acquire)
+    }
+
+    /// The taker closed its connection while this process holds P: the relay gives back what
+    /// it could not deliver and the direct path serves the connection again. Called by the
+    /// relay, which has taken its own registration away.
+    pub(crate) fn retire_relay(self: &Arc<Self>, undelivered: &mut Vec<u8>) {
+        {
+            let mut sh = self.share.lock();
+            sh.link = None;
+            sh.returned.append(undelivered);
+        }
+        REGISTRY.lock().get_or_insert_with(HashMap::new).insert(self.id, self.clone());
+        self.handed_over.store(false, Ordering::Release);
+        self.observe();
+        self.sync(false);
+    }
+
+    /// A read on a handed-over connection: if the taker has closed its end (the relay may not
+    /// have seen it yet), waits for the relay to give the connection back, so that bytes it
+    /// would otherwise pass to the closed end stay in order for this read. Bounded: the relay
+    /// sees the close within its next round.
+    fn await_retired(&self) {
+        let closed = {
+            let sh = self.share.lock();
+            let Some(link) = &sh.link else { return };
+            let mut p = [PollFd::new(link, PollFlags::RDHUP)];
+            let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+            rustix::event::poll(&mut p, Some(&zero)).is_ok()
+                && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP)
+        };
+        if !closed {
+            return;
+        }
+        let until = Instant::now() + std::time::Duration::from_millis(200);
+        while self.handed_over.load(Ordering::Acquire) && Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+
+    fn has_returned(&self) -> bool {
+        !self.share.lock().returned.is_empty()
+    }
+
+    /// Bytes the relay gave back, read before the virtual socket's.
+    fn take_returned(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Option<usize> {
+        let mut sh = self.share.lock();
+        if sh.returned.is_empty() {
+            return None;
+        }
+        let n = scatter(&sh.returned, bufs);
+        if !peek {
+            sh.returned.drain(..n);
+        }
+        Some(n)
+    }
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        // Only the owning process closes the virtual socket; a forked child's copy of it is
+        // left alone (its engine has no threads, and its channels are the parent's).
+        if self.owner == pid() {
+            crate::interpose::drop_once(&mut self.vs);
+        }
+    }
+}
+
+/// The registered connection `id` (for a process taking it over through the relay).
+pub(crate) fn registered(id: u64) -> Option<Arc<Carried>> {
+    REGISTRY.lock().get_or_insert_with(HashMap::new).get(&id).cloned()
+}
+
+fn drain_ballast(m: &mut Mirror) {
+    let Some(l) = &m.l else { return };
+    let mut buf = [0u8; 16];
+    let mut left = m.ballast as usize;
+    while left > 0 {
+        match rustix::net::recv(l, &mut buf[..left.min(16)], RecvFlags::DONTWAIT) {
+            Ok((0, _)) | Err(_) => break,
+            Ok((n, _)) => left -= n,
+        }
+    }
+    m.ballast = left as u32;
+}
+
+/// Closes L with nothing unread: P reports POLLHUP without an error (both halves done).
+fn close_clean(m: &mut Mirror) {
+    if let Some(l) = &m.l {
+        let mut buf = [0u8; 64];
+        while let Ok((n, _)) = rustix::net::recv(l, &mut buf, RecvFlags::DONTWAIT) {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    m.l = None;
+    m.ballast = 0;
+}
+
+/// Copies `data` into `bufs` in order; the bytes copied.
+fn scatter(mut data: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
+    let mut copied = 0;
+    for b in bufs.iter_mut() {
+        if data.is_empty() {
+            break;
+        }
+        let n = b.len().min(data.len());
+        b[..n].copy_from_slice(&data[..n]);
+        data = &data[n..];
+        copied += n;
+    }
+    copied
+}
+
+fn interruptible() -> SignalPolicy<'static> {
+    SignalPolicy { interruptible: true, mask: None }
+}
+
+struct Observer(Weak<Carried>);
+
+impl ReadinessObserver for Observer {
+    fn changed(&self, readable: bool, _writable: bool) {
+        let Some(c) = self.0.upgrade() else { return };
+        if c.watched() {
+            c.sync(readable);
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! `connect`: a TCP connection to a host whose programs run under netchannel is opened as a
+//! virtual socket, and the program's fd becomes its placeholder (direct path) or a loopback
+//! connection to a relay loop (`--path relay`).
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use netchannel::VSocket;
+use parking_lot::Mutex;
+
+use crate::carried::{errno_of, Carried};
+use crate::interpose::{dup_onto, real_connect};
+use crate::process::{
+    bump, client_engine, fds_high, in_owner, inside, settings, DataPath, COUNTERS,
+};
+use crate::table;
+
+/// Destinations refused by the peer's engine (none there, or no listener on that port): left
+/// to kernel TCP without asking again for a while.
+static NO_ENGINE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None);
+/// Peer engines this process has connected to (their channels exist).
+static CONTACTED: Mutex<Option<HashMap<SocketAddr, ()>>> = Mutex::new(None);
+const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
+
+fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {
+    let mut g = m.lock();
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// Carries the connection when selected and an engine answers at the peer's host: `Some` with
+/// the connect result then, `None` to leave the fd to kernel TCP (nothing was changed).
+pub(crate) fn try_carry(
+    fd: c_int,
+    app: BorrowedFd<'_>,
+    dest: SocketAddr,
+) -> Option<Result<(), i32>> {
+    let s = settings();
+    if !in_owner() {
+        bump(&COUNTERS.kernel_other);
+        return None;
+    }
+    if s.disabled || !is_stream(app) || dest.port() == 0 || dest.ip().is_unspecified() {
+        return None;
+    }
+    if dest.port() == s.channel_port || (!s.ports.is_empty() && !s.ports.contains(&dest.port())) {
+        bump(&COUNTERS.kernel_not_selected);
+        return None;
+    }
+    if !table::in_range(fd) || table::kind(fd) != 0 {
+        bump(&COUNTERS.kernel_other);
+        return None;
+    }
+    if with(&NO_ENGINE, |m| m.get(&dest).is_some_and(|t| t.elapsed() < NO_ENGINE_TTL)) {
+        bump(&COUNTERS.kernel_no_engine);
+        return None;
+    }
+    let Some(engine) = client_engine() else {
+        bump(&COUNTERS.kernel_other);
+        return None;
+    };
+    let engine_addr = SocketAddr::new(dest.ip(), s.channel_port);
+    // The first connect to a peer dials its channels in this thread.
+    let first = !with(&CONTACTED, |m| m.contains_key(&engine_addr));
+    let connect = || inside(|| engine.connect(engine_addr, dest.port()));
+    let vs = match if first { fds_high(connect) } else { connect() } {
+        Ok(vs) => {
+            with(&CONTACTED, |m| m.insert(engine_addr, ()));
+            vs
+        }
+        Err(e) => {
+            match e.kind() {
+                io::ErrorKind::ConnectionRefused => {
+                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
+                    bump(&COUNTERS.kernel_no_engine);
+                }
+                // Nothing answered at the channel port within the dial timeout (a host that
+                // drops packets): not asked again for a while either, so that the program's
+                // next connects there do not wait again.
+                io::ErrorKind::TimedOut => {
+                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
+                    bump(&COUNTERS.kernel_other);
+                }
+                _ => bump(&COUNTERS.kernel_other),
+            }
+            return None;
+        }
+    };
+    let r = match s.path {
+        DataPath::Direct => carry_direct(fd, app, vs, dest),
+        DataPath::Relay => carry_relayed(fd, app, vs, dest),
+    };
+    if r.as_ref().is_some_and(|r| r.is_ok()) {
+        bump(&COUNTERS.carried_connects);
+    }
+    r
+}
+
+fn is_stream(fd: BorrowedFd<'_>) -> bool {
+    rustix::net::sockopt::socket_type(fd).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
+}
+
+pub(crate) fn is_v6(fd: BorrowedFd<'_>) -> bool {
+    rustix::net::sockopt::socket_domain(fd).is_ok_and(|d| d == rustix::net::AddressFamily::INET6)
+}
+
+pub(crate) fn nonblocking(fd: BorrowedFd<'_>) -> bool {
+    rustix::fs::fcntl_getfl(fd).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK))
+}
+
+pub(crate) fn cloexec(fd: BorrowedFd<'_>) -> bool {
+    rustix::io::fcntl_getfd(fd).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC))
+}
+
+pub(crate) fn local_of(fd: BorrowedFd<'_>) -> Option<SocketAddr> {
+    SocketAddr::try_from(rustix::net::getsockname(fd).ok()?).ok()
+}
+
+pub(crate) fn peer_of(fd: BorrowedFd<'_>) -> Option<SocketAddr> {
+    SocketAddr::try_from(rustix::net::getpeername(fd).ok()??).ok()
+}
+
+/// `a` in the family of a socket (`v6`): v4-mapped IPv6 for an IPv6 socket, as the kernel
+/// reports addresses to it (programs such as Redis check "is loopback" on them).
+pub(crate) fn in_family(a: SocketAddr, v6: bool) -> SocketAddr {
+    match (a, v6) {
+        (SocketAddr::V4(v4), true) => SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port())),
+        (SocketAddr::V6(a6), false) => match a6.ip().to_ipv4_mapped() {
+            Some(ip) => SocketAddr::from((ip, a6.port())),
+            None => a,
+        },
+        _ => a,
+    }
+}
+
+/// Puts a new placeholder for `vs` under the program's fd number `fd` (its flags kept) and
+/// starts serving it directly.
+pub(crate) fn install(
+    fd: c_int,
+    app: BorrowedFd<'_>,
+    vs: VSocket,
+    peer: SocketAddr,
+    local: SocketAddr,
+) -> Result<(), i32> {
+    let v6 = is_v6(app);
+    let (nb, cx) = (nonblocking(app), cloexec(app));
+    let (c, p) = Carried::create(vs, in_family(peer, v6), in_family(local, v6), v6, nb)
+        .map_err(|e| errno_of(&e))?;
+    dup_onto(p.as_fd(), fd, cx)?;
+    drop(p);
+    table::map_carried(fd, c.clone());
+    c.observe();
+    bump(&COUNTERS.direct);
+    Ok(())
+}
+
+/// The address `getsockname` reports for a carried connection: the program's own binding if
+/// it made one, otherwise the address this host uses towards the peer and a port of the
+/// ephemeral range.
+fn local_for(app: BorrowedFd<'_>, vs: &VSocket) -> SocketAddr {
+    if let Some(l) = local_of(app).filter(|l| l.port() != 0) {
+        return l;
+    }
+    let ip = vs.local_channel_addr().map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
+    SocketAddr::new(ip, 32768 + (vs.id() % 28000) as u16)
+}
+
+fn carry_direct(
+    fd: c_int,
+    app: BorrowedFd<'_>,
+    vs: VSocket,
+    dest: SocketAddr,
+) -> Option<Result<(), i32>> {
+    let local = local_for(app, &vs);
+    Some(install(fd, app, vs, dest, local))
+}
+
+/// `--path relay`: the program's fd connects to a relay loop's loopback listener, which moves
+/// its bytes to and from the virtual socket.
+fn carry_relayed(
+    fd: c_int,
+    app: BorrowedFd<'_>,
+    vs: VSocket,
+    dest: SocketAddr,
+) -> Option<Result<(), i32>> {
+    let local = local_of(app)?;
+    let mut relay = crate::relay::relay_addr(local.is_ipv6())?;
+    if local.port() == 0 {
+        let any = SocketAddr::new(loopback_of(&local), 0);
+        rustix::net::bind(app, &any).ok()?;
+    }
+    let local_port = local_of(app)?.port();
+    if let SocketAddr::V6(v6) = &local {
+        if v6.ip().to_ipv4_mapped().is_some() {
+            let v4 = crate::relay::relay_addr(false)?;
+            relay = SocketAddr::new(loopback_of(&local), v4.port());
+        }
+    }
+    crate::relay::expect(local_port, vs);
+    let r = real_connect(fd, relay);
+    match r {
+        Ok(()) | Err(libc::EINPROGRESS) => {
+            crate::relay::note_relayed_peer(fd, dest);
+            bump(&COUNTERS.relayed_by_choice);
+        }
+        Err(_) => crate::relay::unexpect(local_port),
+    }
+    Some(r)
+}
+
+pub(crate) fn loopback_of(a: &SocketAddr) -> IpAddr {
+    match a {
+        SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        SocketAddr::V6(v6) if v6.ip().to_ipv4_mapped().is_some() => {
+            IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())
+        }
+        SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+    }
+}

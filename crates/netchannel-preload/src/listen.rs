@@ -1,0 +1,360 @@
+//! `listen` and `accept`. Beside a carried listening socket the engine listens on the same
+//! virtual port; each virtual connection it accepts is announced to the program through its
+//! own kernel listener, by a loopback connection from this library ("injected"), so that
+//! `accept`, `poll`, `select`, epoll (`EPOLLEXCLUSIVE` included) and the backlog behave as the
+//! kernel's. What the program's `accept` then returns depends on who accepts:
+//!
+//! - the process that owns the engine: the accepted socket is replaced by a placeholder served
+//!   from the virtual socket (direct path);
+//! - another process (a forked worker sharing the listener): it claims the connection (one
+//!   byte back on the injected connection) and keeps the kernel socket, which a relay loop of
+//!   the owner then serves;
+//! - with `--path relay`: the injected connection is relayed from the start.
+//!
+//! Injected connections come from a source address of their own (127.7.45.1, or the target's
+//! own address for IPv6-only listeners) and start with a 16-byte preamble the claiming process
+//! consumes, so that a process that inherited the listener recognises them.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use netchannel::sys::EventFd;
+use netchannel::VSocket;
+use parking_lot::Mutex;
+use rustix::event::{PollFd, PollFlags};
+
+use crate::connect::{in_family, install, is_v6, local_of, loopback_of, peer_of};
+use crate::process::{
+    bump, fd_base, in_owner, inside, pid, relocate, server_engine, settings, DataPath, COUNTERS,
+};
+use crate::relay::{relay, Held};
+use crate::table;
+
+/// Where injected IPv4 connections come from: a loopback address nothing else uses.
+pub(crate) const INJECTOR_V4: Ipv4Addr = Ipv4Addr::new(127, 7, 45, 1);
+/// The first bytes of an injected connection.
+const PREAMBLE: &[u8; 16] = b"netchannel-inj\x00\x01";
+/// The byte a process that accepted an injected connection sends back to claim it.
+const CLAIM: u8 = b'C';
+
+/// An injected connection the program has not accepted yet, by the injector's local port.
+struct Injected {
+    vs: Option<VSocket>,
+    peer: SocketAddr,
+}
+
+static INJECTED: Mutex<Option<HashMap<u16, Injected>>> = Mutex::new(None);
+static INJECTED_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+fn injected<T>(f: impl FnOnce(&mut HashMap<u16, Injected>) -> T) -> T {
+    f(INJECTED.lock().get_or_insert_with(HashMap::new))
+}
+
+/// A carried listening socket's engine side.
+pub(crate) struct ListenEntry {
+    listener: Mutex<Option<Arc<netchannel::Listener>>>,
+    /// Signalled when the program closes its listening fd.
+    stop: EventFd,
+    /// The process whose engine listens.
+    owner: u32,
+    /// The listener's own address (what accepted connections report as local).
+    local: SocketAddr,
+}
+
+impl ListenEntry {
+    /// The program closed its listening fd: the virtual port is free at once (iperf3 closes
+    /// and re-creates its listener on the same port between control and data connections).
+    pub(crate) fn close(&self) {
+        if self.owner != pid() {
+            return;
+        }
+        self.stop.notify();
+        drop(self.listener.lock().take());
+    }
+}
+
+/// After a successful `listen`: listen on the same virtual port in the engine.
+pub(crate) fn add_engine_listener(fd: c_int, app: BorrowedFd<'_>) {
+    let s = settings();
+    if !in_owner() {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    }
+    let is_stream =
+        rustix::net::sockopt::socket_type(app).is_ok_and(|t| t == rustix::net::SocketType::STREAM);
+    if s.disabled || !is_stream || !table::in_range(fd) || table::kind(fd) & table::LISTENING != 0 {
+        return;
+    }
+    let Some(local) = local_of(app) else { return };
+    if local.port() == s.channel_port || (!s.ports.is_empty() && !s.ports.contains(&local.port())) {
+        return;
+    }
+    let Some(engine) = server_engine() else {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    };
+    let Ok(listener) = inside(|| engine.listen(local.port())) else {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    };
+    let target = match local.ip() {
+        ip if ip.is_unspecified() => {
+            // A dual-stack IPv6 listener is reached over IPv4 (from the injector's address).
+            let v6only = is_v6(app) && rustix::net::sockopt::ipv6_v6only(app).unwrap_or(true);
+            let ip = if is_v6(app) && !v6only {
+                IpAddr::V4(Ipv4Addr::LOCALHOST)
+            } else {
+                loopback_of(&local)
+            };
+            SocketAddr::new(ip, local.port())
+        }
+        _ => local,
+    };
+    listener.set_nonblocking(true);
+    // The acceptor waits on its own copy of the readiness eventfd: it holds the listener only
+    // while it accepts (see `ListenEntry::close`), and the copy outlives it.
+    let ready = listener.readiness_fd().and_then(|fd| {
+        let fd = crate::interpose::borrow_raw(fd, &listener);
+        Ok(rustix::io::fcntl_dupfd_cloexec(fd, fd_base())?)
+    });
+    let Ok(ready) = ready else {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    };
+    let Ok(stop) = EventFd::new().and_then(|e| e.moved_above(fd_base())) else {
+        bump(&COUNTERS.kernel_listen_only);
+        return;
+    };
+    // The acceptor holds the listener only weakly (see `ListenEntry::close`).
+    let listener = Arc::new(listener);
+    let weak = Arc::downgrade(&listener);
+    let entry =
+        Arc::new(ListenEntry { listener: Mutex::new(Some(listener)), stop, owner: pid(), local });
+    table::map_listener(fd, entry.clone());
+    let _ = std::thread::Builder::new()
+        .name("nc-listen".into())
+        .spawn(move || inside(|| acceptor(entry, weak, ready, target)));
+}
+
+/// The acceptor thread of one listener: injects each virtual connection the engine accepts,
+/// and watches the injected connections until someone accepts them.
+fn acceptor(
+    entry: Arc<ListenEntry>,
+    weak: Weak<netchannel::Listener>,
+    ready: OwnedFd,
+    target: SocketAddr,
+) {
+    let relayed = settings().path == DataPath::Relay;
+    // Injected connections not accepted yet: (socket, injector port).
+    let mut waiting: Vec<(TcpStream, u16)> = Vec::new();
+    loop {
+        {
+            // Held only while accepting: closing the program's listener frees the virtual
+            // port at once.
+            let Some(l) = weak.upgrade() else { break };
+            l.clear_readiness();
+            loop {
+                match l.accept() {
+                    Ok(vs) => {
+                        let peer = vs.peer_engine_addr();
+                        if let Some(w) = inject(target, peer, vs, relayed) {
+                            waiting.push(w);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        let mut fds =
+            vec![PollFd::new(&entry.stop, PollFlags::IN), PollFd::new(&ready, PollFlags::IN)];
+        fds.extend(waiting.iter().map(|(s, _)| PollFd::new(s, PollFlags::IN)));
+        let second = rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 };
+        if rustix::event::poll(&mut fds, Some(&second)).is_err() {
+            continue;
+        }
+        if !fds[0].revents().is_empty() {
+            break;
+        }
+        let done: Vec<usize> =
+            (2..fds.len()).filter(|&i| !fds[i].revents().is_empty()).map(|i| i - 2).collect();
+        drop(fds);
+        for i in done.into_iter().rev() {
+            let (mut s, port) = waiting.swap_remove(i);
+            let mut b = [0u8; 1];
+            let claimed = matches!((&s).read(&mut b), Ok(1) if b[0] == CLAIM);
+            let inj = injected(|m| m.remove(&port));
+            if inj.is_some() {
+                INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
+            }
+            match inj.and_then(|i| i.vs) {
+                // Accepted by another process: its kernel socket is relayed from now on.
+                Some(vs) if claimed => {
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.flush();
+                    relay(s, Held::Own(vs));
+                    bump(&COUNTERS.relayed_accepted_elsewhere);
+                }
+                // Closed unaccepted-by-us (a process accepted and closed it): the virtual
+                // socket closes the same way (FIN, or a reset if the client's bytes were left).
+                _ => {}
+            }
+        }
+    }
+    // The listener is gone: connections nobody accepted are refused, as the kernel resets
+    // the ones in a closed listener's queue.
+    for (_, port) in waiting {
+        if injected(|m| m.remove(&port)).is_some() {
+            INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Connects a loopback TCP socket into the program's listener on behalf of a virtual client,
+/// registered before the connect so that the program's accept always finds it. With
+/// `relayed` the connection is handed to a relay loop at once.
+fn inject(
+    target: SocketAddr,
+    peer: SocketAddr,
+    vs: VSocket,
+    relayed: bool,
+) -> Option<(TcpStream, u16)> {
+    let family = if target.is_ipv4() {
+        rustix::net::AddressFamily::INET
+    } else {
+        rustix::net::AddressFamily::INET6
+    };
+    let s = rustix::net::socket_with(
+        family,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .ok()?;
+    let s = relocate(s);
+    let from = match target {
+        SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(INJECTOR_V4), 0),
+        SocketAddr::V6(_) => SocketAddr::new(target.ip(), 0),
+    };
+    rustix::net::bind(&s, &from).ok()?;
+    let port = local_of(s.as_fd())?.port();
+    let peer = in_family(peer, target.is_ipv6());
+    // `--path relay`: relayed from the start; the map only tells the owner's accept the peer.
+    let (keep, relay_now) = if relayed { (None, Some(vs)) } else { (Some(vs), None) };
+    injected(|m| m.insert(port, Injected { vs: keep, peer }));
+    INJECTED_COUNT.fetch_add(1, Ordering::AcqRel);
+    if rustix::net::connect(&s, &target).is_err() {
+        if injected(|m| m.remove(&port)).is_some() {
+            INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
+        }
+        return None;
+    }
+    let _ = rustix::net::sockopt::set_tcp_nodelay(&s, true);
+    let s = TcpStream::from(s);
+    bump(&COUNTERS.carried_accepts);
+    if let Some(vs) = relay_now {
+        relay(s, Held::Own(vs));
+        bump(&COUNTERS.relayed_by_choice);
+        return None;
+    }
+    let _ = (&s).write_all(PREAMBLE);
+    let _ = s.set_nonblocking(true);
+    Some((s, port))
+}
+
+/// What `accept`/`accept4` do after the real call returned `nfd`: an injected connection is
+/// turned into what the accepting process should hold (see the module doc). Returns the
+/// address to report as the peer's, if it is not the kernel's.
+pub(crate) fn accepted(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>) -> Option<SocketAddr> {
+    let peer = peer_of(app)?;
+    let from_injector = match peer {
+        SocketAddr::V4(a) => *a.ip() == INJECTOR_V4,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped() == Some(INJECTOR_V4),
+    };
+    let ours = table::kind(listen_fd) & table::LISTENING != 0
+        && table::TABLES.listeners.lock().get(&listen_fd).is_some_and(|e| e.owner == pid());
+    if ours && INJECTED_COUNT.load(Ordering::Acquire) > 0 {
+        if let Some(inj) = injected(|m| m.remove(&peer.port())) {
+            INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
+            return Some(take_over(listen_fd, nfd, app, inj));
+        }
+    }
+    let maybe_injected = from_injector
+        || (table::kind(listen_fd) & table::LISTENING != 0
+            && peer.is_ipv6()
+            && local_of(app).is_some_and(|l| l.ip() == peer.ip()));
+    if maybe_injected && claim(app, from_injector) {
+        bump(&COUNTERS.relayed_accepted_elsewhere);
+    }
+    None
+}
+
+/// The owner accepted an injected connection.
+fn take_over(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>, inj: Injected) -> SocketAddr {
+    let peer = inj.peer;
+    let Some(vs) = inj.vs else {
+        // `--path relay`: the kernel socket is already relayed; only its peer's address is
+        // the virtual one.
+        crate::relay::note_relayed_peer(nfd, peer);
+        return peer;
+    };
+    let local = table::TABLES
+        .listeners
+        .lock()
+        .get(&listen_fd)
+        .map(|e| e.local)
+        .unwrap_or_else(|| local_of(app).unwrap_or(peer));
+    let local = if local.ip().is_unspecified() {
+        let ip = vs.local_channel_addr().map_or(local.ip(), |a| a.ip());
+        SocketAddr::new(ip, local.port())
+    } else {
+        local
+    };
+    if install(nfd, app, vs, peer, local).is_err() {
+        // The accepted kernel socket stays: its injector end closes with the virtual socket,
+        // so the program reads end of stream (nothing is delivered on a broken carry).
+        bump(&COUNTERS.kernel_other);
+    }
+    peer
+}
+
+/// A process other than the owner accepted what may be an injected connection: consume the
+/// preamble and claim it. `certain`: it comes from the injector's own address (the preamble
+/// is on its way); otherwise it is only peeked at, briefly.
+fn claim(app: BorrowedFd<'_>, certain: bool) -> bool {
+    let wait = if certain { Duration::from_secs(2) } else { Duration::from_millis(50) };
+    let deadline = Instant::now() + wait;
+    let mut got = [0u8; 16];
+    loop {
+        match rustix::net::recv(
+            app,
+            &mut got,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Ok((n, _)) if n == PREAMBLE.len() => break,
+            Ok((n, _)) if n > 0 && got[..n] != PREAMBLE[..n] => return false,
+            Ok((0, _)) => return false,
+            _ => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut p = [PollFd::new(&app, PollFlags::IN)];
+        let t =
+            rustix::event::Timespec { tv_sec: 0, tv_nsec: left.as_nanos().min(999_999_999) as _ };
+        let _ = rustix::event::poll(&mut p, Some(&t));
+    }
+    if got != *PREAMBLE {
+        return false;
+    }
+    let _ = rustix::net::recv(app, &mut got, rustix::net::RecvFlags::DONTWAIT);
+    rustix::net::send(app, &[CLAIM], rustix::net::SendFlags::NOSIGNAL).is_ok()
+}

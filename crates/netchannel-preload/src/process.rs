@@ -1,0 +1,373 @@
+//! The process's side of the library: settings from `netchannel run`, the engines, the
+//! counters behind `--stats`, which process owns what after `fork`, and where the library's own
+//! fds live.
+
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::io::{self, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use netchannel::{Config, Engine};
+
+// ---------------------------------------------------------------------------------------------
+// Which process this is. Engines, relays and carried connections belong to the process that
+// made them: after `fork` the child has none of their threads, and any of their locks may have
+// been held at fork time, so a child never touches that state; it reaches a connection it
+// inherited through its owner's relay instead.
+
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's id, kept without a system call (set at load and in a forked child).
+pub(crate) fn pid() -> u32 {
+    PID.load(Ordering::Relaxed)
+}
+
+/// Called at load time and in a forked child.
+pub(crate) fn set_pid() {
+    PID.store(std::process::id(), Ordering::Relaxed);
+}
+
+/// Whether the process created the engines it sees (not a forked child of that process).
+pub(crate) fn in_owner() -> bool {
+    [SERVER_ENGINE.get(), CLIENT_ENGINE.get()]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .all(|e| e.pid == pid())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settings (from `netchannel run` through the environment).
+
+/// How carried connections reach the program.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum DataPath {
+    /// The program's fd is served from the virtual socket in the calling thread.
+    Direct,
+    /// The program's fd is a kernel socket to a relay loop (`netchannel run --path relay`).
+    Relay,
+}
+
+pub(crate) struct Settings {
+    pub channel_port: u16,
+    /// Destination ports carried; empty: every TCP destination.
+    pub ports: Vec<u16>,
+    pub disabled: bool,
+    pub path: DataPath,
+}
+
+pub(crate) fn settings() -> &'static Settings {
+    static S: OnceLock<Settings> = OnceLock::new();
+    S.get_or_init(|| {
+        let channel_port = std::env::var("NETCHANNEL_PORT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_CHANNEL_PORT);
+        let ports = std::env::var("NETCHANNEL_PORTS")
+            .map(|v| v.split(',').filter_map(|p| p.trim().parse().ok()).collect())
+            .unwrap_or_default();
+        let disabled = std::env::var("NETCHANNEL_DISABLE").is_ok_and(|v| v == "1");
+        let path = match std::env::var("NETCHANNEL_PATH").as_deref() {
+            Ok("relay") => DataPath::Relay,
+            _ => DataPath::Direct,
+        };
+        Settings { channel_port, ports, disabled, path }
+    })
+}
+
+/// The channel port an engine listens on when its process listens (`netchannel run --port`).
+pub const DEFAULT_CHANNEL_PORT: u16 = 7450;
+
+// ---------------------------------------------------------------------------------------------
+// Counters for `--stats`.
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub carried_connects: AtomicU64,
+    pub carried_accepts: AtomicU64,
+    /// Connections the program's own thread serves from the virtual socket (direct path).
+    pub direct: AtomicU64,
+    /// Connections served through a relay loop: accepted by another process of the program
+    /// (a forked worker), taken over after fork, exec or `SCM_RIGHTS`, or all of them with
+    /// `--path relay`.
+    pub relayed_accepted_elsewhere: AtomicU64,
+    pub relayed_inherited: AtomicU64,
+    pub relayed_by_choice: AtomicU64,
+    pub kernel_no_engine: AtomicU64,
+    pub kernel_not_selected: AtomicU64,
+    pub kernel_other: AtomicU64,
+    pub kernel_listen_only: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    /// Interposed socket calls made by the library's or the engine's own threads: there should
+    /// be none (both use raw system calls), and the stats line says so.
+    pub reentered: AtomicU64,
+}
+
+pub(crate) static COUNTERS: Counters = Counters {
+    carried_connects: AtomicU64::new(0),
+    carried_accepts: AtomicU64::new(0),
+    direct: AtomicU64::new(0),
+    relayed_accepted_elsewhere: AtomicU64::new(0),
+    relayed_inherited: AtomicU64::new(0),
+    relayed_by_choice: AtomicU64::new(0),
+    kernel_no_engine: AtomicU64::new(0),
+    kernel_not_selected: AtomicU64::new(0),
+    kernel_other: AtomicU64::new(0),
+    kernel_listen_only: AtomicU64::new(0),
+    bytes_out: AtomicU64::new(0),
+    bytes_in: AtomicU64::new(0),
+    reentered: AtomicU64::new(0),
+};
+
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// io_uring instances the process holds: a socket driven through one bypasses the socket
+/// calls this library interposes, so its bytes go over kernel TCP.
+pub(crate) fn io_uring_rings() -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("io_uring"))
+        .count()
+}
+
+pub(crate) fn at_exit() {
+    let rings = io_uring_rings();
+    if rings > 0 {
+        let _ = writeln!(
+            io::stderr(),
+            "netchannel: pid {} holds {rings} io_uring instance(s): sockets it drives through \
+             io_uring are not carried (they use kernel TCP); see docs/ARCHITECTURE.md, limits",
+            std::process::id()
+        );
+    }
+    if std::env::var_os("NETCHANNEL_STATS").is_some() {
+        print_stats(rings);
+    }
+}
+
+fn print_stats(io_uring_rings: usize) {
+    let c = &COUNTERS;
+    let get = |x: &AtomicU64| x.load(Ordering::Relaxed);
+    let mut channels = 0;
+    for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
+        if e.pid == pid() {
+            channels += e.engine.stats().channels.len();
+        }
+    }
+    let relayed =
+        get(&c.relayed_accepted_elsewhere) + get(&c.relayed_inherited) + get(&c.relayed_by_choice);
+    let line = format!(
+        "netchannel: pid {} virtual sockets {} (connect {}, accept {}), direct {}, relayed {} \
+             (accepted by another process {}, inherited {}, by choice {}), kernel tcp {} \
+             (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
+             bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}\n",
+        std::process::id(),
+        get(&c.carried_connects) + get(&c.carried_accepts),
+        get(&c.carried_connects),
+        get(&c.carried_accepts),
+        get(&c.direct),
+        relayed,
+        get(&c.relayed_accepted_elsewhere),
+        get(&c.relayed_inherited),
+        get(&c.relayed_by_choice),
+        get(&c.kernel_no_engine) + get(&c.kernel_not_selected) + get(&c.kernel_other),
+        get(&c.kernel_no_engine),
+        get(&c.kernel_not_selected),
+        get(&c.kernel_other),
+        get(&c.kernel_listen_only),
+        get(&c.bytes_out),
+        get(&c.bytes_in),
+        channels,
+        io_uring_rings,
+        get(&c.reentered),
+    );
+    match std::env::var("NETCHANNEL_STATS").as_deref() {
+        Ok("stderr") | Ok("") | Err(_) => {
+            let _ = io::stderr().write_all(line.as_bytes());
+        }
+        Ok(path) => {
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engines. A process that listens owns the host's channel port (server engine); a process
+// that only connects uses an engine on an ephemeral loopback port (client engine).
+
+pub(crate) struct ProcEngine {
+    pub engine: Engine,
+    pub pid: u32,
+}
+
+static SERVER_ENGINE: OnceLock<Option<ProcEngine>> = OnceLock::new();
+static CLIENT_ENGINE: OnceLock<Option<ProcEngine>> = OnceLock::new();
+
+thread_local! {
+    /// Set while this library itself makes socket calls (engine set-up, relay connections), so
+    /// they are never carried.
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+pub(crate) fn inside<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            INSIDE.with(|c| c.set(self.0));
+        }
+    }
+    let _r = Reset(INSIDE.with(|c| c.replace(true)));
+    f()
+}
+
+pub(crate) fn is_inside() -> bool {
+    INSIDE.try_with(|c| c.get()).unwrap_or(true)
+}
+
+fn live(e: &Option<ProcEngine>) -> Option<&Engine> {
+    e.as_ref().filter(|e| e.pid == pid()).map(|e| &e.engine)
+}
+
+pub(crate) fn server_engine() -> Option<&'static Engine> {
+    live(SERVER_ENGINE.get_or_init(|| {
+        let port = settings().channel_port;
+        inside(|| {
+            let v6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+            let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+            fds_high(|| {
+                let new = |a| {
+                    let c = engine_config(a).ok_or_else(|| io::Error::other("no key"))?;
+                    Engine::new(c)
+                };
+                let e = new(v6).or_else(|_| new(v4));
+                crate::relay::loops();
+                e
+            })
+            .ok()
+            .map(|engine| ProcEngine { engine, pid: pid() })
+        })
+    }))
+}
+
+pub(crate) fn client_engine() -> Option<&'static Engine> {
+    if let Some(Some(e)) = SERVER_ENGINE.get() {
+        if e.pid == pid() {
+            return Some(&e.engine);
+        }
+    }
+    live(CLIENT_ENGINE.get_or_init(|| {
+        inside(|| {
+            fds_high(|| {
+                let e = engine_config(Config::default().listen_addr)
+                    .ok_or_else(|| io::Error::other("no key"))
+                    .and_then(Engine::new);
+                crate::relay::loops();
+                e
+            })
+            .ok()
+            .map(|engine| ProcEngine { engine, pid: pid() })
+        })
+    }))
+}
+
+/// How long a connect waits for the peer's channel port to answer on first contact (the
+/// engine's default is 3 s per channel): the program's own `connect` waits that long, even a
+/// non-blocking one, before it falls back to kernel TCP.
+pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The engine's configuration: `netchannel run`'s key file and budgets, from the environment.
+/// `None` when a key file was asked for and cannot be read: then no engine starts (the
+/// program's connections stay kernel TCP) rather than one that admits peers without the key.
+fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
+    let mut c = Config::new(channel_listener);
+    c.dial_timeout = DIAL_TIMEOUT;
+    fn num<T: std::str::FromStr>(name: &str, into: &mut T) {
+        if let Some(v) = std::env::var_os(name) {
+            match v.to_str().and_then(|v| v.parse().ok()) {
+                Some(n) => *into = n,
+                None => eprintln!("netchannel: ignoring {name}={v:?}: not a number"),
+            }
+        }
+    }
+    num("NETCHANNEL_MAX_SESSIONS", &mut c.max_sessions);
+    num("NETCHANNEL_MAX_PEER_BUFFERED", &mut c.max_peer_buffered);
+    num("NETCHANNEL_MAX_BUFFERED", &mut c.max_buffered);
+    num("NETCHANNEL_MAX_SEND_BUFFERED", &mut c.max_send_buffered);
+    num("NETCHANNEL_MAX_CHANNELS_TOTAL", &mut c.max_channels_total);
+    num("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", &mut c.max_channels_per_source);
+    num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
+    if let Some(path) = std::env::var_os("NETCHANNEL_PSK_FILE") {
+        match std::fs::read(&path) {
+            Ok(key) => c.psk = Some(key),
+            Err(e) => {
+                eprintln!(
+                    "netchannel: cannot read the key file {}: {e}; connections stay kernel TCP",
+                    Path::new(&path).display()
+                );
+                return None;
+            }
+        }
+    }
+    Some(c)
+}
+
+// ---------------------------------------------------------------------------------------------
+// File descriptor numbers. Programs expect their own fds to be numbered from the lowest free
+// slot, and some size tables by their connection count (wrk's event loop holds
+// 10 + 3 x connections fds). The library's and engine's fds therefore live high: ours are moved
+// above `fd_base()`, and while the engine creates its fds (start, first contact with a peer)
+// the free slots below are held, so the kernel's lowest-free rule places them above too.
+
+pub(crate) fn fd_base() -> c_int {
+    static BASE: OnceLock<c_int> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        let cur = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or(1 << 20, |c| c.min(1 << 20)) as c_int;
+        (cur / 2).clamp(64, 8192)
+    })
+}
+
+/// One of our fds moved above `fd_base()` (close-on-exec).
+pub(crate) fn relocate(fd: OwnedFd) -> OwnedFd {
+    rustix::io::fcntl_dupfd_cloexec(fd.as_fd(), fd_base()).unwrap_or(fd)
+}
+
+/// Runs `f` with the free fd slots below `fd_base()` held, so fds it creates land above.
+pub(crate) fn fds_high<T>(f: impl FnOnce() -> T) -> T {
+    let base = fd_base();
+    // And every fd an engine creates later, in its own threads (channels dialed or accepted
+    // under load, threads' epoll sets).
+    netchannel::sys::keep_fds_above(base);
+    let mut held = Vec::new();
+    if let Ok(ph) = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        use std::os::fd::AsRawFd;
+        if ph.as_raw_fd() < base {
+            while let Ok(n) = rustix::io::fcntl_dupfd_cloexec(&ph, 0) {
+                let high = n.as_raw_fd() >= base;
+                held.push(n);
+                if high {
+                    break;
+                }
+            }
+        }
+        held.push(ph);
+    }
+    let out = f();
+    drop(held);
+    out
+}

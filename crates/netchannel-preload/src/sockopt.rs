@@ -1,0 +1,143 @@
+//! Socket options of carried connections, answered as the kernel would answer them for a TCP
+//! socket: a value the program set is checked and read back through a scratch TCP socket (so
+//! that, say, `SO_SNDBUF` reads back doubled and a bad length is `EINVAL`), anything else comes
+//! from an untouched template TCP socket of the same family. The few options that change
+//! behaviour are also kept in a form the data path uses (timeouts, `SO_LINGER`).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::carried::Carried;
+use crate::interpose::{raw_getsockopt, raw_setsockopt};
+
+/// An option as the program set it: (level, name) and the value's bytes.
+type SetOption = ((i32, i32), Vec<u8>);
+
+/// A carried connection's options.
+#[derive(Default)]
+pub(crate) struct Options {
+    /// (level, name) -> the bytes the program set, in order of first setting.
+    set: Mutex<Vec<SetOption>>,
+    rcv_timeout_ns: AtomicU64,
+    snd_timeout_ns: AtomicU64,
+    linger_abort: AtomicBool,
+}
+
+impl Options {
+    pub fn rcv_timeout(&self) -> Option<Duration> {
+        duration(self.rcv_timeout_ns.load(Ordering::Relaxed))
+    }
+
+    pub fn snd_timeout(&self) -> Option<Duration> {
+        duration(self.snd_timeout_ns.load(Ordering::Relaxed))
+    }
+
+    /// `SO_LINGER` on with a zero timeout: the last close resets the connection.
+    pub fn linger_abort(&self) -> bool {
+        self.linger_abort.load(Ordering::Relaxed)
+    }
+
+    /// The options the program set, to apply to a kernel socket that takes the connection
+    /// over (a relay connection after fork).
+    pub fn all(&self) -> Vec<SetOption> {
+        self.set.lock().clone()
+    }
+}
+
+fn duration(ns: u64) -> Option<Duration> {
+    (ns > 0).then(|| Duration::from_nanos(ns))
+}
+
+/// Template sockets of one family: `defaults` is never changed, `scratch` takes the options
+/// being checked or read back.
+struct Templates {
+    defaults: OwnedFd,
+    scratch: Mutex<OwnedFd>,
+}
+
+fn templates(v6: bool) -> Option<&'static Templates> {
+    static T: OnceLock<[Option<Templates>; 2]> = OnceLock::new();
+    let t = T.get_or_init(|| {
+        let make = |family| {
+            let sock = || {
+                rustix::net::socket_with(
+                    family,
+                    rustix::net::SocketType::STREAM,
+                    rustix::net::SocketFlags::CLOEXEC,
+                    None,
+                )
+                .ok()
+                .map(crate::process::relocate)
+            };
+            Some(Templates { defaults: sock()?, scratch: Mutex::new(sock()?) })
+        };
+        [make(rustix::net::AddressFamily::INET), make(rustix::net::AddressFamily::INET6)]
+    });
+    t[usize::from(v6)].as_ref()
+}
+
+/// `setsockopt` on a carried connection.
+pub(crate) fn set(c: &Carried, level: i32, name: i32, value: &[u8]) -> Result<(), i32> {
+    let t = templates(c.v6).ok_or(libc::ENOMEM)?;
+    {
+        let scratch = t.scratch.lock();
+        raw_setsockopt(scratch.as_fd(), level, name, value)?;
+    }
+    let o = &c.opts;
+    if level == libc::SOL_SOCKET {
+        match name {
+            libc::SO_RCVTIMEO | libc::SO_SNDTIMEO => {
+                let ns = timeval_ns(value).ok_or(libc::EINVAL)?;
+                let slot =
+                    if name == libc::SO_RCVTIMEO { &o.rcv_timeout_ns } else { &o.snd_timeout_ns };
+                slot.store(ns, Ordering::Relaxed);
+            }
+            libc::SO_LINGER if value.len() >= 8 => {
+                let on = i32::from_ne_bytes(value[0..4].try_into().unwrap());
+                let secs = i32::from_ne_bytes(value[4..8].try_into().unwrap());
+                o.linger_abort.store(on != 0 && secs == 0, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+    let mut set = o.set.lock();
+    match set.iter_mut().find(|(k, _)| *k == (level, name)) {
+        Some((_, v)) => *v = value.to_vec(),
+        None => set.push(((level, name), value.to_vec())),
+    }
+    Ok(())
+}
+
+/// `getsockopt` on a carried connection (`SO_ERROR` and `TCP_INFO` are the caller's): how many
+/// bytes of `out` were written.
+pub(crate) fn get(c: &Carried, level: i32, name: i32, out: &mut [u8]) -> Result<usize, i32> {
+    let t = templates(c.v6).ok_or(libc::ENOMEM)?;
+    let stored =
+        c.opts.set.lock().iter().find(|(k, _)| *k == (level, name)).map(|(_, v)| v.clone());
+    match stored {
+        Some(v) => {
+            let scratch = t.scratch.lock();
+            raw_setsockopt(scratch.as_fd(), level, name, &v)?;
+            raw_getsockopt(scratch.as_fd(), level, name, out)
+        }
+        None => raw_getsockopt(t.defaults.as_fd(), level, name, out),
+    }
+}
+
+/// A `struct timeval` as nanoseconds (0: no timeout), or `None` when malformed (`EDOM` for the
+/// kernel too, but `EINVAL` for a short buffer: the scratch socket already said which).
+fn timeval_ns(v: &[u8]) -> Option<u64> {
+    if v.len() < 16 {
+        return None;
+    }
+    let secs = i64::from_ne_bytes(v[0..8].try_into().ok()?);
+    let usecs = i64::from_ne_bytes(v[8..16].try_into().ok()?);
+    if secs < 0 {
+        return Some(0);
+    }
+    Some((secs as u64).saturating_mul(1_000_000_000).saturating_add(usecs.max(0) as u64 * 1000))
+}

@@ -1,0 +1,211 @@
+//! The program's waits over carried fds: `epoll_wait` and friends, `poll`, `select`. The
+//! kernel object the program waits on reports the truth (each placeholder mirrors its virtual
+//! socket, see `carried`); what the library adds is run to completion: while the program's
+//! thread waits, it serves the channels of the connections in its wait itself (reads frames,
+//! dispatches them, which writes the placeholders' tokens, and sends), the way a thread blocked
+//! in `VSocket::recv` does, instead of sleeping until an engine worker did it and woke it.
+//!
+//! An epoll set is watched for carried members from `epoll_ctl` on: a wait on a set that has
+//! none (or a poll over fds none of which is carried) goes straight to the kernel.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use netchannel::sys::SignalPolicy;
+use netchannel::ServeSet;
+use parking_lot::Mutex;
+
+use crate::carried::Carried;
+use crate::interpose::with_fd;
+use crate::process::pid;
+use crate::table::{self, CARRIED, EPOLL, REMOTE};
+
+/// What the library knows of one epoll set holding carried fds.
+#[derive(Default)]
+pub(crate) struct EpollInfo {
+    /// Carried members, by fd number (weak: the set does not keep a connection open).
+    members: HashMap<c_int, Weak<Carried>>,
+    /// Epoll sets with carried members nested in this one.
+    nested: Vec<c_int>,
+    /// The sessions of the members, served during waits (copied out for each wait).
+    serve: Arc<ServeSet>,
+}
+
+/// The carried connection under `fd` if this process serves it; a placeholder this process
+/// holds but does not own is taken over first (it is kernel TCP afterwards).
+pub(crate) fn served(fd: c_int) -> Option<Arc<Carried>> {
+    let k = table::kind(fd);
+    if k & (CARRIED | REMOTE) == 0 {
+        return None;
+    }
+    if let Some(c) = table::carried(fd) {
+        if c.owner == pid() {
+            return Some(c);
+        }
+    }
+    with_fd(fd, |app| crate::inherit::take_over(fd, app));
+    None
+}
+
+/// Before `epoll_ctl(epfd, op, fd)`: a carried member starts mirroring its readiness.
+pub(crate) fn before_ctl(op: c_int, fd: c_int, events: u32) -> Option<Arc<Carried>> {
+    let c = served(fd)?;
+    if op != libc::EPOLL_CTL_DEL {
+        with_fd(fd, |app| c.arm(app, events & libc::EPOLLET as u32 != 0));
+    }
+    Some(c)
+}
+
+/// After a successful `epoll_ctl`: the set's members and sessions follow.
+pub(crate) fn after_ctl(epfd: c_int, op: c_int, fd: c_int, c: Option<Arc<Carried>>) {
+    let nested = table::kind(fd) & EPOLL != 0;
+    if c.is_none() && !nested {
+        return;
+    }
+    let info = table::epoll(epfd).unwrap_or_else(|| {
+        let info = Arc::new(Mutex::new(EpollInfo::default()));
+        table::map_epoll(epfd, info.clone());
+        info
+    });
+    let mut i = info.lock();
+    match (op, c) {
+        (libc::EPOLL_CTL_ADD, Some(c)) => {
+            i.members.insert(fd, Arc::downgrade(&c));
+            Arc::make_mut(&mut i.serve).add(&c.vs);
+        }
+        (libc::EPOLL_CTL_DEL, Some(c)) if i.members.remove(&fd).is_some() => {
+            Arc::make_mut(&mut i.serve).remove(&c.vs);
+        }
+        (libc::EPOLL_CTL_ADD, None) => i.nested.push(fd),
+        (libc::EPOLL_CTL_DEL, None) => i.nested.retain(|&n| n != fd),
+        _ => {}
+    }
+}
+
+/// The sessions a wait on epoll set `epfd` serves (nested sets included).
+fn serve_set(epfd: c_int, depth: usize) -> Option<ServeSet> {
+    let info = table::epoll(epfd)?;
+    let (mut set, nested) = {
+        let i = info.lock();
+        ((*i.serve).clone(), i.nested.clone())
+    };
+    if depth < 4 {
+        for n in nested {
+            if let Some(s) = serve_set(n, depth + 1) {
+                set.merge(&s);
+            }
+        }
+    }
+    Some(set)
+}
+
+/// `epoll_wait`/`epoll_pwait`/`epoll_pwait2` on a set holding carried fds. `real(timeout)`
+/// makes the kernel call into the program's buffer (only ever with a zero timeout here).
+pub(crate) fn epoll_wait(
+    epfd: c_int,
+    timeout: Option<Duration>,
+    mask: Option<&libc::sigset_t>,
+    mut real: impl FnMut() -> Result<usize, i32>,
+) -> Option<Result<usize, i32>> {
+    let set = serve_set(epfd, 0)?;
+    netchannel::flush_sends();
+    match real() {
+        Ok(0) => {}
+        r => return Some(r),
+    }
+    if timeout == Some(Duration::ZERO) {
+        return Some(Ok(0));
+    }
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let signals = SignalPolicy { interruptible: true, mask };
+    loop {
+        match set.wait(epfd, deadline, signals) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Some(Err(libc::EINTR)),
+            Err(_) => {}
+        }
+        match real() {
+            Ok(0) => {}
+            r => return Some(r),
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(Ok(0));
+        }
+    }
+}
+
+/// The kernel's `ppoll` with the program's signal mask: ready count or errno.
+pub(crate) type KernelPoll<'a> =
+    dyn FnMut(&mut [libc::pollfd], Option<Duration>) -> Result<usize, i32> + 'a;
+
+/// `poll`/`ppoll` (and `select` through it) over fds some of which are carried (or epoll sets
+/// holding carried fds). `real(fds, timeout)` is the kernel's ppoll with the program's mask.
+pub(crate) fn poll(
+    fds: &mut [libc::pollfd],
+    timeout: Option<Duration>,
+    real: &mut KernelPoll<'_>,
+) -> Result<usize, i32> {
+    let mut set = ServeSet::new();
+    let mut ours = false;
+    for p in fds.iter() {
+        let k = table::kind(p.fd);
+        if k & (CARRIED | REMOTE) != 0 {
+            if let Some(c) = served(p.fd) {
+                with_fd(p.fd, |app| c.arm(app, false));
+                set.add(&c.vs);
+                ours = true;
+            }
+        }
+        if k & EPOLL != 0 {
+            if let Some(s) = serve_set(p.fd, 0) {
+                set.merge(&s);
+                ours = true;
+            }
+        }
+    }
+    if !ours {
+        return real(fds, timeout);
+    }
+    netchannel::flush_sends();
+    let n = real(fds, Some(Duration::ZERO))?;
+    if n > 0 || timeout == Some(Duration::ZERO) {
+        return Ok(n);
+    }
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut ext: Vec<libc::pollfd> = Vec::with_capacity(fds.len() + 1);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let slept = set.sleep_beside(|waiter| {
+            ext.clear();
+            ext.extend_from_slice(fds);
+            ext.push(libc::pollfd { fd: waiter, events: libc::POLLIN, revents: 0 });
+            let r = real(&mut ext, left);
+            let last = ext.len() - 1;
+            for (p, e) in fds.iter_mut().zip(&ext[..last]) {
+                p.revents = e.revents;
+            }
+            r.map(|n| n - usize::from(ext[last].revents != 0))
+        });
+        match slept {
+            Ok(Some(Ok(n))) if n > 0 => return Ok(n),
+            Ok(Some(Err(e))) => return Err(e),
+            Ok(_) => {}
+            // No waiter for this thread (out of fds): the kernel alone.
+            Err(_) => return real(fds, left),
+        }
+        let n = real(fds, Some(Duration::ZERO))?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(0);
+        }
+    }
+}
+
+/// Whether any fd of a poll set is the library's business.
+pub(crate) fn any_ours(fds: impl IntoIterator<Item = c_int>) -> bool {
+    fds.into_iter().any(|fd| table::kind(fd) & (CARRIED | REMOTE | EPOLL) != 0)
+}
