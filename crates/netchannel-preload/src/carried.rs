@@ -174,6 +174,10 @@ impl Carried {
             SocketFlags::CLOEXEC,
             None,
         )?;
+        // Both ends above the program's numbers at once: while they sit low, another thread
+        // of the program creating an fd gets a higher number than it would (event loops sized
+        // to their own fds, select's 1024). P moves under the program's number later.
+        let (p, l) = (relocate(p), relocate(l));
         // Named, so that a process that inherits P (exec, SCM_RIGHTS) recognises it and finds
         // the connection ("nc/<owner pid>/<id>" in the abstract namespace), through the owner's
         // attach socket.
@@ -191,7 +195,6 @@ impl Carried {
             rustix::fs::fcntl_setfl(&p, fl | rustix::fs::OFlags::NONBLOCK)?;
         }
         let st = rustix::fs::fstat(&p)?;
-        let l = relocate(l);
         vs.set_nonblocking(true);
         let c = Arc::new(Carried {
             vs: ManuallyDrop::new(vs),
@@ -443,6 +446,7 @@ impl Carried {
         let deadline = timeout.map(|t| Instant::now() + t);
         let seen = signals::snapshot();
         let mut got = 0;
+        let mut settled = false;
         let result = loop {
             let attempt =
                 if peek { self.peek_into(bufs) } else { self.take_into(bufs, got, flags) };
@@ -456,6 +460,18 @@ impl Carried {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if dontwait || self.nonblocking(fd) {
+                        if got == 0 && !settled && !peek && self.told_readable() {
+                            // P shows readable, so the program was told there is something to
+                            // read (a kernel socket then has it), but the stream's state moved
+                            // under it: a payload the engine is taking out of its channel on a
+                            // thread that is not running. Wait for it briefly, as a kernel
+                            // reader waits for the socket lock, rather than report EAGAIN,
+                            // which programs such as wrk count as an error.
+                            settled = true;
+                            let until = Some(Instant::now() + SETTLE);
+                            let _ = self.vs.wait_ready(true, false, until, uninterruptible());
+                            continue;
+                        }
                         break if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                     }
                     match self.vs.wait_ready(true, false, deadline, interruptible()) {
@@ -837,6 +853,12 @@ impl Carried {
         }
     }
 
+    /// P shows readable (a token is in it, or the peer's FIN is mirrored).
+    fn told_readable(&self) -> bool {
+        let m = self.mirror.lock();
+        self.watched() && (m.tokens > 0 || m.eof)
+    }
+
     fn has_returned(&self) -> bool {
         !self.share.lock().returned.is_empty()
     }
@@ -910,6 +932,13 @@ fn scatter(mut data: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
         copied += n;
     }
     copied
+}
+
+/// How long a non-blocking read that P told "readable" waits for the stream to settle.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(10);
+
+fn uninterruptible() -> SignalPolicy<'static> {
+    SignalPolicy { interruptible: false, mask: None }
 }
 
 fn interruptible() -> SignalPolicy<'static> {

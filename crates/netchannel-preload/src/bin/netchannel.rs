@@ -81,8 +81,8 @@ struct Run {
     #[arg(long, value_name = "N")]
     max_streams: Option<u32>,
     /// How the program's own calls reach a carried connection: `direct` serves them from the
-    /// virtual socket in the calling thread; `relay` moves the bytes through a kernel socket
-    /// pair and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
+    /// virtual socket in the calling thread; `relay` moves the bytes through a loopback TCP
+    /// connection and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
     #[arg(long, value_enum, default_value_t = DataPath::Direct)]
     path: DataPath,
     /// The program and its arguments.

@@ -263,7 +263,11 @@ impl SessionRt {
         let grace = self.ctx.config.defer_grace;
         for _ in 0..RX_READS_PER_RUN {
             if st.reader.is_deferred() {
-                let waiting = ch.bytes_waiting();
+                // The payload's reader just drained the socket: nothing more for it until the
+                // next edge. Otherwise bytes are assumed (an edge brought us here, or its last
+                // read filled its buffer); `VSocket::readiness` asks the kernel where a program
+                // must not be told "readable" wrongly.
+                let waiting = !ch.take_reader_drained();
                 let mut core = self.core();
                 let now = Instant::now();
                 if !core.reader_may_read(ch.meta.index, &mut st.reader, now, grace, waiting) {
@@ -291,9 +295,6 @@ impl SessionRt {
             };
             self.dispatch(ch, &mut st)?;
             if n < asked && !ch.hung_up.load(Ordering::Acquire) {
-                if st.reader.is_deferred() {
-                    continue; // the loop's head settles whether the payload's reader has bytes
-                }
                 return Ok(true); // a short read: the socket is drained
             }
         }

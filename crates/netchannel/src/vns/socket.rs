@@ -131,6 +131,10 @@ pub struct VSocket {
     own_poller: OnceLock<Poller>,
     /// Counted in the engine's open latency-class sockets (isolation is on while any is).
     latency: AtomicBool,
+    /// An observer mirrors its readiness to a program (`set_observer`): "readable" must mean a
+    /// read finds bytes, so a read waits for a channel's busy receive half, and for a payload
+    /// the engine is staging, rather than report nothing (the Rust API's readers just retry).
+    observed: AtomicBool,
 }
 
 impl VSocket {
@@ -144,6 +148,7 @@ impl VSocket {
             write_timeout_ns: AtomicU64::new(0),
             own_poller: OnceLock::new(),
             latency: AtomicBool::new(false),
+            observed: AtomicBool::new(false),
         };
         sock.count_class(class);
         sock
@@ -452,7 +457,7 @@ impl VSocket {
                 // A payload read from its channel may have been staged by the engine meanwhile:
                 // a stream that still says readable is read again, not reported empty.
                 moved += 1;
-                if moved < 4 && self.settle_front() {
+                if moved < 4 && self.observed.load(Ordering::Relaxed) && self.settle_front() {
                     continue;
                 }
                 return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
@@ -527,7 +532,8 @@ impl VSocket {
     fn read_deferred(&self, index: ChannelId, buf: &mut [u8]) -> Option<usize> {
         let s = &self.session;
         let ch = s.channel(index)?;
-        if !acquire_briefly(&ch.rx_run) {
+        let exact = self.observed.load(Ordering::Relaxed);
+        if !(if exact { acquire_briefly(&ch.rx_run) } else { ch.rx_run.try_acquire() }) {
             // Somebody else serves the channel; it tells us when our bytes can be read. It may
             // have settled the stream's readiness before we marked it empty: a second try
             // (which leaves the owner a note to run again if it fails) settles it after.
@@ -552,10 +558,14 @@ impl VSocket {
                 None
             }
             Ok(n) => {
+                if n < len {
+                    ch.note_reader_drained();
+                }
                 let ours = s.with_core(|core| core.handle(self.id).deferred_read(index, n as u64));
                 ours.then_some(n)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                ch.note_reader_drained();
                 s.core().handle(self.id).deferred_empty();
                 None
             }
@@ -716,6 +726,7 @@ impl VSocket {
             }
             s.user.poll = Some(entry.clone());
         }
+        self.observed.store(true, Ordering::Relaxed);
         entry.notify(EV_READ | EV_WRITE);
         Ok(())
     }
