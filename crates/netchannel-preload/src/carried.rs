@@ -474,20 +474,8 @@ impl Carried {
                         }
                         break if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                     }
-                    match self.vs.wait_ready(true, false, deadline, interruptible()) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                            break if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                            if got > 0 {
-                                break Ok(got);
-                            }
-                            if !restart_after_signal(seen, timeout.is_some()) {
-                                break Err(libc::EINTR);
-                            }
-                        }
-                        Err(e) => break Err(errno_of(&e)),
+                    if let Err(outcome) = self.block(true, deadline, seen, timeout.is_some(), got) {
+                        break outcome;
                     }
                 }
                 Err(e) => {
@@ -508,6 +496,34 @@ impl Carried {
             self.drain_tokens(fd);
         }
         result
+    }
+
+    /// Waits in a blocking `recv` (`read`) or `send` until the socket is ready, as a blocking
+    /// TCP call does: `Err(outcome)` ends the call (`done` bytes so far, `EAGAIN` at the
+    /// timeout, `EINTR` for a signal that does not restart it, or the connection's error).
+    fn block(
+        &self,
+        read: bool,
+        deadline: Option<Instant>,
+        seen: signals::Snapshot,
+        has_timeout: bool,
+        done: usize,
+    ) -> Result<(), Result<usize, i32>> {
+        let so_far = || if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
+        match self.vs.wait_ready(read, !read, deadline, interruptible()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(so_far()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                if done > 0 {
+                    Err(Ok(done))
+                } else if restart_after_signal(seen, has_timeout) {
+                    Ok(())
+                } else {
+                    Err(Err(libc::EINTR))
+                }
+            }
+            Err(e) => Err(Err(errno_of(&e))),
+        }
     }
 
     /// One non-blocking read into `bufs`, skipping the first `skip` bytes (already filled):
@@ -638,20 +654,8 @@ impl Carried {
             if dontwait || self.nonblocking(fd) {
                 break if sent > 0 { Ok(sent) } else { Err(libc::EAGAIN) };
             }
-            match self.vs.wait_ready(false, true, deadline, interruptible()) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::TimedOut => {
-                    break if sent > 0 { Ok(sent) } else { Err(libc::EAGAIN) };
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    if sent > 0 {
-                        break Ok(sent);
-                    }
-                    if !restart_after_signal(seen, timeout.is_some()) {
-                        break Err(libc::EINTR);
-                    }
-                }
-                Err(e) => break Err(errno_of(&e)),
+            if let Err(outcome) = self.block(false, deadline, seen, timeout.is_some(), sent) {
+                break outcome;
             }
         };
         if let Ok(n) = result {

@@ -39,6 +39,7 @@ fn redis(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("redis-{hosts:?}"), true, true);
     let port = ports(1).to_string();
     let h = p.server.addr.clone();
@@ -140,6 +141,7 @@ fn iperf3(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("iperf3-{hosts:?}"), true, true);
     let port = ports(1).to_string();
     let h = p.server.addr.clone();
@@ -176,6 +178,7 @@ fn fallback(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("fallback-{hosts:?}"), true, false);
     let port = ports(1).to_string();
     let h = p.server.addr.clone();
@@ -203,6 +206,7 @@ fn preshared_key(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let mut p = Pair::new(tb, &format!("psk-{hosts:?}"), true, true);
     let (key, other) = (p.dir.join("key"), p.dir.join("other-key"));
     std::fs::write(&key, b"a pre-shared key of thirty-two b").unwrap();
@@ -236,6 +240,7 @@ fn sockperf(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("sockperf-{hosts:?}"), true, true);
     let port = ports(1);
     let feed = p.dir.join("feed");
@@ -284,6 +289,7 @@ fn memcached(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("memcached-{hosts:?}"), true, true);
     let port = ports(1).to_string();
     let h = p.server.addr.clone();
@@ -324,6 +330,7 @@ fn nginx(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("nginx-{hosts:?}"), true, true);
     let port = ports(1);
     let root = p.dir.join("html");
@@ -419,6 +426,7 @@ fn postgres(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("pgbench-{hosts:?}"), true, true);
     let pg = |name: &str| bin.join(name).display().to_string();
     // PostgreSQL refuses to run as root: nobody owns the data directory and runs the server,
@@ -497,6 +505,7 @@ fn haproxy(hosts: Hosts) {
         return;
     }
     let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, &format!("haproxy-{hosts:?}"), true, true);
     let both = p.server.netns.is_some();
     let mut backend = p.client.clone();
@@ -705,6 +714,7 @@ fn conformance(hosts: Hosts) {
     let mut outputs = Vec::new();
     for carried in [false, true] {
         let Some(tb) = Testbed::of(hosts) else { return };
+        let _one_at_a_time = one_at_a_time();
         let p = Pair::new(tb, &format!("conform-{hosts:?}-{carried}"), carried, carried);
         let bin = p.dir.join("conform");
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/conform.c");

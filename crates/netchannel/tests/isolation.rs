@@ -55,8 +55,14 @@ impl Stall {
         }
         // Structural check: the stalled bytes sit in the peer's receive buffer, not in any
         // channel queue, so the channels are free for everybody else.
-        let queued: u64 = a.stats().channels.iter().map(|c| c.channel.queued_bytes).sum();
-        assert_eq!(queued, 0, "a stalled socket must not occupy channel queues");
+        // (A writer counts its bytes out of the queue after its write returns, which may be
+        // after the peer read them: the queues must drain, within a bound.)
+        let queued = || -> u64 { a.stats().channels.iter().map(|c| c.channel.queued_bytes).sum() };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while queued() != 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(queued(), 0, "a stalled socket must not occupy channel queues");
         Stall { peer: Some(peer), sender: Some(sender) }
     }
 }

@@ -222,10 +222,18 @@ fn latency_class_never_touches_throughput_channels(hosts: Hosts) {
     let _bulk = t.join().unwrap();
     assert_eq!(r1.join().unwrap(), BULK);
     assert_eq!(r2.join().unwrap(), LAT);
-    let stats = a.stats();
+    // A writer counts its bytes after its write returns, which may be after the peer read them:
+    // read the counters once the writers are done counting (bounded).
     let sum = |class| -> u64 {
+        let stats = a.stats();
         stats.channels.iter().filter(|c| c.channel.class == class).map(|c| c.channel.tx_bytes).sum()
     };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while (sum(Class::Latency) < LAT || sum(Class::Throughput) < BULK)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let (on_lat, on_bulk) = (sum(Class::Latency), sum(Class::Throughput));
     assert!((LAT..LAT + LAT / 8).contains(&on_lat), "latency channel carried {on_lat}");
     assert!((BULK..BULK + LAT / 8).contains(&on_bulk), "throughput channels carried {on_bulk}");

@@ -104,7 +104,8 @@ enum Cmd {
         inputs: Vec<String>,
     },
     /// Unmodified programs' own benchmark clients (redis-benchmark, memcslap, iperf3,
-    /// sockperf) between the namespaces, over kernel TCP and under `netchannel run`.
+    /// sockperf, wrk against nginx, pgbench) between the namespaces, over kernel TCP and under
+    /// `netchannel run`.
     Programs {
         /// Which programs (default: all).
         #[arg(long, value_enum, value_delimiter = ',')]
@@ -117,6 +118,9 @@ enum Cmd {
         /// The `netchannel` launcher (default: beside ncperf).
         #[arg(long)]
         netchannel: Option<PathBuf>,
+        /// `netchannel run --path`: direct, or relay (the older path, for comparison).
+        #[arg(long, default_value = "direct", value_parser = ["direct", "relay"])]
+        path: String,
         /// Also write every run and the summary as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -327,12 +331,13 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 eprintln!("wrote {}", out.display());
             }
         }
-        Cmd::Programs { only, repetitions, scale, netchannel, json } => {
+        Cmd::Programs { only, repetitions, scale, netchannel, path, json } => {
             let opts = programs::Options {
                 programs: if only.is_empty() { programs::Program::ALL.to_vec() } else { only },
                 repetitions: repetitions.max(1),
                 scale,
                 netchannel: netchannel.unwrap_or_else(programs::default_netchannel),
+                path,
             };
             let report = programs::run(&opts)?;
             programs::print(&report);

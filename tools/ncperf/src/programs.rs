@@ -1,6 +1,8 @@
 //! `ncperf programs`: unmodified programs' own benchmark clients (redis-benchmark, memcslap,
-//! iperf3, sockperf) between the testbed's namespaces, each over plain kernel TCP and with both
-//! ends under `netchannel run`, interleaved; medians and netchannel/linux ratios.
+//! iperf3, sockperf, wrk against nginx, pgbench against PostgreSQL) between the testbed's
+//! namespaces, each over plain kernel TCP and with both ends under `netchannel run`,
+//! interleaved; medians and netchannel/linux ratios, and which data path (direct or relayed)
+//! each side's connections took, from the `--stats-file` lines.
 //!
 //! A netchannel run whose client carried no virtual socket (its `--stats-file` says so) is an
 //! error, not a figure: a silent fallback to kernel TCP would otherwise read as a ratio near 1.
@@ -27,15 +29,21 @@ pub enum Program {
     Iperf3,
     /// sockperf ping-pong, 64-byte messages.
     Sockperf,
+    /// nginx (master and 2 forked workers) serving a 4 KiB file to wrk -t 2 -c 16.
+    Nginx,
+    /// PostgreSQL (a forked backend per connection) under pgbench -c 8 -j 2, TPC-B-like.
+    Pgbench,
 }
 
 impl Program {
-    pub const ALL: [Program; 5] = [
+    pub const ALL: [Program; 7] = [
         Program::Redis16,
         Program::Redis4k,
         Program::Memcached,
         Program::Iperf3,
         Program::Sockperf,
+        Program::Nginx,
+        Program::Pgbench,
     ];
 
     /// Where its server listens (inside ncperf-b): a port of its own, since some servers
@@ -51,6 +59,8 @@ impl Program {
             Program::Memcached => "memcached",
             Program::Iperf3 => "iperf3",
             Program::Sockperf => "sockperf",
+            Program::Nginx => "nginx",
+            Program::Pgbench => "pgbench",
         }
     }
 }
@@ -72,6 +82,11 @@ pub struct Run {
     pub figures: Vec<Figure>,
     /// The client's `netchannel run --stats-file` line (netchannel runs).
     pub client_stats: Option<String>,
+    /// The server's, one line per process (forked workers write their own).
+    pub server_stats: Option<String>,
+    /// Connections each side served on the direct path and through a relay, summed over its
+    /// processes: `[client direct, client relayed, server direct, server relayed]`.
+    pub paths: Option<[u64; 4]>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -87,10 +102,14 @@ pub struct Summary {
     /// The command each side ran (without `ip netns exec` and `netchannel run`).
     pub server_command: String,
     pub client_command: String,
+    /// Which data path the netchannel runs' connections took (the first repetition's).
+    pub paths: Option<[u64; 4]>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// `netchannel run --path`.
+    pub path: String,
     pub repetitions: usize,
     pub scale: f64,
     pub summaries: Vec<Summary>,
@@ -103,6 +122,8 @@ pub struct Options {
     /// Multiplies request counts and durations (0.1 for a smoke run).
     pub scale: f64,
     pub netchannel: PathBuf,
+    /// `netchannel run --path`: direct (default) or relay.
+    pub path: String,
 }
 
 /// `netchannel` beside this executable (cargo builds both into the same target directory).
@@ -111,9 +132,13 @@ pub fn default_netchannel() -> PathBuf {
     exe.with_file_name("netchannel")
 }
 
-fn server_argv(p: Program) -> Vec<String> {
+fn server_argv(p: Program, dir: &Path) -> Vec<String> {
     let host = testbed::addr_b().to_string();
     let port = p.port().to_string();
+    let conf = dir.join("nginx.conf").display().to_string();
+    let prefix = dir.display().to_string();
+    let data = dir.join("pgdata").display().to_string();
+    let postgres = postgres_bin().join("postgres").display().to_string();
     let v: Vec<&str> = match p {
         Program::Redis16 | Program::Redis4k => vec![
             "redis-server",
@@ -135,8 +160,97 @@ fn server_argv(p: Program) -> Vec<String> {
         }
         Program::Iperf3 => vec!["iperf3", "-s", "-p", &port, "-B", &host],
         Program::Sockperf => vec!["sockperf", "server", "--tcp", "-i", &host, "-p", &port],
+        Program::Nginx => vec!["nginx", "-c", &conf, "-p", &prefix],
+        Program::Pgbench => vec![
+            "runuser",
+            "-u",
+            "nobody",
+            "--",
+            &postgres,
+            "-D",
+            &data,
+            "-k",
+            &data,
+            "-h",
+            &host,
+            "-p",
+            &port,
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+        ],
     };
     v.into_iter().map(String::from).collect()
+}
+
+/// PostgreSQL's programs: Debian keeps them in /usr/lib/postgresql/VERSION/bin (the newest).
+fn postgres_bin() -> PathBuf {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| bin.join("pgbench").exists())
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/bin"))
+}
+
+/// What a server needs before it starts, made once per `ncperf programs` run in `dir`.
+fn prepare(p: Program, dir: &Path) -> Result<(), String> {
+    let run = |c: &mut Command| -> Result<(), String> {
+        let out = c.output().map_err(|e| format!("{c:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{c:?}: {}", String::from_utf8_lossy(&out.stderr)))
+        }
+    };
+    match p {
+        Program::Nginx => {
+            let html = dir.join("html");
+            std::fs::create_dir_all(&html).map_err(|e| e.to_string())?;
+            std::fs::write(html.join("f.txt"), vec![b'x'; 4096]).map_err(|e| e.to_string())?;
+            let d = dir.display();
+            let conf = format!(
+                "daemon off; master_process on; worker_processes 2; pid {d}/nginx.pid;\n\
+                 error_log {d}/error.log; events {{ worker_connections 1024; }}\n\
+                 http {{ access_log off; client_body_temp_path {d}; proxy_temp_path {d};\n\
+                 fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};\n\
+                 server {{ listen {a}:{port}; root {h}; }} }}\n",
+                a = testbed::addr_b(),
+                port = p.port(),
+                h = html.display()
+            );
+            std::fs::write(dir.join("nginx.conf"), conf).map_err(|e| e.to_string())
+        }
+        Program::Pgbench => {
+            // PostgreSQL refuses to run as root: nobody owns the data directory.
+            let data = dir.join("pgdata");
+            if data.exists() {
+                return Ok(());
+            }
+            std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+            run(Command::new("chown").arg("nobody:").arg(dir).arg(&data))?;
+            run(Command::new("runuser")
+                .args(["-u", "nobody", "--"])
+                .arg(postgres_bin().join("initdb"))
+                .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
+                .arg(&data))?;
+            let mut hba = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))
+                .map_err(|e| e.to_string())?;
+            std::io::Write::write_all(&mut hba, b"host all all 0.0.0.0/0 trust\n")
+                .map_err(|e| e.to_string())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The client invocations of one measurement (memcached: a set run, then a get run).
@@ -169,6 +283,20 @@ fn client_argvs(p: Program, scale: f64) -> Vec<Vec<String>> {
         }
         Program::Iperf3 => {
             vec![to_strings(vec!["iperf3", "-c", &host, "-p", &port, "-P", "8", "-t", &secs, "-J"])]
+        }
+        Program::Nginx => {
+            let url = format!("http://{host}:{port}/f.txt");
+            vec![to_strings(vec!["wrk", "-t", "2", "-c", "16", "-d", &secs, &url])]
+        }
+        Program::Pgbench => {
+            let pgbench = postgres_bin().join("pgbench").display().to_string();
+            let conn = ["-h", &host, "-p", &port, "-U", "postgres"];
+            let init = [&pgbench as &str].into_iter().chain(conn).chain(["-i", "-q", "postgres"]);
+            let bench = [&pgbench as &str]
+                .into_iter()
+                .chain(conn)
+                .chain(["-c", "8", "-j", "2", "-T", &secs, "postgres"]);
+            vec![to_strings(init.collect()), to_strings(bench.collect())]
         }
         Program::Sockperf => vec![to_strings(vec![
             "sockperf",
@@ -230,6 +358,31 @@ fn parse(p: Program, invocation: usize, out: &str) -> Result<Vec<Figure>, String
                 .and_then(|v| v["end"]["sum_received"]["bits_per_second"].as_f64());
             vec![fig("-P 8 goodput", "Gbit/s", true, v.map(|b| b / 1e9))?]
         }
+        Program::Nginx => {
+            // wrk counts failed reads, writes and connects as socket errors: not a figure.
+            if let Some(line) = out.lines().find(|l| l.contains("Socket errors")) {
+                return Err(format!("nginx: wrk saw errors ({}):\n{out}", line.trim()));
+            }
+            if out.contains("Non-2xx") {
+                return Err(format!("nginx: wrk got error responses:\n{out}"));
+            }
+            let rps = out
+                .lines()
+                .find_map(|l| l.strip_prefix("Requests/sec:"))
+                .and_then(|v| v.trim().parse().ok());
+            vec![fig("4 KiB GET", "requests/s", true, rps)?]
+        }
+        Program::Pgbench if invocation == 0 => Vec::new(), // pgbench -i: the tables
+        Program::Pgbench => {
+            if !out.contains("number of failed transactions: 0 ") {
+                return Err(format!("pgbench: failed transactions:\n{out}"));
+            }
+            let tps = out
+                .lines()
+                .find_map(|l| l.strip_prefix("tps = "))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok());
+            vec![fig("TPC-B-like", "transactions/s", true, tps)?]
+        }
         Program::Sockperf => vec![
             fig("ping-pong p50", "us", false, sockperf_percentile(out, "50.000"))?,
             fig("ping-pong p99", "us", false, sockperf_percentile(out, "99.000"))?,
@@ -240,6 +393,7 @@ fn parse(p: Program, invocation: usize, out: &str) -> Result<Vec<Figure>, String
 struct Side<'a> {
     netns: &'static str,
     carried: Option<(&'a Path, PathBuf)>,
+    path: &'a str,
 }
 
 impl Side<'_> {
@@ -247,7 +401,8 @@ impl Side<'_> {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", self.netns]);
         if let Some((netchannel, stats)) = &self.carried {
-            c.arg(netchannel).arg("run").arg("--stats-file").arg(stats).arg("--");
+            c.arg(netchannel).arg("run").arg("--path").arg(self.path);
+            c.arg("--stats-file").arg(stats).arg("--");
         }
         c.args(argv);
         c
@@ -304,10 +459,21 @@ fn measure(
         let _ = std::fs::remove_file(f);
     }
     let nc = opts.netchannel.as_path();
-    let server_side = Side { netns: NS_B, carried: carried.then_some((nc, server_stats)) };
-    let client_side = Side { netns: NS_A, carried: carried.then(|| (nc, client_stats.clone())) };
+    let path = opts.path.as_str();
+    let server_side =
+        Side { netns: NS_B, carried: carried.then(|| (nc, server_stats.clone())), path };
+    let client_side =
+        Side { netns: NS_A, carried: carried.then(|| (nc, client_stats.clone())), path };
+    if carried {
+        // PostgreSQL's processes run as nobody and append to it.
+        std::fs::write(&server_stats, "").map_err(|e| e.to_string())?;
+        let _ = std::fs::set_permissions(
+            &server_stats,
+            std::os::unix::fs::PermissionsExt::from_mode(0o666),
+        );
+    }
     let server = server_side
-        .command(&server_argv(p))
+        .command(&server_argv(p, dir))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -330,6 +496,8 @@ fn measure(
         figures.extend(parse(p, i, &text)?);
     }
     drop(server);
+    let server_stats = carried
+        .then(|| std::fs::read_to_string(&server_stats).unwrap_or_default().trim().to_string());
     let client_stats = if carried {
         let line = std::fs::read_to_string(&client_stats).unwrap_or_default();
         let carried_sockets: u64 = line
@@ -347,13 +515,34 @@ fn measure(
     } else {
         None
     };
+    let paths = match (&client_stats, &server_stats) {
+        (Some(c), Some(s)) => {
+            let (cd, cr) = (stat_sum(c, "direct"), stat_sum(c, "relayed"));
+            Some([cd, cr, stat_sum(s, "direct"), stat_sum(s, "relayed")])
+        }
+        _ => None,
+    };
     Ok(Run {
         program: p,
         stack: if carried { "netchannel" } else { "linux" },
         repetition,
         figures,
         client_stats,
+        server_stats,
+        paths,
     })
+}
+
+/// Sums the number after `", <field> "` over every stats line in `text` ("direct 3",
+/// "relayed 0 (...)").
+fn stat_sum(text: &str, field: &str) -> u64 {
+    let key = format!(", {field} ");
+    text.lines()
+        .filter_map(|l| {
+            let n = l.split(&key).nth(1)?.split_whitespace().next()?;
+            n.trim_end_matches(',').parse::<u64>().ok()
+        })
+        .sum()
 }
 
 pub fn run(opts: &Options) -> Result<Report, String> {
@@ -368,6 +557,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut runs = Vec::new();
     for &p in &opts.programs {
+        prepare(p, &dir)?;
         for rep in 0..opts.repetitions {
             // Alternate which stack goes first, so drift in the machine's state hits both.
             let order = if rep % 2 == 0 { [false, true] } else { [true, false] };
@@ -406,22 +596,33 @@ pub fn run(opts: &Options) -> Result<Report, String> {
                 linux,
                 netchannel,
                 ratio: netchannel / linux,
-                server_command: server_argv(p).join(" "),
+                server_command: server_argv(p, Path::new("DIR")).join(" "),
                 client_command: clients.join("; "),
+                paths: first_paths(&runs, p),
             });
         }
     }
-    Ok(Report { repetitions: opts.repetitions, scale: opts.scale, summaries, runs })
+    Ok(Report {
+        path: opts.path.clone(),
+        repetitions: opts.repetitions,
+        scale: opts.scale,
+        summaries,
+        runs,
+    })
+}
+
+fn first_paths(runs: &[Run], p: Program) -> Option<[u64; 4]> {
+    runs.iter().find(|r| r.program == p && r.paths.is_some()).and_then(|r| r.paths)
 }
 
 pub fn print(r: &Report) {
     println!(
-        "{:<10} {:<14} {:>12} {:>12} {:>7}  unit ({} repetitions, medians)",
-        "program", "metric", "linux", "netchannel", "nc/lx", r.repetitions
+        "{:<10} {:<16} {:>12} {:>12} {:>7}  unit ({} repetitions, medians; netchannel run --path {})",
+        "program", "metric", "linux", "netchannel", "nc/lx", r.repetitions, r.path
     );
     for s in &r.summaries {
         println!(
-            "{:<10} {:<14} {:>12.2} {:>12.2} {:>6.2}x  {}{}",
+            "{:<10} {:<16} {:>12.2} {:>12.2} {:>6.2}x  {}{}",
             s.program.name(),
             s.metric,
             s.linux,
@@ -430,6 +631,17 @@ pub fn print(r: &Report) {
             s.unit,
             if s.higher_is_better { "" } else { " (lower is better)" }
         );
+    }
+    println!("connections by data path (first netchannel repetition, all processes of a side):");
+    let mut seen = Vec::new();
+    for s in &r.summaries {
+        if let (Some([cd, cr, sd, sr]), false) = (s.paths, seen.contains(&s.program)) {
+            seen.push(s.program);
+            println!(
+                "  {:<10} client: direct {cd}, relayed {cr}; server: direct {sd}, relayed {sr}",
+                s.program.name()
+            );
+        }
     }
 }
 
@@ -452,5 +664,21 @@ mod tests {
         assert_eq!((f[0].value, f[1].value), (12.5, 31.25));
         assert!(!f[0].higher_is_better);
         assert!(parse(Program::Redis4k, 0, "ERROR: connection refused").is_err());
+        let wrk = "Requests/sec:   1234.50\n";
+        assert_eq!(parse(Program::Nginx, 0, wrk).unwrap()[0].value, 1234.5);
+        let errors = "  Socket errors: connect 0, read 1, write 0, timeout 0\nRequests/sec: 9\n";
+        assert!(parse(Program::Nginx, 0, errors).is_err());
+        let pg = "number of failed transactions: 0 (0.000%)\ntps = 850.5 (without initial connection time)\n";
+        assert_eq!(parse(Program::Pgbench, 1, pg).unwrap()[0].value, 850.5);
+        assert!(parse(Program::Pgbench, 0, "").unwrap().is_empty());
+    }
+
+    #[test]
+    fn sums_paths_over_processes() {
+        let line = |d: u64, r: u64| {
+            format!("netchannel: pid 1 virtual sockets 3 (connect 3, accept 0), direct {d}, relayed {r} (accepted by another process 0, inherited 0, by choice 0), kernel tcp 0\n")
+        };
+        let text = line(28, 0) + &line(2, 5);
+        assert_eq!((stat_sum(&text, "direct"), stat_sum(&text, "relayed")), (30, 5));
     }
 }

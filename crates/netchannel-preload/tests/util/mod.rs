@@ -224,6 +224,17 @@ impl Pair {
     }
 }
 
+/// Runs the program tests one at a time. Each starts several multi-process programs and their
+/// engines; several at once on a 2-core machine overload it far beyond what the programs' own
+/// benchmarks do, and under that overload rare failures of the direct path were seen that do
+/// not show one test at a time: wrk counting a read or connect error against nginx, and once a
+/// conform fork-server echo that never came (an open bug, written down in docs/ARCHITECTURE.md,
+/// "Limits"). Serialising keeps CI about the behaviour each test names.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Sums one `--stats` field ("virtual sockets", "kernel tcp", "no engine at peer",
 /// "bytes out", ...) over all processes that wrote to `path`.
 pub fn stat(path: &Path, field: &str) -> u64 {
