@@ -1615,27 +1615,40 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
 // close, dup2, dup3, close_range.
 
 /// What closing the number `fd` means for the library (after the real close).
-fn closed(fd: c_int, k: u8) {
-    if k & CARRIED != 0 {
-        if let Some(c) = table::unmap_carried(fd) {
-            if c.owner == process::pid() && table::fds_of(&c).is_empty() {
-                c.last_fd_closed();
-            }
-        }
-    }
+/// What `close` took out of the tables for `fd`, finished after the real close.
+struct Forgotten {
+    carried: Option<Arc<Carried>>,
+    listener: Option<Arc<crate::listen::ListenEntry>>,
+}
+
+/// Takes `fd` out of the tables before the real close: once the number is free, another
+/// thread may get it for a new socket at once (and must not find it ours: its `connect`
+/// would fail with EISCONN).
+fn forget(fd: c_int, k: u8) -> Forgotten {
+    let carried = if k & CARRIED != 0 { table::unmap_carried(fd) } else { None };
     if k & REMOTE != 0 {
         table::unmap_remote(fd);
     }
-    if k & LISTENING != 0 {
-        if let Some(l) = table::unmap_listener(fd) {
-            l.close();
-        }
-    }
+    let listener = if k & LISTENING != 0 { table::unmap_listener(fd) } else { None };
     if k & EPOLL != 0 {
         table::unmap_epoll(fd);
     }
     if k & RELAYED != 0 {
         crate::relay::forget_relayed(fd);
+    }
+    Forgotten { carried, listener }
+}
+
+/// After the real close: a connection whose last copy in this process is gone ends (or waits
+/// for copies elsewhere), a listener stops.
+fn closed(f: Forgotten) {
+    if let Some(c) = f.carried {
+        if c.owner == process::pid() && table::fds_of(&c).is_empty() {
+            c.last_fd_closed();
+        }
+    }
+    if let Some(l) = f.listener {
+        l.close();
     }
 }
 
@@ -1644,11 +1657,12 @@ fn closed(fd: c_int, k: u8) {
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let k = table::kind(fd);
+    let forgotten = if k != 0 { caught(|| forget(fd, k)) } else { None };
     // SAFETY: forwarding the caller's argument.
     let rc = unsafe { real!(close)(fd) };
-    if k != 0 {
+    if let Some(f) = forgotten {
         let e = errno();
-        let _ = caught(|| closed(fd, k));
+        let _ = caught(|| closed(f));
         set_errno(e);
     }
     rc
@@ -1660,7 +1674,7 @@ fn dup_common(old: c_int, new: c_int, rc: c_int) -> c_int {
         let _ = caught(|| {
             let k = table::kind(new);
             if k != 0 {
-                closed(new, k);
+                closed(forget(new, k));
             }
             if table::kind(old) != 0 {
                 table::dup_into(old, new);
@@ -1721,12 +1735,13 @@ pub unsafe extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_i
     } else {
         Vec::new()
     };
+    // Out of the tables before the numbers are free (see `forget`).
+    let forgotten: Vec<Forgotten> =
+        ours.into_iter().filter_map(|(fd, k)| caught(|| forget(fd, k))).collect();
     // SAFETY: forwarding the caller's arguments.
     let rc = unsafe { real!(close_range)(first, last, flags) };
-    if rc == 0 {
-        for (fd, k) in ours {
-            let _ = caught(|| closed(fd, k));
-        }
+    for f in forgotten {
+        let _ = caught(|| closed(f));
     }
     rc
 }

@@ -186,8 +186,6 @@ pub struct Channel {
     /// short read no longer means nothing more will come: end of stream may follow the data
     /// in the same edge).
     pub hung_up: AtomicBool,
-    /// A deferred payload's reader found the socket drained (`note_reader_drained`).
-    reader_drained: AtomicBool,
     open: AtomicBool,
     /// The worker thread that serves this channel when no application thread does.
     pub worker: usize,
@@ -219,7 +217,6 @@ impl Channel {
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
-            reader_drained: AtomicBool::new(false),
             open: AtomicBool::new(true),
             _hold: hold,
             worker,
@@ -265,16 +262,6 @@ impl Channel {
         let n = sys::read_into(self.transport.fd(), buf)?;
         self.counters.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
-    }
-
-    /// A deferred payload's reader drained the socket (a short or empty direct read).
-    pub fn note_reader_drained(&self) {
-        self.reader_drained.store(true, Ordering::Release);
-    }
-
-    /// Whether the payload's reader drained the socket since the last call.
-    pub fn take_reader_drained(&self) -> bool {
-        self.reader_drained.swap(false, Ordering::AcqRel)
     }
 
     /// The socket holds bytes to read now, or its end (a deferred payload's reader finds

@@ -263,11 +263,12 @@ impl SessionRt {
         let grace = self.ctx.config.defer_grace;
         for _ in 0..RX_READS_PER_RUN {
             if st.reader.is_deferred() {
-                // The payload's reader just drained the socket: nothing more for it until the
-                // next edge. Otherwise bytes are assumed (an edge brought us here, or its last
-                // read filled its buffer); `VSocket::readiness` asks the kernel where a program
-                // must not be told "readable" wrongly.
-                let waiting = !ch.take_reader_drained();
+                // Bytes are assumed for the payload's reader (an edge brought us here, or it
+                // just read): it finds out by reading, and blocks if there are none. A program
+                // that must not be told "readable" wrongly gets `VSocket::readiness`, which asks
+                // the kernel. (Deciding it here from the reader's short reads stalled a
+                // transfer whose channel was killed: a wake-up was lost.)
+                let waiting = true;
                 let mut core = self.core();
                 let now = Instant::now();
                 if !core.reader_may_read(ch.meta.index, &mut st.reader, now, grace, waiting) {

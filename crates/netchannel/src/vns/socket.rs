@@ -197,7 +197,7 @@ impl VSocket {
         };
         session.timers_changed();
         let sock = VSocket::wrap(session, id, class);
-        if waiter::send_now(&sock.session, 0) {
+        if waiter::send_now(&sock.session, sock.id.0, 0, false) {
             sock.session.transmit(class);
         }
         if wait {
@@ -436,7 +436,7 @@ impl VSocket {
         if congested {
             s.ctx.grow(s);
         }
-        if waiter::send_now(s, n) {
+        if waiter::send_now(s, self.id.0, n, self.observed.load(Ordering::Relaxed)) {
             let _demoted = s.ctx.demote_for(class);
             s.transmit(class);
         } else {
@@ -558,14 +558,10 @@ impl VSocket {
                 None
             }
             Ok(n) => {
-                if n < len {
-                    ch.note_reader_drained();
-                }
                 let ours = s.with_core(|core| core.handle(self.id).deferred_read(index, n as u64));
                 ours.then_some(n)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                ch.note_reader_drained();
                 s.core().handle(self.id).deferred_empty();
                 None
             }
