@@ -210,7 +210,7 @@ impl Raw {
         }
         let mut out = Vec::new();
         while let Ok(Decoded::Frame(f, n)) = wire::decode(&self.buf) {
-            out.push(owned(f));
+            out.push(f.into_owned_control());
             self.buf.drain(..n);
         }
         Ok(out)
@@ -229,20 +229,6 @@ impl Raw {
             }
         }
         panic!("no SYN_ACK for stream {src}");
-    }
-}
-
-fn owned(f: Frame<'_>) -> Frame<'static> {
-    match f {
-        Frame::Data { stream, offset, .. } => Frame::Data { stream, offset, payload: &[] },
-        Frame::Syn { src, port, class, window } => Frame::Syn { src, port, class, window },
-        Frame::SynAck { dst, src, window } => Frame::SynAck { dst, src, window },
-        Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
-        Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
-        Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
-        Frame::Ack { channel, incarnation, position } => {
-            Frame::Ack { channel, incarnation, position }
-        }
     }
 }
 

@@ -263,15 +263,8 @@ impl SessionRt {
         let grace = self.ctx.config.defer_grace;
         for _ in 0..RX_READS_PER_RUN {
             if st.reader.is_deferred() {
-                // Bytes are assumed for the payload's reader (an edge brought us here, or it
-                // just read): it finds out by reading, and blocks if there are none. A program
-                // that must not be told "readable" wrongly gets `VSocket::readiness`, which asks
-                // the kernel. (Deciding it here from the reader's short reads stalled a
-                // transfer whose channel was killed: a wake-up was lost.)
-                let waiting = true;
                 let mut core = self.core();
-                let now = Instant::now();
-                if !core.reader_may_read(ch.meta.index, &mut st.reader, now, grace, waiting) {
+                if !core.reader_may_read(ch.meta.index, &mut st.reader, Instant::now(), grace) {
                     // Its reader reads the payload (woken now: bytes may have arrived for it);
                     // the tick takes it over if the reader does not come within the grace.
                     drop(core);

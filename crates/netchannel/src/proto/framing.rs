@@ -253,7 +253,7 @@ impl<B: Buffers> FrameReader<B> {
                     out.push(Parsed::Data { stream, offset, payload: whole });
                 }
                 Decoded::Frame(f, n) => {
-                    let owned = owned_control(f);
+                    let owned = f.into_owned_control();
                     self.buf.advance(n);
                     out.push(Parsed::Control(owned));
                 }
@@ -308,21 +308,6 @@ impl<B: Buffers> FrameReader<B> {
         self.deferred = false;
         if remaining > 0 {
             self.payload = Some(Payload { mode: Mode::Deferred { keep }, offset: 0, remaining });
-        }
-    }
-}
-
-/// Converts a borrowed control frame into an owned one.
-pub fn owned_control(frame: Frame<'_>) -> Frame<'static> {
-    match frame {
-        Frame::Data { stream, offset, .. } => Frame::Data { stream, offset, payload: &[] },
-        Frame::Syn { src, port, class, window } => Frame::Syn { src, port, class, window },
-        Frame::SynAck { dst, src, window } => Frame::SynAck { dst, src, window },
-        Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
-        Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
-        Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
-        Frame::Ack { channel, incarnation, position } => {
-            Frame::Ack { channel, incarnation, position }
         }
     }
 }

@@ -156,8 +156,7 @@ impl Pair {
         let ch = l.index;
         let dir = &mut l.dirs[1 - side];
         let session = &mut self.sides[side];
-        let waiting = !dir.pipe.is_empty();
-        if !session.reader_may_read(ch, &mut dir.reader, self.now, self.grace, waiting) {
+        if !session.reader_may_read(ch, &mut dir.reader, self.now, self.grace) {
             return;
         }
         let want = dir.reader.want();

@@ -743,54 +743,64 @@ impl VSocket {
 
     /// Its readiness, all of it read under one lock.
     pub fn readiness(&self) -> Readiness {
-        let mut r = self.readiness_locked();
-        if r.readable && r.unread == 1 {
-            // What comes next may be a payload still in its channel's socket, readable "once
-            // bytes came for it" by the engine's last look. Asked now: a program told
-            // readable must find bytes (one that finds none counts an error, as wrk does).
-            // If none are there yet, their arrival makes the stream readable again.
-            let front = self.session.core().stream(self.id).and_then(|s| s.rx.front_deferred());
-            if let Some((index, _)) = front {
-                if self.session.channel(index).is_some_and(|ch| !ch.bytes_waiting()) {
-                    r.readable = false;
-                    r.unread = 0;
-                }
+        let (mut r, deferred_front) = self.readiness_locked();
+        if let Some(index) = deferred_front {
+            // What comes next is a payload still in its channel's socket, readable "once bytes
+            // came for it" by the engine's last look. Asked now: a program told readable must
+            // find bytes (one that finds none counts an error, as wrk does). If none are there
+            // yet, their arrival makes the stream readable again.
+            if self.session.channel(index).is_some_and(|ch| !ch.bytes_waiting()) {
+                r.readable = false;
+                r.unread = 0;
             }
         }
         r
     }
 
-    fn readiness_locked(&self) -> Readiness {
+    /// The readiness under the core's lock, and the channel of the payload it counts as
+    /// readable when that payload is still in its channel's socket (nothing else is before it).
+    fn readiness_locked(&self) -> (Readiness, Option<ChannelId>) {
         let mut core = self.session.core();
         let (readable, writable) =
             (core.handle(self.id).readable(), core.handle(self.id).writable());
         match core.stream(self.id) {
-            Some(s) => Readiness {
-                readable,
-                writable,
-                connected: s.phase == Phase::Open,
-                peer_finished: s.fin_in_order(),
-                write_closed: s.write_closed(),
-                read_closed: s.read_closed(),
-                error: s.reset.map(|c| reset_error(c).kind()),
-                // A payload still in a channel's socket counts as one byte: a read returns at
-                // least that much, and no more is known without asking the kernel.
-                unread: match s.readable_bytes() {
-                    _ if !readable => 0,
-                    0 if s.rx.front_deferred().is_some() => 1,
-                    n => n,
+            Some(s) => {
+                let in_memory = s.readable_bytes();
+                let deferred_front = match s.rx.front_deferred() {
+                    Some((index, _)) if readable && in_memory == 0 => Some(index),
+                    _ => None,
+                };
+                let r = Readiness {
+                    readable,
+                    writable,
+                    connected: s.phase == Phase::Open,
+                    peer_finished: s.fin_in_order(),
+                    write_closed: s.write_closed(),
+                    read_closed: s.read_closed(),
+                    error: s.reset.map(|c| reset_error(c).kind()),
+                    // A payload still in a channel's socket counts as one byte: a read returns
+                    // at least that much, and no more is known without asking the kernel.
+                    unread: match in_memory {
+                        _ if !readable => 0,
+                        0 if deferred_front.is_some() => 1,
+                        n => n,
+                    },
+                };
+                (r, deferred_front)
+            }
+            None => (
+                Readiness {
+                    readable: true,
+                    writable: true,
+                    connected: false,
+                    peer_finished: true,
+                    write_closed: true,
+                    read_closed: true,
+                    error: Some(io::ErrorKind::NotConnected),
+                    unread: 0,
                 },
-            },
-            None => Readiness {
-                readable: true,
-                writable: true,
-                connected: false,
-                peer_finished: true,
-                write_closed: true,
-                read_closed: true,
-                error: Some(io::ErrorKind::NotConnected),
-                unread: 0,
-            },
+                None,
+            ),
         }
     }
 

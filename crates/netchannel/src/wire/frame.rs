@@ -170,6 +170,22 @@ pub enum Decoded<'a> {
 }
 
 impl Frame<'_> {
+    /// The frame without its borrow: a DATA frame keeps its header and drops its payload (for
+    /// control frames, which carry none, and for logging what was read).
+    pub fn into_owned_control(self) -> Frame<'static> {
+        match self {
+            Frame::Data { stream, offset, .. } => Frame::Data { stream, offset, payload: &[] },
+            Frame::Syn { src, port, class, window } => Frame::Syn { src, port, class, window },
+            Frame::SynAck { dst, src, window } => Frame::SynAck { dst, src, window },
+            Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
+            Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
+            Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
+            Frame::Ack { channel, incarnation, position } => {
+                Frame::Ack { channel, incarnation, position }
+            }
+        }
+    }
+
     /// Bytes this frame occupies on the wire, payload included.
     pub fn wire_len(&self) -> usize {
         match self {

@@ -137,15 +137,13 @@ impl<U: Default> Session<U> {
     /// Whether channel `ch`'s reader may read now. While a payload is deferred in the socket
     /// for its stream's reader, the channel waits (false) for at most `grace`; then, or when
     /// the stream no longer wants it, the reader takes the rest over itself (staged, or
-    /// dropped) and goes on. `bytes_waiting`: the channel's socket holds bytes now (its
-    /// payload's reader finds some), which makes the stream readable, or not.
+    /// dropped) and goes on.
     pub fn reader_may_read<B: Buffers>(
         &mut self,
         ch: ChannelId,
         reader: &mut FrameReader<B>,
         now: Instant,
         grace: Duration,
-        bytes_waiting: bool,
     ) -> bool {
         if !reader.is_deferred() {
             return true;
@@ -156,13 +154,8 @@ impl<U: Default> Session<U> {
         };
         let wanted = self.deferred_wanted(ch);
         if wanted && !d.taken && now.saturating_duration_since(d.since) < grace {
-            // Its reader reads it: readable exactly when there is something to read (a reader
-            // told "readable" must find bytes; the next arrival comes through here again).
-            if bytes_waiting {
-                self.channel_readable(ch);
-            } else {
-                self.deferred_empty(d.stream);
-            }
+            // Its reader reads it; bytes may have arrived for it.
+            self.channel_readable(ch);
             return false;
         }
         if let Some(d) = self.take_over_deferred(ch) {
