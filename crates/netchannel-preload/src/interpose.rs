@@ -1784,15 +1784,35 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 /// C ABI.
 #[no_mangle]
 pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
-    // SAFETY: forwarding the caller's arguments unchanged.
-    let rc = unsafe { real!(listen)(fd, backlog) };
     if is_inside() {
         bump(&COUNTERS.reentered);
-        return rc;
+        // SAFETY: forwarding the caller's arguments unchanged.
+        return unsafe { real!(listen)(fd, backlog) };
     }
-    if rc == 0 && table::kind(fd) & LISTENING == 0 {
+    // A bound socket's engine listener comes first: whoever sees the kernel listener finds
+    // the engine's too.
+    let fresh = table::kind(fd) & LISTENING == 0;
+    let bound = fresh
+        && caught(|| with_fd(fd, |app| connect::local_of(app).is_some_and(|a| a.port() != 0)))
+            == Some(true);
+    let prepared = if bound {
+        caught(|| with_fd(fd, |app| listen::prepare_engine_listener(fd, app))).flatten()
+    } else {
+        None
+    };
+    // SAFETY: forwarding the caller's arguments unchanged.
+    let rc = unsafe { real!(listen)(fd, backlog) };
+    if rc == 0 && fresh {
         let saved = errno();
-        let _ = caught(|| with_fd(fd, |app| listen::add_engine_listener(fd, app)));
+        match prepared {
+            Some(p) => {
+                let _ = caught(|| listen::start_engine_listener(fd, p));
+            }
+            None if !bound => {
+                let _ = caught(|| with_fd(fd, |app| listen::add_engine_listener(fd, app)));
+            }
+            None => {}
+        }
         set_errno(saved);
     }
     rc

@@ -79,29 +79,43 @@ impl ListenEntry {
     }
 }
 
-/// After a successful `listen`: listen on the same virtual port in the engine.
-pub(crate) fn add_engine_listener(fd: c_int, app: BorrowedFd<'_>) {
+/// The engine side of a listening socket, listening on the virtual port already, before its
+/// acceptor runs.
+pub(crate) struct Prepared {
+    listener: netchannel::Listener,
+    local: SocketAddr,
+    target: SocketAddr,
+}
+
+/// Before the real `listen` of a bound socket: the engine listens on the same virtual port
+/// first, so that a client that sees the kernel listener (and connects at once) finds the
+/// engine there too instead of falling back to kernel TCP. `None` when the socket is not
+/// carried, or not bound yet (`listen` picks its port: see [`add_engine_listener`]).
+pub(crate) fn prepare_engine_listener(fd: c_int, app: BorrowedFd<'_>) -> Option<Prepared> {
     let s = settings();
     if !in_owner() {
         bump(&COUNTERS.kernel_listen_only);
-        return;
+        return None;
     }
     let is_stream =
         rustix::net::sockopt::socket_type(app).is_ok_and(|t| t == rustix::net::SocketType::STREAM);
     if s.disabled || !is_stream || !table::in_range(fd) || table::kind(fd) & table::LISTENING != 0 {
-        return;
+        return None;
     }
-    let Some(local) = local_of(app) else { return };
-    if local.port() == s.channel_port || (!s.ports.is_empty() && !s.ports.contains(&local.port())) {
-        return;
+    let local = local_of(app)?;
+    if local.port() == 0
+        || local.port() == s.channel_port
+        || (!s.ports.is_empty() && !s.ports.contains(&local.port()))
+    {
+        return None;
     }
     let Some(engine) = server_engine() else {
         bump(&COUNTERS.kernel_listen_only);
-        return;
+        return None;
     };
     let Ok(listener) = inside(|| engine.listen(local.port())) else {
         bump(&COUNTERS.kernel_listen_only);
-        return;
+        return None;
     };
     let target = match local.ip() {
         ip if ip.is_unspecified() => {
@@ -116,6 +130,22 @@ pub(crate) fn add_engine_listener(fd: c_int, app: BorrowedFd<'_>) {
         }
         _ => local,
     };
+    Some(Prepared { listener, local, target })
+}
+
+/// After a successful `listen` of a socket that was not bound before it: listen on the port
+/// the kernel picked in the engine too.
+pub(crate) fn add_engine_listener(fd: c_int, app: BorrowedFd<'_>) {
+    if let Some(p) = prepare_engine_listener(fd, app) {
+        start_engine_listener(fd, p);
+    }
+}
+
+/// After a successful `listen`: the acceptor starts announcing the engine's connections
+/// through the program's kernel listener (those that arrived in between wait in the engine's
+/// backlog).
+pub(crate) fn start_engine_listener(fd: c_int, prepared: Prepared) {
+    let Prepared { listener, local, target } = prepared;
     listener.set_nonblocking(true);
     // The acceptor waits on its own copy of the readiness eventfd: it holds the listener only
     // while it accepts (see `ListenEntry::close`), and the copy outlives it.
