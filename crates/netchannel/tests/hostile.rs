@@ -335,7 +335,22 @@ fn killing_one_channel_mid_transfer_loses_nothing(hosts: Hosts) {
             let out = ss.output().unwrap();
             assert!(out.status.success(), "ss -K: {}", String::from_utf8_lossy(&out.stderr));
         });
+        // A stall here once hid a lost range (a resent copy dropped as a duplicate of a
+        // payload deferred in the dead channel): fail with both engines' state, not a hang.
+        let done = &*Box::leak(Box::new(std::sync::atomic::AtomicBool::new(false)));
+        let (a, b) = (&a, &b);
+        scope.spawn(move || {
+            let t0 = Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                if t0.elapsed() > Duration::from_secs(120) {
+                    eprintln!("stalled\nsender: {:#?}\nreceiver: {:#?}", a.stats(), b.stats());
+                    std::process::abort();
+                }
+            }
+        });
         assert_eq!(recv_pattern(&p, 11, 1 << 20), LEN, "bytes were lost or the stream was reset");
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let s = sender.join().unwrap();
     assert_eq!(s.stats().bytes_sent, LEN);

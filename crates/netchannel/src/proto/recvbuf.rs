@@ -6,7 +6,10 @@
 //! its header was parsed, and the application's `recv` reads it straight into its own buffer.
 //!
 //! Bytes may arrive twice after a channel loss (the sender sends again what the lost channel
-//! may have dropped); duplicates are trimmed, as TCP does. Memory is bounded by the caller (the
+//! may have dropped); duplicates are trimmed, as TCP does. A copy that arrives again for bytes
+//! still deferred in a channel is kept aside, though: the sender may have lost that channel
+//! before this end knows, and when it learns, the copy takes the lost payload's place (it is
+//! dropped when the deferred payload is read after all). Memory is bounded by the caller (the
 //! credit window caps `offset + len`) and by `max_segments`, which caps the bookkeeping a peer
 //! can force with tiny out-of-order frames.
 
@@ -58,6 +61,34 @@ pub struct RecvBuf {
     ooo: Option<Box<OutOfOrder>>,
     /// Deferred segments held (their reader is reading this stream straight from channels).
     deferred_segs: u32,
+    /// Copies that arrived again of bytes still deferred, by offset (never overlapping).
+    resent: BTreeMap<u64, Bytes>,
+    resent_bytes: u64,
+}
+
+/// The parts of `offset..end` that none of `covered` (sorted `(start, len)`) covers.
+fn gaps(covered: impl Iterator<Item = (u64, u64)>, offset: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = offset;
+    for (s, l) in covered {
+        if s + l <= at {
+            continue;
+        }
+        if s >= end {
+            break;
+        }
+        if s > at {
+            out.push((at, s));
+        }
+        at = at.max(s + l);
+        if at >= end {
+            break;
+        }
+    }
+    if at < end {
+        out.push((at, end));
+    }
+    out
 }
 
 impl RecvBuf {
@@ -94,6 +125,7 @@ impl RecvBuf {
     pub fn held_bytes(&self) -> u64 {
         self.ready_data
             + self.ooo.as_ref().map_or(0, |o| o.data_bytes + o.segs.len() as u64 * OOO_SEG_COST)
+            + self.resent_bytes
     }
 
     /// Whether any payload of this stream waits in a channel's socket.
@@ -154,6 +186,9 @@ impl RecvBuf {
         max_segments: usize,
     ) -> Result<u64, TooManySegments> {
         let end = offset + data.len() as u64;
+        if self.deferred_segs > 0 && end > self.consumed {
+            self.keep_resent(offset, &data);
+        }
         if end <= self.contig || data.is_empty() {
             return Ok(0);
         }
@@ -344,7 +379,99 @@ impl RecvBuf {
             self.ready.pop_front();
             self.deferred_segs -= 1;
         }
+        self.forget_resent(self.consumed, self.consumed + n);
         self.consumed += n;
+    }
+
+    /// Keeps aside the parts of `data` (at `offset`) that fall on deferred payloads and are
+    /// not kept already.
+    fn keep_resent(&mut self, offset: u64, data: &Bytes) {
+        let end = offset + data.len() as u64;
+        // The deferred segments `offset..end` overlaps, as `(start, len)`.
+        let mut hits = Vec::new();
+        if offset < self.contig {
+            let mut at = self.consumed;
+            for seg in &self.ready {
+                if at >= end {
+                    break;
+                }
+                if let Seg::Deferred { len, .. } = seg {
+                    if at + len > offset {
+                        hits.push((at, *len));
+                    }
+                }
+                at += seg.len();
+            }
+        }
+        if let Some(o) = &self.ooo {
+            let first = o.segs.range(..offset).next_back();
+            for (&s, seg) in first.into_iter().chain(o.segs.range(offset..end)) {
+                if let Seg::Deferred { len, .. } = seg {
+                    if s + len > offset {
+                        hits.push((s, *len));
+                    }
+                }
+            }
+        }
+        for (s, l) in hits {
+            let (lo, hi) = (s.max(offset), (s + l).min(end));
+            if lo >= hi {
+                continue;
+            }
+            let kept = &mut self.resent;
+            let first = kept.range(..lo).next_back().map(|(&s, b)| (s, b.len() as u64));
+            let covered =
+                first.into_iter().chain(kept.range(lo..hi).map(|(&s, b)| (s, b.len() as u64)));
+            for (a, b) in gaps(covered, lo, hi) {
+                let piece = data.slice((a - offset) as usize..(b - offset) as usize);
+                // As out-of-order bytes: a small slice must not pin a whole read buffer.
+                let piece = if piece.len() < COMPACT_BELOW {
+                    Bytes::copy_from_slice(&piece)
+                } else {
+                    piece
+                };
+                self.resent_bytes += piece.len() as u64;
+                kept.insert(a, piece);
+            }
+        }
+    }
+
+    /// Takes the copies kept of `lo..hi` out (trimmed to it; parts outside stay kept).
+    fn take_resent(&mut self, lo: u64, hi: u64) -> Vec<(u64, Bytes)> {
+        let kept = &mut self.resent;
+        let mut starts: Vec<u64> = kept.range(lo..hi).map(|(&s, _)| s).collect();
+        if let Some((&s, b)) = kept.range(..lo).next_back() {
+            if s + b.len() as u64 > lo {
+                starts.insert(0, s);
+            }
+        }
+        let mut out = Vec::new();
+        for s in starts {
+            let mut b = kept.remove(&s).expect("listed");
+            self.resent_bytes -= b.len() as u64;
+            let e = s + b.len() as u64;
+            if e > hi {
+                let tail = b.split_off((hi - s) as usize);
+                self.resent_bytes += tail.len() as u64;
+                kept.insert(hi, tail);
+            }
+            let mut start = s;
+            if s < lo {
+                let head = b.split_to((lo - s) as usize);
+                self.resent_bytes += head.len() as u64;
+                kept.insert(s, head);
+                start = lo;
+            }
+            out.push((start, b));
+        }
+        out
+    }
+
+    /// The deferred copy of `lo..hi` arrived: copies kept of it are duplicates.
+    fn forget_resent(&mut self, lo: u64, hi: u64) {
+        if !self.resent.is_empty() {
+            self.take_resent(lo, hi);
+        }
     }
 
     /// Finds the deferred segment starting at `offset`: in `ready` (its index) or out of order.
@@ -367,6 +494,7 @@ impl RecvBuf {
     /// space (the application did not come for them in time).
     pub fn stage_deferred(&mut self, offset: u64, data: Bytes) {
         let n = data.len() as u64;
+        self.forget_resent(offset, offset + n);
         match self.find_deferred(offset) {
             Some(Ok(i)) => {
                 let Seg::Deferred { channel, len } = self.ready[i] else { unreachable!() };
@@ -395,13 +523,26 @@ impl RecvBuf {
         }
     }
 
-    /// Forgets the deferred payload at `offset` (its channel is gone; the sender sends it
-    /// again). Bytes after it are no longer contiguous.
-    pub fn remove_deferred(&mut self, offset: u64) {
+    /// Forgets the deferred payload at `offset` (its channel is gone): a copy that arrived
+    /// again takes its place; what did not arrive yet, the sender sends again. Bytes after it
+    /// are no longer contiguous until then. Returns the bytes that became readable in order.
+    pub fn remove_deferred(&mut self, offset: u64) -> u64 {
+        let Some(lost) = self.unlink_deferred(offset) else { return 0 };
+        let before = self.ready_data;
+        for (at, piece) in self.take_resent(offset, offset + lost) {
+            // Accepted once already (kept within the window): no segment limit applies.
+            let _ = self.insert_data(at, piece, usize::MAX);
+        }
+        self.ready_data - before
+    }
+
+    /// Takes the deferred segment at `offset` out of the buffer; returns its length.
+    fn unlink_deferred(&mut self, offset: u64) -> Option<u64> {
         match self.find_deferred(offset) {
             Some(Ok(i)) => {
                 let mut tail = self.ready.drain(i..).collect::<Vec<Seg>>().into_iter();
                 let lost = tail.next().expect("the deferred segment");
+                let lost_len = lost.len();
                 self.deferred_segs -= 1;
                 let mut at = offset + lost.len();
                 self.contig = offset;
@@ -418,18 +559,18 @@ impl RecvBuf {
                 if o.segs.is_empty() {
                     self.ooo = None;
                 }
+                Some(lost_len)
             }
             Some(Err(())) => {
-                if let Some(o) = self.ooo.as_mut() {
-                    if o.segs.remove(&offset).is_some() {
-                        self.deferred_segs -= 1;
-                    }
-                    if o.segs.is_empty() {
-                        self.ooo = None;
-                    }
+                let o = self.ooo.as_mut()?;
+                let lost = o.segs.remove(&offset)?;
+                self.deferred_segs -= 1;
+                if o.segs.is_empty() {
+                    self.ooo = None;
                 }
+                Some(lost.len())
             }
-            None => {}
+            None => None,
         }
     }
 
@@ -461,6 +602,8 @@ impl RecvBuf {
         self.ooo = None;
         self.ready_data = 0;
         self.deferred_segs = 0;
+        self.resent.clear();
+        self.resent_bytes = 0;
         dropped
     }
 }
@@ -585,6 +728,80 @@ mod tests {
             prop_assert_eq!(out, expected);
             prop_assert_eq!(rb.unread(), 0);
             prop_assert_eq!(rb.contiguous_end(), total as u64);
+        }
+
+        /// Deferred payloads that are read (by the application or the engine) or lost with
+        /// their channel, with copies resent before or after the loss, as a sender that learnt
+        /// of the loss first (or timed the channel out while it still delivered) sends them:
+        /// every byte arrives exactly once and nothing is held at the end.
+        #[test]
+        fn deferred_payloads_lost_or_read_with_copies_resent_deliver_once(
+            total in 1usize..4096,
+            cuts in proptest::collection::vec(any::<usize>(), 0..48),
+            order in proptest::collection::vec(any::<usize>(), 0..48),
+            defer in any::<u64>(),
+            lose in any::<u64>(),
+            resend_early in any::<u64>(),
+            read_size in 1u64..512,
+        ) {
+            let expected: Vec<u8> = (0..total).map(|i| (i * 31 % 251) as u8).collect();
+            let mut rb = RecvBuf::default();
+            let mut out = Vec::new();
+            // Deferred payloads: (start, bytes, next unread offset).
+            let mut deferred: Vec<(u64, Vec<u8>, u64)> = Vec::new();
+            for (i, (off, data)) in split_and_shuffle(total, &cuts, &order).into_iter().enumerate() {
+                let len = data.len() as u64;
+                if defer >> (i % 64) & 1 == 1 && rb.is_new(off, len) {
+                    rb.insert_deferred(off, ChannelId::new(i as u16 % 64, 0), len, 1024).unwrap();
+                    deferred.push((off, data, off));
+                } else {
+                    rb.insert_data(off, Bytes::from(data), 1024).unwrap();
+                }
+            }
+            // A reader: ready bytes, then the front deferred payload straight from its channel.
+            let read = |rb: &mut RecvBuf, deferred: &mut Vec<(u64, Vec<u8>, u64)>, out: &mut Vec<u8>| {
+                let mut got = Vec::new();
+                rb.take(read_size, &mut got);
+                out.extend(got.concat());
+                if let Some((_, len)) = rb.front_deferred() {
+                    let at = rb.consumed();
+                    let d = deferred.iter_mut().find(|d| d.2 == at && d.2 < d.0 + d.1.len() as u64)
+                        .expect("front is listed");
+                    let k = len.min(read_size);
+                    out.extend_from_slice(&d.1[(at - d.0) as usize..(at - d.0 + k) as usize]);
+                    rb.consume_deferred(k);
+                    d.2 += k;
+                }
+            };
+            for i in 0..deferred.len() {
+                read(&mut rb, &mut deferred, &mut out);
+                let (start, data, next) = deferred[i].clone();
+                if next == start + data.len() as u64 {
+                    continue; // read whole already
+                }
+                let rest = Bytes::from(data[(next - start) as usize..].to_vec());
+                let early = resend_early >> (i % 64) & 1 == 1;
+                if early {
+                    // The whole payload again: what was read of it is trimmed.
+                    rb.insert_data(start, Bytes::from(data.clone()), 1024).unwrap();
+                }
+                if lose >> (i % 64) & 1 == 1 {
+                    rb.remove_deferred(next);
+                    if !early {
+                        rb.insert_data(next, rest, 1024).unwrap();
+                    }
+                } else {
+                    rb.stage_deferred(next, rest);
+                }
+                deferred[i].2 = start + data.len() as u64;
+            }
+            for _ in 0..=total {
+                read(&mut rb, &mut deferred, &mut out);
+            }
+            prop_assert_eq!(out, expected);
+            prop_assert_eq!(rb.unread(), 0);
+            prop_assert_eq!(rb.held_bytes(), 0);
+            prop_assert!(!rb.has_deferred());
         }
     }
 }

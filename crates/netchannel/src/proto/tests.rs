@@ -47,6 +47,9 @@ struct Dir {
 struct Link {
     index: ChannelId,
     alive: bool,
+    /// Killed, and this side learns of it only after this many more steps (a reset reaches
+    /// the two ends at different times: one may resend before the other knows).
+    late_loss: Option<(usize, u32)>,
     /// `dirs[s]`: bytes sent by side `s`, read by side `1 - s`.
     dirs: [Dir; 2],
 }
@@ -110,6 +113,7 @@ impl Pair {
         self.links.push(Link {
             index,
             alive: true,
+            late_loss: None,
             dirs: [
                 Dir { pipe: VecDeque::new(), reader: FrameReader::new(LARGE, Heap(256 * 1024)) },
                 Dir { pipe: VecDeque::new(), reader: FrameReader::new(LARGE, Heap(256 * 1024)) },
@@ -127,6 +131,18 @@ impl Pair {
         for s in &mut self.sides {
             s.channel_lost(index);
         }
+    }
+
+    /// Kills the live channel with index `index`; side `first` learns of it now, the other side
+    /// `after` steps later.
+    fn kill_staggered(&mut self, index: u16, first: usize, after: u32) {
+        let l = self.links.iter_mut().find(|l| l.index.index == index && l.alive).unwrap();
+        let index = l.index;
+        l.alive = false;
+        // The late side may still read what its socket had received.
+        l.dirs[1 - first].pipe.clear();
+        l.late_loss = Some((1 - first, after));
+        self.sides[first].channel_lost(index);
     }
 
     /// Pulls frames for every channel with room and writes them into the pipes.
@@ -150,7 +166,7 @@ impl Pair {
     /// Side `side` reads some bytes of channel `li` as a channel worker would.
     fn receive(&mut self, side: usize, li: usize) {
         let l = &mut self.links[li];
-        if !l.alive {
+        if !l.alive && l.late_loss.is_none_or(|(late, _)| late != side) {
             return;
         }
         let ch = l.index;
@@ -212,6 +228,17 @@ impl Pair {
     /// One round: both sides transmit, a random subset of channel directions deliver, incoming
     /// streams are decided, events collected, timers run. The clock advances 100 us.
     fn step(&mut self) {
+        for l in &mut self.links {
+            match &mut l.late_loss {
+                Some((side, 0)) => {
+                    self.sides[*side].channel_lost(l.index);
+                    l.dirs[1 - *side].pipe.clear();
+                    l.late_loss = None;
+                }
+                Some((_, n)) => *n -= 1,
+                None => {}
+            }
+        }
         for side in 0..2 {
             self.transmit(side);
         }
@@ -500,6 +527,43 @@ fn losing_a_channel_mid_transfer_loses_no_byte() {
         }
         assert!(killed && t.done(), "seed {seed}: received {} of {}", t.received, t.len);
         assert!(p.sides[0].stats().retransmitted_bytes > 0, "seed {seed}: nothing was resent");
+        assert!(p.sides[0].stream(a).unwrap().reset.is_none());
+    }
+}
+
+#[test]
+fn a_channel_lost_at_one_end_before_the_other_loses_no_byte() {
+    // The sender learns first and sends the channel's unacknowledged bytes again while the
+    // receiver still counts on a payload deferred in the dead socket (and the other way round):
+    // nothing may be dropped as a duplicate of bytes the receiver never got.
+    for seed in 1..17 {
+        let mut p = Pair::new(seed, &[Class::Throughput; 4], config());
+        p.defer_percent = 100;
+        p.grace = Duration::from_millis(20);
+        let (a, b) = p.open(80, Class::Throughput);
+        let mut t = Transfer::new(a, b, seed, 16 << 20);
+        let mut sendbuf = vec![0u8; 1 << 20];
+        let mut recvbuf = vec![0u8; 1 << 20];
+        let mut killed = false;
+        let first = (seed % 2) as usize;
+        for _ in 0..50_000 {
+            t.drive(&mut p, &mut sendbuf, &mut recvbuf, 1 << 20);
+            // Kill a channel holding a payload deferred at the receiver, once a third arrived.
+            let victim = (0..4u16).find(|&c| p.sides[1].deferred(ChannelId::new(c, 0)).is_some());
+            if let Some(victim) = victim.filter(|_| !killed && t.received > t.len / 3) {
+                let after = 1 + p.rng.below(50) as u32;
+                p.kill_staggered(victim, first, after);
+                killed = true;
+            }
+            // The bytes held (resent copies included) stay accounted for.
+            let _ = p.sides[1].stats();
+            if t.done() {
+                break;
+            }
+            p.step();
+        }
+        assert!(killed && t.done(), "seed {seed}: received {} of {}", t.received, t.len);
+        assert_eq!(p.sides[1].stats().held_bytes, 0, "seed {seed}");
         assert!(p.sides[0].stream(a).unwrap().reset.is_none());
     }
 }

@@ -138,8 +138,12 @@ impl<U: Default> Session<U> {
         if let Some(d) = state.deferred {
             if let Some(s) = self.streams.get_mut(d.stream) {
                 let before = s.rx.held_bytes();
-                s.rx.remove_deferred(d.offset);
+                // A copy the peer sent again before this end knew takes the payload's place.
+                let readable = s.rx.remove_deferred(d.offset);
                 self.rx_held = self.rx_held + s.rx.held_bytes() - before;
+                if readable > 0 {
+                    self.emit(d.stream, EV_READ);
+                }
             }
         }
         for (_, r) in state.retained {

@@ -64,7 +64,10 @@ impl<U: Default> Session<U> {
         }
         let us = ((self.ticks(now) / 1000) as u32).max(1);
         let s = self.streams.get_mut(id).expect("checked");
+        let before = s.rx.held_bytes();
         s.rx.consume_deferred(n);
+        // Copies resent of these bytes, if any, were held: they are duplicates now.
+        self.rx_held = self.rx_held + s.rx.held_bytes() - before;
         s.flags &= !F_DEFERRED_EMPTY;
         s.direct_read_us = us;
         self.after_consume(id);
