@@ -48,6 +48,17 @@ pub struct TooManySegments;
 struct OutOfOrder {
     segs: BTreeMap<u64, Seg>,
     data_bytes: u64,
+    /// Copies that arrived again of bytes still deferred, by offset (never overlapping); here
+    /// beside the rare out-of-order state so that an idle stream stays small.
+    resent: BTreeMap<u64, Bytes>,
+    resent_bytes: u64,
+}
+
+impl OutOfOrder {
+    /// Nothing held: the box can go.
+    fn is_empty(&self) -> bool {
+        self.segs.is_empty() && self.resent.is_empty()
+    }
 }
 
 #[derive(Default)]
@@ -61,9 +72,6 @@ pub struct RecvBuf {
     ooo: Option<Box<OutOfOrder>>,
     /// Deferred segments held (their reader is reading this stream straight from channels).
     deferred_segs: u32,
-    /// Copies that arrived again of bytes still deferred, by offset (never overlapping).
-    resent: BTreeMap<u64, Bytes>,
-    resent_bytes: u64,
 }
 
 /// The parts of `offset..end` that none of `covered` (sorted `(start, len)`) covers.
@@ -124,8 +132,10 @@ impl RecvBuf {
     /// each out-of-order segment (a peer sending 1-byte frames out of order pays for those).
     pub fn held_bytes(&self) -> u64 {
         self.ready_data
-            + self.ooo.as_ref().map_or(0, |o| o.data_bytes + o.segs.len() as u64 * OOO_SEG_COST)
-            + self.resent_bytes
+            + self
+                .ooo
+                .as_ref()
+                .map_or(0, |o| o.data_bytes + o.segs.len() as u64 * OOO_SEG_COST + o.resent_bytes)
     }
 
     /// Whether any payload of this stream waits in a channel's socket.
@@ -319,7 +329,7 @@ impl RecvBuf {
             }
             self.push_ready(seg);
         }
-        if self.ooo.as_ref().is_some_and(|o| o.segs.is_empty()) {
+        if self.ooo.as_ref().is_some_and(|o| o.is_empty()) {
             self.ooo = None;
         }
     }
@@ -418,10 +428,11 @@ impl RecvBuf {
             if lo >= hi {
                 continue;
             }
-            let kept = &mut self.resent;
-            let first = kept.range(..lo).next_back().map(|(&s, b)| (s, b.len() as u64));
-            let covered =
-                first.into_iter().chain(kept.range(lo..hi).map(|(&s, b)| (s, b.len() as u64)));
+            let kept = self.ooo.get_or_insert_with(Box::default);
+            let first = kept.resent.range(..lo).next_back().map(|(&s, b)| (s, b.len() as u64));
+            let covered = first
+                .into_iter()
+                .chain(kept.resent.range(lo..hi).map(|(&s, b)| (s, b.len() as u64)));
             for (a, b) in gaps(covered, lo, hi) {
                 let piece = data.slice((a - offset) as usize..(b - offset) as usize);
                 // As out-of-order bytes: a small slice must not pin a whole read buffer.
@@ -430,46 +441,49 @@ impl RecvBuf {
                 } else {
                     piece
                 };
-                self.resent_bytes += piece.len() as u64;
-                kept.insert(a, piece);
+                kept.resent_bytes += piece.len() as u64;
+                kept.resent.insert(a, piece);
             }
         }
     }
 
     /// Takes the copies kept of `lo..hi` out (trimmed to it; parts outside stay kept).
     fn take_resent(&mut self, lo: u64, hi: u64) -> Vec<(u64, Bytes)> {
-        let kept = &mut self.resent;
-        let mut starts: Vec<u64> = kept.range(lo..hi).map(|(&s, _)| s).collect();
-        if let Some((&s, b)) = kept.range(..lo).next_back() {
+        let Some(kept) = self.ooo.as_mut() else { return Vec::new() };
+        let mut starts: Vec<u64> = kept.resent.range(lo..hi).map(|(&s, _)| s).collect();
+        if let Some((&s, b)) = kept.resent.range(..lo).next_back() {
             if s + b.len() as u64 > lo {
                 starts.insert(0, s);
             }
         }
         let mut out = Vec::new();
         for s in starts {
-            let mut b = kept.remove(&s).expect("listed");
-            self.resent_bytes -= b.len() as u64;
+            let mut b = kept.resent.remove(&s).expect("listed");
+            kept.resent_bytes -= b.len() as u64;
             let e = s + b.len() as u64;
             if e > hi {
                 let tail = b.split_off((hi - s) as usize);
-                self.resent_bytes += tail.len() as u64;
-                kept.insert(hi, tail);
+                kept.resent_bytes += tail.len() as u64;
+                kept.resent.insert(hi, tail);
             }
             let mut start = s;
             if s < lo {
                 let head = b.split_to((lo - s) as usize);
-                self.resent_bytes += head.len() as u64;
-                kept.insert(s, head);
+                kept.resent_bytes += head.len() as u64;
+                kept.resent.insert(s, head);
                 start = lo;
             }
             out.push((start, b));
+        }
+        if kept.is_empty() {
+            self.ooo = None;
         }
         out
     }
 
     /// The deferred copy of `lo..hi` arrived: copies kept of it are duplicates.
     fn forget_resent(&mut self, lo: u64, hi: u64) {
-        if !self.resent.is_empty() {
+        if self.ooo.as_ref().is_some_and(|o| !o.resent.is_empty()) {
             self.take_resent(lo, hi);
         }
     }
@@ -556,7 +570,7 @@ impl RecvBuf {
                     o.segs.insert(at, seg);
                     at += l;
                 }
-                if o.segs.is_empty() {
+                if o.is_empty() {
                     self.ooo = None;
                 }
                 Some(lost_len)
@@ -565,7 +579,7 @@ impl RecvBuf {
                 let o = self.ooo.as_mut()?;
                 let lost = o.segs.remove(&offset)?;
                 self.deferred_segs -= 1;
-                if o.segs.is_empty() {
+                if o.is_empty() {
                     self.ooo = None;
                 }
                 Some(lost.len())
@@ -602,8 +616,6 @@ impl RecvBuf {
         self.ooo = None;
         self.ready_data = 0;
         self.deferred_segs = 0;
-        self.resent.clear();
-        self.resent_bytes = 0;
         dropped
     }
 }
