@@ -147,6 +147,7 @@ pub(crate) fn install(
 ) -> Result<(), i32> {
     let v6 = is_v6(app);
     let (nb, cx) = (nonblocking(app), cloexec(app));
+    vs.set_app_addresses(local, peer);
     let (c, p) = Carried::create(vs, in_family(peer, v6), in_family(local, v6), v6, nb)
         .map_err(|e| errno_of(&e))?;
     dup_onto(p.as_fd(), fd, cx)?;
@@ -199,6 +200,7 @@ fn carry_relayed(
             relay = SocketAddr::new(loopback_of(&local), v4.port());
         }
     }
+    vs.set_app_addresses(local, dest);
     crate::relay::expect(local_port, vs);
     let r = real_connect(fd, relay);
     match r {

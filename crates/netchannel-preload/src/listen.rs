@@ -276,6 +276,7 @@ fn inject(
     rustix::net::bind(&s, &from).ok()?;
     let port = local_of(s.as_fd())?.port();
     let peer = in_family(peer, target.is_ipv6());
+    vs.set_app_addresses(target, peer);
     // `--path relay`: relayed from the start; the map only tells the owner's accept the peer.
     let (keep, relay_now) = if relayed { (None, Some(vs)) } else { (Some(vs), None) };
     injected(|m| m.insert(port, Injected { vs: keep, peer }));

@@ -47,6 +47,7 @@ pub mod wire;
 mod wire;
 
 pub use driver::ChannelStats;
+pub use engine::control;
 pub use engine::readiness::ReadinessObserver;
 pub use engine::{
     Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats, WorkerThread,

@@ -93,6 +93,9 @@ pub struct ChannelStats {
     pub protocol_errors: u64,
     /// Why the channel closed, once it has.
     pub close_reason: Option<String>,
+    /// The kernel's view of the connection (`TCP_INFO`: round-trip time, retransmitted
+    /// segments) while it is open over TCP.
+    pub tcp: Option<crate::sys::TcpInfo>,
 }
 
 /// Exclusive, non-blocking ownership of one half of a channel. A thread that finds the half
@@ -358,6 +361,7 @@ impl Channel {
             queued_bytes: c.queued.load(Ordering::Relaxed),
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
             close_reason: self.close_reason.lock().clone(),
+            tcp: self.is_open().then(|| crate::sys::tcp_info(self.transport.fd())).flatten(),
         }
     }
 }

@@ -158,6 +158,12 @@ pub struct Config {
     /// Sent bytes the peer's kernel has not acknowledged for this long fail the channel
     /// (`TCP_USER_TIMEOUT`): a black-holed busy channel.
     pub user_timeout: Duration,
+    /// Answer `netchannel stat` through a control endpoint: a Unix socket that only this user
+    /// (and root) can reach, in `control_dir`. Off: nothing outside the process sees the engine.
+    pub control: bool,
+    /// Where the control endpoint goes (`None`: `$NETCHANNEL_CONTROL_DIR`, else
+    /// `/run/netchannel` for root, `$XDG_RUNTIME_DIR/netchannel`, or `/tmp/netchannel-UID`).
+    pub control_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Config {
@@ -230,6 +236,8 @@ impl Default for Config {
             keepalive_interval: Duration::from_secs(2),
             keepalive_count: 3,
             user_timeout: Duration::from_secs(20),
+            control: true,
+            control_dir: None,
         }
     }
 }

@@ -9,6 +9,7 @@
 pub(crate) mod acceptor;
 pub(crate) mod budget;
 pub mod config;
+pub mod control;
 pub(crate) mod listener;
 pub(crate) mod priority;
 pub(crate) mod readiness;
@@ -102,6 +103,7 @@ pub struct Engine {
     pub(crate) ctx: Arc<EngineCtx>,
     acceptor: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<EventFd>,
+    control: Mutex<Option<control::Endpoint>>,
 }
 
 /// Runs `f` on a thread that first enters `netns` (if any) and waits for its result.
@@ -171,7 +173,25 @@ impl Engine {
             w.start(&ctx)?;
         }
         let stop = Arc::new(EventFd::new()?);
-        let engine = Engine { ctx: ctx.clone(), acceptor: Mutex::new(None), stop: stop.clone() };
+        let control = if ctx.config.control {
+            let dir = ctx.config.control_dir.clone().unwrap_or_else(control::default_control_dir);
+            match control::Endpoint::start(ctx.clone(), &dir) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    // The engine works without it; only `netchannel stat` will not list it.
+                    eprintln!("netchannel: no control endpoint in {}: {e}", dir.display());
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let engine = Engine {
+            ctx: ctx.clone(),
+            acceptor: Mutex::new(None),
+            stop: stop.clone(),
+            control: Mutex::new(control),
+        };
         let netns = ctx.config.netns.clone();
         let handle = std::thread::Builder::new().name("nc-accept".into()).spawn(move || {
             if let Some(ns) = &netns {
@@ -206,10 +226,18 @@ impl Engine {
         self.ctx.stats()
     }
 
+    /// The Unix socket `netchannel stat` reads this engine through (`Config::control`).
+    pub fn control_path(&self) -> Option<std::path::PathBuf> {
+        self.control.lock().as_ref().map(|e| e.path().to_path_buf())
+    }
+
     /// Stops every thread and fails every open virtual socket. Idempotent.
     pub fn shutdown(&self) {
         if self.ctx.stopping.swap(true, Ordering::SeqCst) {
             return;
+        }
+        if let Some(mut e) = self.control.lock().take() {
+            e.stop();
         }
         for l in self.ctx.listeners.lock().values() {
             l.close();
@@ -743,8 +771,12 @@ impl EngineCtx {
             stats.open_sockets += cs.streams;
             stats.rx_granted += core.rx_granted();
             stats.rx_budget += if s.is_alive() { core.config().rx_budget } else { 0 };
+            let names = s.app_addrs.lock();
             for (id, st) in core.streams() {
-                stats.sockets.push(SocketStats::of(id, st, s.peer_addr));
+                stats.sockets.push(SocketStats {
+                    app_addrs: names.get(&id.get()).copied(),
+                    ..SocketStats::of(id, st, s.peer_addr)
+                });
             }
         }
         stats

@@ -96,6 +96,9 @@ pub(crate) struct SessionRt {
     cursor: AtomicUsize,
     /// `core.rx_held()` as last added to the engine's total.
     held_seen: AtomicU64,
+    /// The addresses applications know their sockets by (`VSocket::set_app_addresses`), by
+    /// stream id: kept beside the streams so that an idle stream stays small.
+    pub app_addrs: Mutex<std::collections::HashMap<u64, [SocketAddr; 2]>>,
 }
 
 impl SessionRt {
@@ -118,6 +121,7 @@ impl SessionRt {
             growing: AtomicBool::new(false),
             cursor: AtomicUsize::new(0),
             held_seen: AtomicU64::new(0),
+            app_addrs: Mutex::new(std::collections::HashMap::new()),
         })
     }
 

@@ -101,6 +101,9 @@ pub struct SocketStats {
     /// `open`, `connecting`, `incoming`, `write-closed`, `peer-finished`, `finished`,
     /// `closed` (delivering after close) or `reset`.
     pub state: &'static str,
+    /// Local and peer addresses as the application knows them, if it said
+    /// (`VSocket::set_app_addresses`; the interposition library does).
+    pub app_addrs: Option<[SocketAddr; 2]>,
 }
 
 impl SocketStats {
@@ -119,6 +122,7 @@ impl SocketStats {
             unacked_bytes: s.unacked_bytes(),
             protocol_errors: s.protocol_errors as u32,
             state: s.state_name(),
+            app_addrs: None,
         }
     }
 }

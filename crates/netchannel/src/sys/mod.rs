@@ -433,6 +433,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tcp_info_reads_a_tcp_connection_and_nothing_else() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let info = tcp_info(c.as_fd()).expect("TCP_INFO of a TCP socket");
+        assert!(info.snd_cwnd > 0, "{info:?}");
+        let (u, _) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(tcp_info(u.as_fd()), None);
+    }
+
+    #[test]
     fn eventfd_wakes_epoll_on_every_notify_when_edge_triggered() {
         let ep = Epoll::new().unwrap();
         let ev = EventFd::new().unwrap();
@@ -583,4 +593,48 @@ pub fn restore_thread_schedule(s: Schedule) -> io::Result<()> {
     }
     rustix::process::setpriority_process(Some(rustix::thread::gettid()), s.1)?;
     Ok(())
+}
+
+/// What the kernel says of one TCP connection (`TCP_INFO`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpInfo {
+    /// Smoothed round-trip time, microseconds.
+    pub rtt_us: u32,
+    /// Its mean deviation, microseconds.
+    pub rtt_var_us: u32,
+    /// Segments retransmitted over the connection's life.
+    pub total_retrans: u32,
+    /// Congestion window, segments.
+    pub snd_cwnd: u32,
+}
+
+/// `TCP_INFO` of a TCP socket; `None` for anything else.
+pub fn tcp_info(fd: BorrowedFd<'_>) -> Option<TcpInfo> {
+    // SAFETY: tcp_info is plain integers; all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `fd` is open for the borrow; the kernel writes at most `len` bytes into `info`,
+    // which is that large, and stores the length it wrote in `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(TcpInfo {
+        rtt_us: info.tcpi_rtt,
+        rtt_var_us: info.tcpi_rttvar,
+        total_retrans: info.tcpi_total_retrans,
+        snd_cwnd: info.tcpi_snd_cwnd,
+    })
+}
+
+/// Runs `f` when the process exits normally (`atexit`).
+pub fn at_exit(f: extern "C" fn()) {
+    // SAFETY: registers a plain extern "C" function without arguments; the library that
+    // holds it is never unloaded (linked in, or preloaded for the process's life).
+    unsafe { libc::atexit(f) };
 }

@@ -262,6 +262,15 @@ impl VSocket {
         }
     }
 
+    /// Records the addresses the application knows this connection by (e.g. the kernel
+    /// socket addresses a program sees through the interposition library), for
+    /// `EngineStats::sockets` and `netchannel stat`.
+    pub fn set_app_addresses(&self, local: SocketAddr, peer: SocketAddr) {
+        if !self.closed.load(Ordering::Acquire) {
+            self.session.app_addrs.lock().insert(self.id.get(), [local, peer]);
+        }
+    }
+
     /// In non-blocking mode `send` and `recv` fail with `WouldBlock` instead of waiting.
     pub fn set_nonblocking(&self, nonblocking: bool) {
         self.nonblocking.store(nonblocking, Ordering::Relaxed);
@@ -650,6 +659,7 @@ impl VSocket {
         }
         self.count_class(Class::Throughput);
         let s = &self.session;
+        s.app_addrs.lock().remove(&self.id.get());
         s.with_core(|core| {
             if let Some(st) = core.stream_mut(self.id) {
                 st.user.poll = None;
@@ -850,7 +860,10 @@ impl VSocket {
     pub fn stats(&self) -> SocketStats {
         let core = self.session.core();
         match core.stream(self.id) {
-            Some(s) => SocketStats::of(self.id, s, self.session.peer_addr),
+            Some(s) => SocketStats {
+                app_addrs: self.session.app_addrs.lock().get(&self.id.get()).copied(),
+                ..SocketStats::of(self.id, s, self.session.peer_addr)
+            },
             None => SocketStats {
                 id: self.id.get(),
                 port: 0,
@@ -865,6 +878,7 @@ impl VSocket {
                 unacked_bytes: 0,
                 protocol_errors: 0,
                 state: "closed",
+                app_addrs: None,
             },
         }
     }

@@ -10,6 +10,8 @@ use std::process::{exit, Command};
 
 use clap::{Args, Parser, Subcommand};
 
+mod stat;
+
 #[derive(Parser)]
 #[command(
     name = "netchannel",
@@ -29,6 +31,11 @@ enum Cmd {
     /// TCP connections to hosts whose programs also run under netchannel go over virtual
     /// sockets, all others (and UDP, Unix sockets, DNS) stay kernel TCP.
     Run(Run),
+    /// List the netchannel engines on this host: peers, channels, virtual sockets, budgets
+    ///
+    /// Every engine (Rust API or inside a program run with `netchannel run`) answers through
+    /// a control endpoint only its user and root can reach.
+    Stat(stat::Stat),
 }
 
 #[derive(Args)]
@@ -119,7 +126,10 @@ fn fail(msg: &str) -> ! {
 }
 
 fn main() {
-    let Cmd::Run(run) = Cli::parse().command;
+    let run = match Cli::parse().command {
+        Cmd::Run(run) => run,
+        Cmd::Stat(args) => exit(stat::run(&args)),
+    };
     let mut envs: Vec<(&str, OsString)> = vec![("NETCHANNEL_PORT", run.port.to_string().into())];
     if !run.ports.is_empty() {
         let list: Vec<String> = run.ports.iter().map(u16::to_string).collect();

@@ -1,0 +1,351 @@
+//! The engine's control endpoint: a Unix socket through which `netchannel stat` (or any tool)
+//! reads a snapshot of the engine as one JSON document, then the connection closes.
+//!
+//! Only the same user and root reach it: it lives in a directory of this user's, mode 0700,
+//! the socket is mode 0600, and the peer's credentials (`SO_PEERCRED`) are checked as well.
+//! The socket is removed when the engine shuts down and when the process exits (`atexit`);
+//! one left behind by a killed process is removed by the next engine that finds its process
+//! gone ([`remove_stale`]) or by `netchannel stat` when nothing listens on it any more.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rustix::event::{PollFd, PollFlags};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use serde_json::{json, Value};
+
+use super::EngineCtx;
+use crate::sys::EventFd;
+
+/// Overrides the directory of control endpoints, for engines and `netchannel stat` alike.
+pub const CONTROL_DIR_ENV: &str = "NETCHANNEL_CONTROL_DIR";
+
+/// Endpoint file names end with this.
+pub const ENDPOINT_SUFFIX: &str = ".sock";
+
+/// The directory this user's engines put their endpoints in (see `Config::control_dir`).
+pub fn default_control_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os(CONTROL_DIR_ENV) {
+        return d.into();
+    }
+    let uid = rustix::process::getuid();
+    if uid.is_root() {
+        return "/run/netchannel".into();
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("netchannel");
+    }
+    PathBuf::from(format!("/tmp/netchannel-{}", uid.as_raw()))
+}
+
+/// Creates `dir` (mode 0700) if missing and checks that it is a directory of this user's that
+/// nobody else can write to (else another user could put an endpoint of theirs there).
+fn private_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let md = std::fs::symlink_metadata(dir)?;
+    if !md.is_dir() {
+        return Err(io::Error::other(format!("{} is not a directory", dir.display())));
+    }
+    if md.uid() != rustix::process::getuid().as_raw() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} belongs to another user", dir.display()),
+        ));
+    }
+    if md.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// The process id an endpoint's file name starts with (`PID-ENGINEID.sock`).
+pub fn endpoint_pid(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?.strip_suffix(ENDPOINT_SUFFIX)?;
+    name.split_once('-')?.0.parse().ok()
+}
+
+/// Whether process `pid` runs (a zombie does not: it will never answer).
+pub fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        // "pid (comm) S ...": the state follows the last ')' (comm may hold one).
+        st.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Removes the endpoints in `dir` whose process is gone; returns how many.
+pub fn remove_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let path = e.path();
+        let Some(pid) = endpoint_pid(&path) else { continue };
+        if !process_alive(pid) && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Endpoints of this process, removed at exit if their engines were not shut down.
+static AT_EXIT: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+// Never unwinds: remove_file reports errors as values, try_lock never panics.
+extern "C" fn remove_at_exit() {
+    let pid = std::process::id();
+    // try_lock: an exit while another thread held the list must not hang the process.
+    if let Some(list) = AT_EXIT.try_lock() {
+        // A forked child inherits the list: it removes only endpoints of its own.
+        for (_, path) in list.iter().filter(|(p, _)| *p == pid) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn remove_at_exit_too(path: &Path) {
+    static REGISTER: std::sync::Once = std::sync::Once::new();
+    REGISTER.call_once(|| {
+        crate::sys::at_exit(remove_at_exit);
+    });
+    AT_EXIT.lock().push((std::process::id(), path.to_path_buf()));
+}
+
+/// A running control endpoint.
+pub(crate) struct Endpoint {
+    path: PathBuf,
+    stop: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Endpoint {
+    /// Binds the endpoint in `dir` and starts its thread.
+    pub fn start(ctx: Arc<EngineCtx>, dir: &Path) -> io::Result<Endpoint> {
+        private_dir(dir)?;
+        remove_stale(dir);
+        let path = dir.join(format!("{}-{:016x}{ENDPOINT_SUFFIX}", std::process::id(), ctx.id));
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        let fd = crate::sys::raised(fd);
+        // Bound and listening under a temporary name first: an endpoint that exists under its
+        // real name always answers or is stale (`netchannel stat` removes refusing ones).
+        let tmp = path.with_extension("new");
+        let _ = std::fs::remove_file(&tmp);
+        rustix::net::bind(&fd, &SocketAddrUnix::new(&tmp)?)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        rustix::net::listen(&fd, 16)?;
+        std::fs::rename(&tmp, &path)?;
+        remove_at_exit_too(&path);
+        let stop = Arc::new(EventFd::new()?);
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("nc-control".into())
+            .spawn(move || serve(&ctx, &fd, &stop2))?;
+        Ok(Endpoint { path, stop, thread: Some(thread) })
+    }
+
+    /// Where it listens.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops the thread and removes the socket.
+    pub fn stop(&mut self) {
+        self.stop.notify();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+        AT_EXIT.lock().retain(|(_, p)| p != &self.path);
+    }
+}
+
+fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd) {
+    let me = rustix::process::getuid();
+    loop {
+        let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(stop, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return,
+        }
+        if !fds[1].revents().is_empty() {
+            return;
+        }
+        let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) else { continue };
+        let allowed = rustix::net::sockopt::socket_peercred(&conn)
+            .is_ok_and(|c| c.uid == me || c.uid.is_root());
+        if !allowed {
+            continue; // dropped: closed without a word
+        }
+        // A reader that stops reading cannot hold the endpoint for long.
+        let _ = rustix::net::sockopt::set_socket_timeout(
+            &conn,
+            rustix::net::sockopt::Timeout::Send,
+            Some(Duration::from_secs(1)),
+        );
+        let mut doc = snapshot(ctx).to_string();
+        doc.push('\n');
+        // rustix: raw system calls, which an interposition library in the process never sees.
+        let mut rest = doc.as_bytes();
+        while !rest.is_empty() {
+            match rustix::io::write(&conn, rest) {
+                Ok(n) => rest = &rest[n..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// The process's command name (`/proc/self/comm`).
+fn command() -> String {
+    std::fs::read_to_string("/proc/self/comm").map(|s| s.trim_end().to_string()).unwrap_or_default()
+}
+
+fn class_name(c: crate::Class) -> &'static str {
+    match c {
+        crate::Class::Latency => "latency",
+        crate::Class::Throughput => "throughput",
+    }
+}
+
+/// The engine as `netchannel stat` shows it (format documented in docs/ARCHITECTURE.md,
+/// "Observing engines").
+pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
+    let st = ctx.stats();
+    let cfg = &ctx.config;
+    let mut peers: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for c in &st.channels {
+        let peer = c.peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string());
+        let ch = &c.channel;
+        peers.entry(peer).or_default().push(json!({
+            "index": ch.index,
+            "incarnation": ch.incarnation,
+            "class": class_name(ch.class),
+            "state": if ch.open { "open" } else { "closed" },
+            "tx_bytes": ch.tx_bytes,
+            "rx_bytes": ch.rx_bytes,
+            "queued_bytes": ch.queued_bytes,
+            "rtt_us": ch.tcp.map(|t| t.rtt_us),
+            "tcp_retransmits": ch.tcp.map(|t| t.total_retrans),
+        }));
+    }
+    let peers: Vec<Value> = peers
+        .into_iter()
+        .map(|(addr, channels)| json!({ "addr": addr, "channels": channels }))
+        .collect();
+    let sockets: Vec<Value> = st
+        .sockets
+        .iter()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "port": s.port,
+                "class": class_name(s.class),
+                "state": s.state,
+                "peer_engine": s.peer_engine_addr.to_string(),
+                "local": s.app_addrs.map(|a| a[0].to_string()),
+                "peer": s.app_addrs.map(|a| a[1].to_string()),
+                "bytes_sent": s.bytes_sent,
+                "bytes_received": s.bytes_received,
+                "unread_bytes": s.unread_bytes,
+                "unsent_bytes": s.unsent_bytes,
+                "unacked_bytes": s.unacked_bytes,
+            })
+        })
+        .collect();
+    let refusals: BTreeMap<&str, u64> = st.refusals.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let closed: Vec<Value> = st
+        .closed_channels
+        .iter()
+        .rev()
+        .take(8)
+        .map(|c| {
+            json!({
+                "peer": c.peer_addr.map(|a| a.to_string()),
+                "index": c.channel.index,
+                "reason": c.channel.close_reason,
+            })
+        })
+        .collect();
+    json!({
+        "version": 1,
+        "pid": std::process::id(),
+        "command": command(),
+        "engine_id": format!("{:016x}", st.engine_id),
+        "channel_addr": st.local_addr.map(|a| a.to_string()),
+        "psk": cfg.psk.is_some(),
+        "isolating": st.isolating,
+        "peers": peers,
+        "sockets": sockets,
+        "refusals": refusals,
+        "recent_closed_channels": closed,
+        "counters": {
+            "retransmitted_bytes": st.retransmitted_bytes,
+            "redialed_channels": st.redialed_channels,
+            "protocol_errors": st.protocol_errors,
+            "handshake_failures": st.handshake_failures,
+            "stale_frames": st.stale_frames,
+        },
+        "budgets": {
+            "sessions": [st.sessions, cfg.max_sessions],
+            "channels": [st.channels_open, st.max_channels_total],
+            "sockets": st.open_sockets,
+            "max_sockets_per_peer": cfg.max_streams,
+            "held_bytes": [st.held_bytes, cfg.max_buffered],
+            "granted_bytes": [st.rx_granted, cfg.max_buffered],
+            "max_peer_buffered": cfg.max_peer_buffered,
+            "max_send_buffered": cfg.max_send_buffered,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_names_carry_their_pid() {
+        assert_eq!(endpoint_pid(Path::new("/x/123-00000000deadbeef.sock")), Some(123));
+        assert_eq!(endpoint_pid(Path::new("/x/abc-1.sock")), None);
+        assert_eq!(endpoint_pid(Path::new("/x/123-1.txt")), None);
+    }
+
+    #[test]
+    fn stale_endpoints_of_dead_processes_are_removed_and_live_ones_kept() {
+        let dir = std::env::temp_dir().join(format!("nc-control-test-{}", std::process::id()));
+        private_dir(&dir).unwrap();
+        // pid_max is at most 2^22: this pid never exists.
+        let dead = dir.join(format!("{}-1{ENDPOINT_SUFFIX}", (1u32 << 22) + 5));
+        let live = dir.join(format!("{}-2{ENDPOINT_SUFFIX}", std::process::id()));
+        std::fs::write(&dead, b"").unwrap();
+        std::fs::write(&live, b"").unwrap();
+        assert_eq!(remove_stale(&dir), 1);
+        assert!(!dead.exists() && live.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_others_can_write_to_is_made_private() {
+        let dir = std::env::temp_dir().join(format!("nc-control-perm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        private_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
