@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 mod apps;
+mod bars;
 mod cdf;
 mod metrics;
 mod mux;
@@ -60,6 +61,21 @@ enum Cmd {
         with: Vec<Stack>,
         #[arg(long)]
         json: bool,
+        /// Also draw each stack's ratio to linux per metric, with the repetitions' spread.
+        #[arg(long, value_name = "PATH")]
+        png: Option<PathBuf>,
+    },
+    /// Bar charts from results written earlier (`compare --json`, `programs --json`): each
+    /// stack's ratio to linux per metric with its repetitions' spread, on a log scale.
+    Plot {
+        #[arg(long, value_name = "PATH")]
+        png: PathBuf,
+        #[arg(long, default_value = "netchannel and the others against linux")]
+        title: String,
+        /// `[LABEL=]FILE[@METRIC,...]` each (METRIC as in the JSON: goodput_gbps,
+        /// latency_us.p99, ...; default: the usual ones the result has).
+        #[arg(required = true)]
+        inputs: Vec<String>,
     },
     /// Run a workload under `perf record` and break its CPU time down by the studies' taxonomy.
     Profile {
@@ -124,6 +140,9 @@ enum Cmd {
         /// Also write every run and the summary as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Also draw netchannel's ratio to linux per program and metric, with the spread.
+        #[arg(long, value_name = "PATH")]
+        png: Option<PathBuf>,
     },
     /// Manage the two-namespace testbed.
     Testbed {
@@ -286,8 +305,15 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 orchestrate::print_result(&r);
             }
         }
-        Cmd::Compare { run, repetitions, with, json } => {
+        Cmd::Compare { run, repetitions, with, json, png } => {
             let c = orchestrate::compare(&run, repetitions, &with)?;
+            if let Some(out) = &png {
+                let doc = serde_json::to_value(&c).map_err(|e| e.to_string())?;
+                let label =
+                    format!("{} {} {} B", run.workload.name(), run.pattern.name(), run.size);
+                bars::draw(out, &label, &bars::from_compare(&doc, &label, &[])?)?;
+                eprintln!("wrote {}", out.display());
+            }
             if json {
                 println!("{}", serde_json::to_string(&c).map_err(|e| e.to_string())?);
             } else if with.is_empty() {
@@ -298,6 +324,10 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
         }
         Cmd::Suite { out, quick, hosts, profile } => suite::run(&out, quick, hosts, profile)?,
         Cmd::Cdf { out, title, inputs } => cdf::run(&out, &title, &inputs)?,
+        Cmd::Plot { png, title, inputs } => {
+            bars::plot(&png, &title, &inputs)?;
+            eprintln!("wrote {}", png.display());
+        }
         Cmd::Profile { stack, run, json, compare, out, rules } => {
             let rules = profile::Rules::load(rules.as_deref())?;
             let stacks = match (compare, stack) {
@@ -331,7 +361,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 eprintln!("wrote {}", out.display());
             }
         }
-        Cmd::Programs { only, repetitions, scale, netchannel, path, json } => {
+        Cmd::Programs { only, repetitions, scale, netchannel, path, json, png } => {
             let opts = programs::Options {
                 programs: if only.is_empty() { programs::Program::ALL.to_vec() } else { only },
                 repetitions: repetitions.max(1),
@@ -344,6 +374,15 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
                 std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            if let Some(out) = &png {
+                let doc = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+                bars::draw(
+                    out,
+                    "unmodified programs: netchannel run against kernel TCP",
+                    &bars::from_programs(&doc)?,
+                )?;
+                eprintln!("wrote {}", out.display());
             }
         }
         Cmd::Testbed { action, mtu, gro, tso } => match action {
