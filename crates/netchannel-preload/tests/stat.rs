@@ -90,7 +90,9 @@ fn lists_this_process_engines_with_channels_sockets_and_budgets() {
     assert_eq!(peers[0]["addr"], server.local_addr().to_string().as_str());
     let chans = peers[0]["channels"].as_array().unwrap();
     assert_eq!(chans.len(), 5, "{c:#}");
-    assert!(chans.iter().all(|ch| ch["state"] == "open" && ch["rtt_us"].as_u64().is_some()));
+    assert!(chans.iter().all(|ch| ch["state"] == "open"
+        && ch["rtt_us"].as_u64().is_some()
+        && ch["tcp_retransmitted_bytes"].as_u64().is_some()));
     assert_eq!(chans.iter().filter(|ch| ch["class"] == "latency").count(), 1);
     // The socket as the application named it; the peer's copy holds the 1000 unread bytes.
     let cs = &c["sockets"][0];

@@ -242,6 +242,7 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
             "queued_bytes": ch.queued_bytes,
             "rtt_us": ch.tcp.map(|t| t.rtt_us),
             "tcp_retransmits": ch.tcp.map(|t| t.total_retrans),
+            "tcp_retransmitted_bytes": ch.tcp.map(|t| t.bytes_retrans),
         }));
     }
     let peers: Vec<Value> = peers

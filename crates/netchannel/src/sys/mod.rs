@@ -604,6 +604,8 @@ pub struct TcpInfo {
     pub rtt_var_us: u32,
     /// Segments retransmitted over the connection's life.
     pub total_retrans: u32,
+    /// Bytes retransmitted over the connection's life (0 on kernels before 4.19).
+    pub bytes_retrans: u64,
     /// Congestion window, segments.
     pub snd_cwnd: u32,
 }
@@ -628,6 +630,7 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> Option<TcpInfo> {
         rtt_us: info.tcpi_rtt,
         rtt_var_us: info.tcpi_rttvar,
         total_retrans: info.tcpi_total_retrans,
+        bytes_retrans: info.tcpi_bytes_retrans,
         snd_cwnd: info.tcpi_snd_cwnd,
     })
 }
