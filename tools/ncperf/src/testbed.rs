@@ -52,7 +52,25 @@ pub fn exists() -> bool {
     ns_path(NS_A).exists() && ns_path(NS_B).exists()
 }
 
-/// Creates the testbed if missing and applies `opts`. Idempotent.
+/// Serialises `up` and `down` between processes: two ncperf runs that find the testbed missing
+/// at once would otherwise both build it, one failing on the other's namespaces (or tearing a
+/// half-built one down under it). Held until the returned file is dropped.
+fn lock() -> Result<std::fs::File, String> {
+    let path = "/run/lock/ncperf-testbed.lock";
+    let _ = std::fs::create_dir_all("/run/lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("{path}: {e} (the testbed needs root)"))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("locking {path}: {e}"))?;
+    Ok(file)
+}
+
+/// Creates the testbed if missing and applies `opts`. Idempotent, and safe to call from several
+/// processes at once.
 pub fn up(opts: Options) -> Result<(), String> {
     if !(1280..=9000).contains(&opts.mtu) {
         return Err(format!(
@@ -60,9 +78,10 @@ pub fn up(opts: Options) -> Result<(), String> {
             opts.mtu
         ));
     }
+    let _locked = lock()?;
     if !exists() {
         // A half-built testbed from an interrupted run would make `add` fail: start clean.
-        let _ = down();
+        let _ = remove();
         let root = std::env::var("USER").unwrap_or_default();
         run("ip", &["netns", "add", NS_A]).map_err(|e| {
             if root != "root" {
@@ -110,6 +129,11 @@ pub fn up(opts: Options) -> Result<(), String> {
 }
 
 pub fn down() -> Result<(), String> {
+    let _locked = lock()?;
+    remove()
+}
+
+fn remove() -> Result<(), String> {
     let mut errors = Vec::new();
     for ns in [NS_A, NS_B] {
         if ns_path(ns).exists() {
