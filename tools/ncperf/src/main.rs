@@ -181,6 +181,9 @@ enum Cmd {
         /// netchannel: nice value of the latency-class worker (`Config::latency_policy`).
         #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
         latency_nice: i8,
+        /// netchannel: leave the channels' congestion control at the host's default.
+        #[arg(long)]
+        host_congestion: bool,
         /// yamux, quinn, h2: streams one connection may carry (yamux's max_num_streams,
         /// quinn's max_concurrent_bidi_streams; ncperf run sets it from the plan).
         #[arg(long, default_value_t = 1000)]
@@ -274,6 +277,10 @@ pub struct RunArgs {
     /// needs CAP_SYS_NICE).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub latency_nice: i8,
+    /// netchannel: leave the channels' congestion control at the host's default
+    /// (`net.ipv4.tcp_congestion_control`) instead of `Config::congestion`'s (cubic, else reno).
+    #[arg(long)]
+    pub host_congestion: bool,
     /// yamux, quinn, h2: connections per pair of sender and receiver apps, the flows spread
     /// over them (set it to --channels to match netchannel's channel count).
     #[arg(long, default_value_t = 1)]
@@ -407,6 +414,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             isolation,
             demote_to,
             latency_nice,
+            host_congestion,
             max_streams,
             apps,
         } => {
@@ -421,7 +429,14 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 return mux::run_server(stack, listen, coordinated, max_streams, apps)
                     .map_err(|e| format!("server: {e}"));
             }
-            let opts = EngineOpts { channels, policy, isolation, demote_to, latency_nice };
+            let opts = EngineOpts {
+                channels,
+                policy,
+                isolation,
+                demote_to,
+                latency_nice,
+                host_congestion,
+            };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
         }
@@ -462,6 +477,7 @@ fn client(
             isolation: run.isolation,
             demote_to: run.demote_to,
             latency_nice: run.latency_nice,
+            host_congestion: run.host_congestion,
         },
         plan,
         rate: run.rate,

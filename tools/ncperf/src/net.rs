@@ -199,6 +199,8 @@ pub struct EngineOpts {
     pub demote_to: DemoteTo,
     /// `Config::latency_policy`: the latency-class worker's nice value (0: SCHED_OTHER nice 0).
     pub latency_nice: i8,
+    /// The channels keep the host's congestion control (`Config::congestion` empty).
+    pub host_congestion: bool,
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -243,6 +245,9 @@ fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
     config.max_channels = opts.channels; // measured at a fixed channel count
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
+    if opts.host_congestion {
+        config.congestion.clear();
+    }
     config.throughput_policy = match opts.demote_to {
         DemoteTo::Idle => netchannel::ThreadPolicy::Idle,
         DemoteTo::Nice19 => netchannel::ThreadPolicy::Nice(19),

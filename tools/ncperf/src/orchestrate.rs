@@ -263,6 +263,9 @@ pub fn run_with(
         v.extend(["--isolation".into(), isolation_of(i).name().into()]);
         v.extend(["--demote-to".into(), args.demote_to.name().into()]);
         v.push(format!("--latency-nice={}", args.latency_nice));
+        if args.host_congestion {
+            v.push("--host-congestion".into());
+        }
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

@@ -42,6 +42,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         isolation: crate::net::IsolationOpt::Auto,
         demote_to: crate::net::DemoteTo::Idle,
         latency_nice: 0,
+        host_congestion: false,
         mux_connections: 1,
     }
 }

@@ -96,6 +96,9 @@ pub struct ChannelStats {
     /// The kernel's view of the connection (`TCP_INFO`: round-trip time, retransmitted
     /// segments) while it is open over TCP.
     pub tcp: Option<crate::sys::TcpInfo>,
+    /// The connection's congestion control algorithm (`TCP_CONGESTION`) while it is open
+    /// over TCP (`Config::congestion` chooses it).
+    pub congestion: Option<String>,
 }
 
 /// Exclusive, non-blocking ownership of one half of a channel. A thread that finds the half
@@ -362,6 +365,10 @@ impl Channel {
             protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
             close_reason: self.close_reason.lock().clone(),
             tcp: self.is_open().then(|| crate::sys::tcp_info(self.transport.fd())).flatten(),
+            congestion: self
+                .is_open()
+                .then(|| rustix::net::sockopt::tcp_congestion(self.transport.fd()).ok())
+                .flatten(),
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::wire::handshake::{check_prefix, FLAG_AUTH, HANDSHAKE_LEN};
 use crate::wire::{Class, Handshake, HandshakeKind, RejectReason, WireError};
 
 /// Socket options every channel gets.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TcpOptions {
     /// Liveness: an idle channel is probed after this long without traffic (`TCP_KEEPIDLE`),
     /// then every `keepalive_interval`, `keepalive_count` times; a channel whose sent bytes
@@ -36,6 +36,18 @@ pub struct TcpOptions {
     pub latency_notsent_lowat: u32,
     /// `SO_PRIORITY` of latency-class channels (used by qdiscs on real NICs).
     pub latency_priority: i32,
+    /// Congestion control algorithms in order of preference (`Config::congestion`).
+    pub congestion: Vec<String>,
+}
+
+/// Sets the first algorithm of `preferred` the kernel accepts (one not built in, or not in
+/// `net.ipv4.tcp_allowed_congestion_control` for an unprivileged process, is refused) and
+/// returns its name; `None` leaves the host's default.
+pub fn set_congestion(fd: BorrowedFd<'_>, preferred: &[String]) -> Option<String> {
+    preferred
+        .iter()
+        .find(|name| rustix::net::sockopt::set_tcp_congestion(fd, name).is_ok())
+        .cloned()
 }
 
 pub struct TcpTransport(TcpStream);
@@ -79,6 +91,7 @@ pub fn configure(sock: &TcpStream, class: Class, opts: &TcpOptions) -> io::Resul
         libc::TCP_NOTSENT_LOWAT,
         lowat.min(i32::MAX as u32) as i32,
     )?;
+    set_congestion(fd, &opts.congestion);
     if class == Class::Latency && opts.latency_priority != 0 {
         // Best effort: priorities above 6 need CAP_NET_ADMIN.
         let _ = sys::set_int_sockopt(

@@ -69,6 +69,15 @@ pub struct Config {
     pub notsent_lowat: u32,
     /// `TCP_NOTSENT_LOWAT` of latency channels.
     pub latency_notsent_lowat: u32,
+    /// Congestion control of the channels (`TCP_CONGESTION`), in order of preference: the
+    /// first one the kernel accepts is used; none accepted (or an empty list) leaves the host's
+    /// default. The default prefers loss-based algorithms (cubic, then reno) to the host's
+    /// choice because one stream is striped over several channels: a channel waits on the
+    /// others' bytes, and a rate-based algorithm such as BBR, whose bandwidth estimate (a max
+    /// over about ten round trips: under a millisecond in a data centre) collapses during such a
+    /// wait, then paces that channel at a fraction of the link and the whole stream waits on it
+    /// (docs/BENCHMARKS.md, "The stall of one stream between the namespaces").
+    pub congestion: Vec<String>,
     /// Worker threads serving throughput channels when no application thread does.
     pub workers: usize,
     /// DATA payloads at least this large stay in the socket until their reader reads them
@@ -206,6 +215,7 @@ impl Default for Config {
             tx_batch_bytes: 512 * 1024,
             notsent_lowat: 1 << 20,
             latency_notsent_lowat: 16 * 1024,
+            congestion: vec!["cubic".into(), "reno".into()],
             workers: cores().saturating_sub(1).max(1),
             defer_min: 32 * 1024,
             defer_grace: Duration::from_millis(2),

@@ -243,6 +243,7 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
             "rtt_us": ch.tcp.map(|t| t.rtt_us),
             "tcp_retransmits": ch.tcp.map(|t| t.total_retrans),
             "tcp_retransmitted_bytes": ch.tcp.map(|t| t.bytes_retrans),
+            "congestion": ch.congestion,
         }));
     }
     let peers: Vec<Value> = peers

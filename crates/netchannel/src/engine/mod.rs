@@ -148,6 +148,7 @@ impl Engine {
                 notsent_lowat: config.notsent_lowat,
                 latency_notsent_lowat: config.latency_notsent_lowat,
                 latency_priority: 6,
+                congestion: config.congestion.clone(),
                 keepalive_idle: config.keepalive_idle,
                 keepalive_interval: config.keepalive_interval,
                 keepalive_count: config.keepalive_count,

@@ -236,15 +236,15 @@ fn table(found: &Found, max_sockets: usize) -> String {
             let _ = writeln!(o, "  peer {}: {} channels", s(&p["addr"]), chans.len());
             let _ = writeln!(
                 o,
-                "    {:>5} {:<10} {:<6} {:>10} {:>10} {:>10} {:>9} {:>10}",
-                "CH", "CLASS", "STATE", "TX", "RX", "QUEUED", "RTT", "RESENT"
+                "    {:>5} {:<10} {:<6} {:>10} {:>10} {:>10} {:>9} {:>10} {:<6}",
+                "CH", "CLASS", "STATE", "TX", "RX", "QUEUED", "RTT", "RESENT", "CC"
             );
             for c in chans {
                 let rtt = c["rtt_us"].as_u64().map_or("-".into(), |r| format!("{r} us"));
                 let resent = c["tcp_retransmitted_bytes"].as_u64().map_or("-".into(), human);
                 let _ = writeln!(
                     o,
-                    "    {:>5} {:<10} {:<6} {:>10} {:>10} {:>10} {:>9} {:>10}",
+                    "    {:>5} {:<10} {:<6} {:>10} {:>10} {:>10} {:>9} {:>10} {:<6}",
                     format!("{}.{}", u(&c["index"]), u(&c["incarnation"])),
                     s(&c["class"]),
                     s(&c["state"]),
@@ -253,6 +253,7 @@ fn table(found: &Found, max_sockets: usize) -> String {
                     human(u(&c["queued_bytes"])),
                     rtt,
                     resent,
+                    c["congestion"].as_str().unwrap_or("-"),
                 );
             }
         }
