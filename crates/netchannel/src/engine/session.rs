@@ -37,6 +37,12 @@ const MAX_FRAMES: usize = 256;
 /// its next payload is left for it too.
 const ACTIVE_READER: std::time::Duration = std::time::Duration::from_micros(200);
 
+/// Nanoseconds since the first call in this process: a clock that fits in an atomic.
+fn clock_ns() -> u64 {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
 pub(crate) type Core = Session<StreamUser>;
 
 /// The session core, locked. Dropping it delivers what the core decided meanwhile: the events
@@ -99,6 +105,10 @@ pub(crate) struct SessionRt {
     /// The addresses applications know their sockets by (`VSocket::set_app_addresses`), by
     /// stream id: kept beside the streams so that an idle stream stays small.
     pub app_addrs: Mutex<std::collections::HashMap<u64, [SocketAddr; 2]>>,
+    /// When an application thread last came to wait on the session's channels (`clock_ns`).
+    /// While one keeps coming back, it serves them itself (its epoll registration is ahead of
+    /// the worker's), so the worker need not be woken by each arrival (`engine/worker.rs`).
+    app_waited_ns: AtomicU64,
 }
 
 impl SessionRt {
@@ -122,7 +132,19 @@ impl SessionRt {
             cursor: AtomicUsize::new(0),
             held_seen: AtomicU64::new(0),
             app_addrs: Mutex::new(std::collections::HashMap::new()),
+            app_waited_ns: AtomicU64::new(0),
         })
+    }
+
+    /// An application thread is about to wait on the session's channels.
+    pub fn note_app_wait(&self) {
+        self.app_waited_ns.store(clock_ns(), Ordering::Relaxed);
+    }
+
+    /// Whether an application thread came to wait on the session's channels within `d`.
+    pub fn app_waited_within(&self, d: std::time::Duration) -> bool {
+        let at = self.app_waited_ns.load(Ordering::Relaxed);
+        at != 0 && clock_ns().saturating_sub(at) < d.as_nanos() as u64
     }
 
     /// The core, locked (see [`CoreGuard`]).

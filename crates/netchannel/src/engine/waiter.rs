@@ -202,6 +202,7 @@ impl Waiter {
     /// Makes sure this thread's epoll set holds the open channels of `session` that carry
     /// `class`, ahead of the workers' registrations.
     pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
+        session.note_app_wait();
         let channels = session.serving_channels(class);
         let mut w = self.watched.lock();
         for ch in channels {

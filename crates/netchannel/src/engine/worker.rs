@@ -46,6 +46,9 @@ enum Request {
 pub(crate) struct Worker {
     pub index: usize,
     epoll: Epoll,
+    /// Only `wake`: where the worker sleeps while application threads serve its channels
+    /// (events on them queue in `epoll` meanwhile, and are collected without waiting).
+    requests_only: Epoll,
     wake: EventFd,
     requests: Mutex<Vec<Request>>,
     /// Nanoseconds since `epoch` until which the worker ticks.
@@ -80,9 +83,12 @@ impl Worker {
         let epoll = Epoll::new()?;
         let wake = EventFd::new()?;
         epoll.add(wake.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
+        let requests_only = Epoll::new()?;
+        requests_only.add(wake.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
         Ok(Arc::new(Worker {
             index,
             epoll,
+            requests_only,
             wake,
             requests: Mutex::new(Vec::new()),
             tick_until: AtomicU64::new(0),
@@ -238,13 +244,35 @@ impl Worker {
                 }
             }
             drop(ctx);
+            // While an application thread keeps coming back to wait on every session this
+            // worker serves, it reads and writes their channels itself: an arrival while it is
+            // busy would otherwise wake the worker (EPOLLEXCLUSIVE wakes whoever sleeps), which
+            // on a small machine takes the core from the program it would save work for. The
+            // worker then sleeps on requests alone for at most a tick and collects what queued
+            // on the channels meanwhile, so a program that stops coming back is covered within
+            // a tick, as the lazy duties are.
+            // Not while a channel waits for room in its socket: the worker writes the moment
+            // there is some, so a bulk sender's program is not left to find it later.
+            let served_by_apps = !channels.is_empty()
+                && channels.values().all(|(ch, s)| {
+                    s.app_waited_within(TICK) && !ch.tx_blocked.load(Ordering::Acquire)
+                });
+            if served_by_apps {
+                timeout = Some(timeout.map_or(TICK, |t| t.min(TICK)));
+            }
             self.parked.store(timeout.is_none(), Ordering::Release);
             // Re-check after announcing: a demand that raced with the decision is seen now.
             if timeout.is_none() && self.ticking() {
                 timeout = Some(Duration::ZERO);
             }
             events.clear();
-            let r = self.epoll.wait(&mut events, 64, timeout);
+            let r = if served_by_apps {
+                let r = self.requests_only.wait(&mut events, 1, timeout);
+                events.clear();
+                r.and_then(|_| self.epoll.wait(&mut events, 64, Some(Duration::ZERO)))
+            } else {
+                self.epoll.wait(&mut events, 64, timeout)
+            };
             self.parked.store(false, Ordering::Release);
             if r.is_err() {
                 std::thread::sleep(Duration::from_millis(1));
