@@ -105,10 +105,11 @@ pub(crate) struct SessionRt {
     /// The addresses applications know their sockets by (`VSocket::set_app_addresses`), by
     /// stream id: kept beside the streams so that an idle stream stays small.
     pub app_addrs: Mutex<std::collections::HashMap<u64, [SocketAddr; 2]>>,
-    /// When an application thread last came to wait on the session's channels (`clock_ns`).
-    /// While one keeps coming back, it serves them itself (its epoll registration is ahead of
-    /// the worker's), so the worker need not be woken by each arrival (`engine/worker.rs`).
-    app_waited_ns: AtomicU64,
+    /// When an application thread last came to wait on the session's channels of each class
+    /// (`clock_ns`). While one keeps coming back, it serves them itself (its epoll registration
+    /// is ahead of the worker's), so the worker need not be woken by each arrival
+    /// (`engine/worker.rs`).
+    app_waited_ns: [AtomicU64; 2],
 }
 
 impl SessionRt {
@@ -132,18 +133,19 @@ impl SessionRt {
             cursor: AtomicUsize::new(0),
             held_seen: AtomicU64::new(0),
             app_addrs: Mutex::new(std::collections::HashMap::new()),
-            app_waited_ns: AtomicU64::new(0),
+            app_waited_ns: [AtomicU64::new(0), AtomicU64::new(0)],
         })
     }
 
-    /// An application thread is about to wait on the session's channels.
-    pub fn note_app_wait(&self) {
-        self.app_waited_ns.store(clock_ns(), Ordering::Relaxed);
+    /// An application thread is about to wait on the session's channels of `class`.
+    pub fn note_app_wait(&self, class: Class) {
+        self.app_waited_ns[class.index()].store(clock_ns(), Ordering::Relaxed);
     }
 
-    /// Whether an application thread came to wait on the session's channels within `d`.
-    pub fn app_waited_within(&self, d: std::time::Duration) -> bool {
-        let at = self.app_waited_ns.load(Ordering::Relaxed);
+    /// Whether an application thread came to wait on the session's channels of `class` within
+    /// `d`.
+    pub fn app_waited_within(&self, class: Class, d: std::time::Duration) -> bool {
+        let at = self.app_waited_ns[class.index()].load(Ordering::Relaxed);
         at != 0 && clock_ns().saturating_sub(at) < d.as_nanos() as u64
     }
 

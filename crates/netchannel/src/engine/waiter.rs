@@ -202,8 +202,10 @@ impl Waiter {
     /// Makes sure this thread's epoll set holds the open channels of `session` that carry
     /// `class`, ahead of the workers' registrations.
     pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
-        session.note_app_wait();
         let channels = session.serving_channels(class);
+        // The channels of the other class serve `class` when it has none of its own.
+        let served = channels.first().map_or(class, |c| c.meta.class);
+        session.note_app_wait(served);
         let mut w = self.watched.lock();
         for ch in channels {
             if w.by_uid.contains_key(&ch.uid) {

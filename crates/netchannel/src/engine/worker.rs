@@ -255,7 +255,8 @@ impl Worker {
             // there is some, so a bulk sender's program is not left to find it later.
             let served_by_apps = !channels.is_empty()
                 && channels.values().all(|(ch, s)| {
-                    s.app_waited_within(TICK) && !ch.tx_blocked.load(Ordering::Acquire)
+                    s.app_waited_within(ch.meta.class, TICK)
+                        && !ch.tx_blocked.load(Ordering::Acquire)
                 });
             if served_by_apps {
                 timeout = Some(timeout.map_or(TICK, |t| t.min(TICK)));
