@@ -424,10 +424,16 @@ fn one_poller_drives_many_sockets(hosts: Hosts) {
 
 fn channels_scale_up_under_backpressure(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
+    // A channel that takes little before it is full (in the kernel and in its class queue), so
+    // that the sender is held back by it whatever the machine's speed: with the defaults, a
+    // reader that keeps up on a fast machine never lets the class queue fill, and nothing asks
+    // for a channel.
     let (a, b) = tb.engines(|c| {
         c.channels = 1;
         c.max_channels = 3;
         c.latency_channels = 0;
+        c.channel_queue_threshold = 256 * 1024;
+        c.notsent_lowat = 64 * 1024;
     });
     let l = b.listen(10).unwrap();
     let s = a.connect(b.local_addr(), 10).unwrap();
