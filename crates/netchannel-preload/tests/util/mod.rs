@@ -13,10 +13,13 @@ use crate::common::Testbed;
 pub const NETCHANNEL: &str = env!("CARGO_BIN_EXE_netchannel");
 
 /// Ports unique to this test process, so tests run in parallel on loopback do not collide
-/// (each test takes a channel port and a few application ports).
+/// (each test takes a channel port and a few application ports). All below the kernel's
+/// ephemeral range (`ip_local_port_range`, 32768 and up by default): a port there can already
+/// be the local port of some connection (an engine's dialed channel, a benchmark client's),
+/// and then a server's engine cannot bind its channel port and every connect to it is refused.
 pub fn ports(n: u16) -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20000 + (std::process::id() % 200) as u16 * 100;
+    let base = 20000 + (std::process::id() % 120) as u16 * 100;
     base + NEXT.fetch_add(n, Ordering::SeqCst)
 }
 
