@@ -23,6 +23,7 @@ both_testbeds!(
     channels_scale_up_under_backpressure,
     blocking_send_of_exactly_the_window_returns,
     full_backlog_makes_connects_wait_not_fail,
+    a_receiver_that_stops_coming_back_is_covered_by_the_worker,
 );
 
 fn one_gib_striped_over_four_channels(hosts: Hosts) {
@@ -499,4 +500,40 @@ fn full_backlog_makes_connects_wait_not_fail(hosts: Hosts) {
         assert!(Instant::now() < deadline, "the waiting connects were never admitted");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// The worker stays asleep while application threads keep coming to wait on its channels
+/// (they serve them) and collects what queued on them once a tick; a receiver that waited and
+/// then stops calling netchannel (busy elsewhere) must still have its channels read: the
+/// sender's bytes all leave the kernel's socket buffers with the receiver away.
+fn a_receiver_that_stops_coming_back_is_covered_by_the_worker(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(12).unwrap();
+    let s = a.connect(b.local_addr(), 12).unwrap();
+    let p = l.accept().unwrap();
+    s.send(b"x").unwrap();
+    let mut one = [0u8; 1];
+    assert_eq!(p.recv(&mut one).unwrap(), 1, "the receiver came to wait once");
+    let read_from_channels =
+        |e: &netchannel::Engine| e.stats().channels.iter().map(|c| c.channel.rx_bytes).sum::<u64>();
+    let before = read_from_channels(&b);
+    const LEN: u64 = 1 << 20; // within the stream window: the sender never waits for the reader
+    send_pattern(&s, 13, LEN, 64 * 1024);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Each DATA frame adds a header to what the channels carry.
+    while read_from_channels(&b) - before < LEN || p.unread_bytes() < LEN {
+        assert!(
+            Instant::now() < deadline,
+            "with the receiver away, its engine left bytes in the channels: read {} of {LEN}, \
+             unread at the receiver {}, sender {:?}",
+            read_from_channels(&b) - before,
+            p.unread_bytes(),
+            s.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(s.stats().unsent_bytes, 0);
+    s.shutdown().unwrap();
+    assert_eq!(recv_pattern(&p, 13, 64 * 1024), LEN);
 }
