@@ -41,13 +41,14 @@ pub struct TcpOptions {
 }
 
 /// Sets the first algorithm of `preferred` the kernel accepts (one not built in, or not in
-/// `net.ipv4.tcp_allowed_congestion_control` for an unprivileged process, is refused) and
-/// returns its name; `None` leaves the host's default.
-pub fn set_congestion(fd: BorrowedFd<'_>, preferred: &[String]) -> Option<String> {
-    preferred
-        .iter()
-        .find(|name| rustix::net::sockopt::set_tcp_congestion(fd, name).is_ok())
-        .cloned()
+/// `net.ipv4.tcp_allowed_congestion_control` for an unprivileged process, is refused); none
+/// leaves the host's default. Stats read back what the socket got.
+fn set_congestion(fd: BorrowedFd<'_>, preferred: &[String]) {
+    for name in preferred {
+        if rustix::net::sockopt::set_tcp_congestion(fd, name).is_ok() {
+            return;
+        }
+    }
 }
 
 pub struct TcpTransport(TcpStream);

@@ -38,7 +38,7 @@ const MAX_FRAMES: usize = 256;
 const ACTIVE_READER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Nanoseconds since the first call in this process: a clock that fits in an atomic.
-fn clock_ns() -> u64 {
+pub(crate) fn clock_ns() -> u64 {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
@@ -142,11 +142,11 @@ impl SessionRt {
         self.app_waited_ns[class.index()].store(clock_ns(), Ordering::Relaxed);
     }
 
-    /// Whether an application thread came to wait on the session's channels of `class` within
-    /// `d`.
-    pub fn app_waited_within(&self, class: Class, d: std::time::Duration) -> bool {
+    /// Whether an application thread came to wait on the session's channels of `class` after
+    /// `since` (a `clock_ns` reading).
+    pub fn app_waited_after(&self, class: Class, since: u64) -> bool {
         let at = self.app_waited_ns[class.index()].load(Ordering::Relaxed);
-        at != 0 && clock_ns().saturating_sub(at) < d.as_nanos() as u64
+        at != 0 && at > since
     }
 
     /// The core, locked (see [`CoreGuard`]).

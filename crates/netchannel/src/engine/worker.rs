@@ -253,9 +253,10 @@ impl Worker {
             // a tick, as the lazy duties are.
             // Not while a channel waits for room in its socket: the worker writes the moment
             // there is some, so a bulk sender's program is not left to find it later.
+            let tick_ago = super::session::clock_ns().saturating_sub(TICK.as_nanos() as u64);
             let served_by_apps = !channels.is_empty()
                 && channels.values().all(|(ch, s)| {
-                    s.app_waited_within(ch.meta.class, TICK)
+                    s.app_waited_after(ch.meta.class, tick_ago)
                         && !ch.tx_blocked.load(Ordering::Acquire)
                 });
             if served_by_apps {
