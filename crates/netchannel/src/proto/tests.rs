@@ -798,6 +798,96 @@ fn tiny_frames_cost_memory_in_proportion_to_their_bytes() {
     assert_eq!(q.sides[1].rx_held(), 0);
 }
 
+/// A read buffer whose drop is counted (a stand-in for a channel's read buffer, to see how many
+/// the slices held keep alive).
+struct CountedBuffer {
+    bytes: Vec<u8>,
+    live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl AsRef<[u8]> for CountedBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for CountedBuffer {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn counted_read_buffer(live: &std::sync::Arc<std::sync::atomic::AtomicUsize>, fill: u8) -> Bytes {
+    live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Bytes::from_owner(CountedBuffer { bytes: vec![fill; 256 * 1024], live: live.clone() })
+}
+
+#[test]
+fn slices_left_unread_in_mostly_read_buffers_do_not_keep_them_alive() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut p = Pair::new(15, &[Class::Throughput], config());
+    let (_a, bulk) = p.open(80, Class::Throughput);
+    let tiny: Vec<StreamId> = (0..200).map(|_| p.open(81, Class::Throughput).1).collect();
+    let live = std::sync::Arc::new(AtomicUsize::new(0));
+    let ch = ChannelId::new(0, 0);
+    let mut buf = vec![0u8; 256 * 1024];
+    // Each read buffer carries 200 KiB the application reads at once and one byte for a stream
+    // it never reads: without compaction, each byte would keep its 256 KiB buffer alive.
+    for (i, &t) in tiny.iter().enumerate() {
+        let read_buffer = counted_read_buffer(&live, i as u8);
+        let big = 200 * 1024;
+        let item = Parsed::Data {
+            stream: bulk.get(),
+            offset: (i * big) as u64,
+            payload: read_buffer.slice(..big),
+        };
+        p.sides[1].receive(ch, item, p.now, |_, _| false).expect("valid frame");
+        let item =
+            Parsed::Data { stream: t.get(), offset: 0, payload: read_buffer.slice(big..big + 1) };
+        p.sides[1].receive(ch, item, p.now, |_, _| false).expect("valid frame");
+        drop(read_buffer);
+        assert_eq!(p.recv(1, bulk, &mut buf), Recv::Data(big as u64));
+        // The CREDIT for more (what the peer would be told is dropped: it is this test).
+        p.sides[1].poll_transmit(ch, usize::MAX, 1024, false, &mut Vec::new());
+    }
+    assert_eq!(p.sides[1].rx_held(), 200);
+    // 8 MiB read between compactions: about 41 buffers of 200 KiB, not 200.
+    let alive = live.load(Ordering::Relaxed);
+    assert!(alive <= 48, "{alive} read buffers kept alive by 200 unread bytes");
+    for (i, &t) in tiny.iter().enumerate() {
+        assert_eq!(p.recv(1, t, &mut buf), Recv::Data(1));
+        assert_eq!(buf[0], i as u8);
+    }
+    assert_eq!(live.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn dense_small_slices_are_held_without_a_copy() {
+    let mut cfg = config();
+    cfg.window = 256 * 1024;
+    let mut p = Pair::new(16, &[Class::Throughput], cfg);
+    let streams: Vec<StreamId> = (0..100).map(|_| p.open(80, Class::Throughput).1).collect();
+    let ch = ChannelId::new(0, 0);
+    // 40 read buffers, each 64 writes of 4 KiB to 64 different streams, none read yet (10 MiB):
+    // the buffers are full of bytes held, so copying them would save no memory.
+    let mut next = vec![0u64; streams.len()];
+    for b in 0..40 {
+        let read_buffer = Bytes::from(vec![b as u8; 256 * 1024]);
+        for j in 0..64 {
+            let k = (b * 64 + j) % streams.len();
+            let item = Parsed::Data {
+                stream: streams[k].get(),
+                offset: next[k],
+                payload: read_buffer.slice(j * 4096..(j + 1) * 4096),
+            };
+            p.sides[1].receive(ch, item, p.now, |_, _| false).expect("valid frame");
+            next[k] += 4096;
+        }
+    }
+    assert_eq!(p.sides[1].rx_held(), 40 * 256 * 1024);
+    assert_eq!(p.sides[1].stats().compacted_bytes, 0);
+}
+
 #[test]
 fn a_syn_naming_a_high_index_allocates_nothing() {
     // The peer chooses its stream ids: a table sized by them made one SYN cost 64 MiB.

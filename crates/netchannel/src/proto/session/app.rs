@@ -140,6 +140,8 @@ impl<U: Default> Session<U> {
         if n > 0 {
             self.rx_held -= n;
             self.after_consume(id);
+            // Fewer bytes held: slices still pinned may now outweigh them.
+            self.compact_if_due();
             return Recv::Data(n);
         }
         let (front, eof) = (s.rx.front_deferred(), s.at_eof());

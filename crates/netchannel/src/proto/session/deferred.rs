@@ -117,6 +117,7 @@ impl<U: Default> Session<U> {
     /// space by the engine (the reader did not come for them in time).
     pub(super) fn stage_deferred(&mut self, channel: ChannelId, data: Bytes) {
         let now = self.clock();
+        self.rx_read += data.len() as u64;
         let Some(st) = self.channel_mut(channel) else {
             return;
         };
@@ -143,6 +144,7 @@ impl<U: Default> Session<U> {
     /// `n` bytes of the payload deferred in `channel` were read and dropped.
     pub(super) fn discard_deferred(&mut self, channel: ChannelId, n: u64) {
         let now = self.clock();
+        self.rx_read += n;
         let Some(st) = self.channel_mut(channel) else {
             return;
         };

@@ -12,8 +12,9 @@ use super::*;
 use crate::wire::frame::DATA_HEADER_LEN;
 use crate::wire::RstReason;
 
-/// Streams holding small slices before they are compacted (each slice may pin a read buffer).
-const PINNED_STREAMS: usize = 64;
+/// Bytes read on a session's channels that close a compaction window, unless twice the bytes
+/// held is more (see `compact_if_due`).
+const COMPACT_WINDOW: u64 = 4 << 20;
 /// In-order segments of one stream before its small ones are merged.
 const SEGMENTS_BEFORE_COMPACT: usize = 64;
 /// Bookkeeping of out-of-order segments (`OOO_SEG_COST` each) a session may hold beyond the
@@ -47,23 +48,45 @@ impl<U: Default> Session<U> {
             } else if s.flags & F_PINNED == 0 {
                 s.flags |= F_PINNED;
                 self.pinned.push(id);
-                if self.pinned.len() > PINNED_STREAMS {
-                    self.compact();
-                }
             }
         }
+        self.compact_if_due();
         r
     }
 
-    /// Copies the small slices every listed stream holds into buffers of their own, so that
-    /// unread bytes never keep whole channel read buffers alive.
+    /// Closes a compaction window once the channels read more than `COMPACT_WINDOW` bytes, or
+    /// twice the bytes held, since the last one closed. Streams that took small slices in the
+    /// window before and still hold them are compacted then: their reader lags by more than a
+    /// window, so the slices may pin read buffers that are otherwise spent. A slice held
+    /// unread therefore pins buffers filled within the last two windows at most, so the memory
+    /// pinned stays within `2 * max(COMPACT_WINDOW, 2 * rx_held)` (and the buffer each channel
+    /// is filling), whatever slices a peer sends. Readers that keep up within a window cost no
+    /// copy, however many streams they read, and nor do honest slices held unread for long:
+    /// they fill the buffers densely, held bytes grow with what was read, and windows stretch.
+    pub(super) fn compact_if_due(&mut self) {
+        let read = self.rx_read - self.compacted_at;
+        if read > COMPACT_WINDOW.max(2 * self.rx_held)
+            && !(self.pinned.is_empty() && self.pinned_before.is_empty())
+        {
+            self.compact();
+        }
+    }
+
+    /// Copies the small slices held by the streams listed in the window before into buffers
+    /// of their own, and starts a new window.
     pub(super) fn compact(&mut self) {
-        for id in std::mem::take(&mut self.pinned) {
+        self.compacted_at = self.rx_read;
+        for id in std::mem::take(&mut self.pinned_before) {
             if let Some(s) = self.streams.get_mut(id) {
-                s.flags &= !F_PINNED;
                 self.stats.compacted_bytes += s.rx.compact();
             }
         }
+        for &id in &self.pinned {
+            if let Some(s) = self.streams.get_mut(id) {
+                s.flags &= !F_PINNED;
+            }
+        }
+        self.pinned_before = std::mem::take(&mut self.pinned);
     }
 
     /// Resolves a peer-supplied stream id: `Ok(None)` for a stream closed here (stale),
@@ -184,6 +207,7 @@ impl<U: Default> Session<U> {
             Some(p) => DATA_HEADER_LEN + p.len(),
             None => frame.wire_len(),
         } as u64;
+        self.rx_read += wire_len;
         self.observe(now);
         let is_ack = matches!(frame, Frame::Ack { .. });
         match self.channel_mut(ch) {
@@ -343,6 +367,7 @@ impl<U: Default> Session<U> {
         now: Instant,
     ) -> Result<Verdict, Violation> {
         let got = DATA_HEADER_LEN as u64 + prefix.len() as u64;
+        self.rx_read += got;
         self.observe(now);
         let can_defer = match self.channel_mut(ch) {
             Some(st) => {
@@ -405,6 +430,7 @@ impl<U: Default> Session<U> {
     /// A piece of a staged payload (after `Verdict::Stage`).
     pub(super) fn data_piece(&mut self, ch: ChannelId, stream: StreamId, offset: u64, data: Bytes) {
         let now = self.clock();
+        self.rx_read += data.len() as u64;
         match self.channel_mut(ch) {
             Some(st) => st.received(data.len() as u64, now),
             None => return,
@@ -426,6 +452,7 @@ impl<U: Default> Session<U> {
     /// `n` bytes of a discarded payload were read and dropped.
     pub(super) fn discard(&mut self, ch: ChannelId, n: u64) {
         let now = self.clock();
+        self.rx_read += n;
         if let Some(st) = self.channel_mut(ch) {
             st.received(n, now);
         }

@@ -102,6 +102,7 @@ impl<U: Default> Session<U> {
         s.rx.clear();
         s.owe = 0;
         let (class, peer, phase, closed) = (s.class, s.peer, s.phase, s.app_closed);
+        self.compact_if_due();
         self.classes[class.index()].unsent -= dropped;
         self.recharge(id);
         self.feed_starved();
@@ -154,6 +155,7 @@ impl<U: Default> Session<U> {
         if let Some(s) = self.streams.remove(id) {
             self.rx_held -= s.rx.held_bytes();
             self.rx_granted -= s.rx_charge;
+            self.compact_if_due();
             if s.phase != Phase::Connecting && self.opened_by_peer.get(&s.peer) == Some(&id) {
                 self.opened_by_peer.remove(&s.peer);
             }

@@ -197,8 +197,14 @@ pub struct Session<U> {
     epoch: Option<Instant>,
     /// Received bytes held in user space, every stream (what the peer made us allocate).
     rx_held: u64,
-    /// Streams that took small slices of channel read buffers since the last compaction.
+    /// Streams that took small slices of channel read buffers in the current compaction
+    /// window, and in the window before (see `compact_if_due`).
     pinned: Vec<StreamId>,
+    pinned_before: Vec<StreamId>,
+    /// Bytes read into user space on every channel (the clock of the compaction trigger).
+    rx_read: u64,
+    /// `rx_read` when the current compaction window opened.
+    compacted_at: u64,
     /// Channels that left their retention limit since the runtime last asked.
     tx_ready: Vec<ChannelId>,
     /// Sum of every stream's `rx_charge`: receive credit granted and not yet consumed.
@@ -227,6 +233,9 @@ impl<U: Default> Session<U> {
             epoch: None,
             rx_held: 0,
             pinned: Vec::new(),
+            pinned_before: Vec::new(),
+            rx_read: 0,
+            compacted_at: 0,
             tx_ready: Vec::new(),
             rx_granted: 0,
             retained_total: 0,
