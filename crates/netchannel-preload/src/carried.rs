@@ -20,6 +20,8 @@
 //!
 //! Readiness is mirrored only once the placeholder is watched by the kernel (the program put it
 //! in an epoll set or a poll/select): a program that only makes blocking calls costs no token.
+//! A placeholder whose readability only the program's own `epoll_wait` on its one set can see
+//! costs none either: that wait reports it (`elide`).
 //! L also tells when the program's last copy of P, in any process, is closed: L reports
 //! `POLLHUP` then and only then (P is never shut down in both directions while L is open).
 
@@ -64,6 +66,24 @@ struct Mirror {
     /// The program shut its halves down.
     wr_shut: bool,
     rd_shut: bool,
+    /// The one epoll set P is registered in while its readability may be elided (`elide`).
+    elided_in: Option<Registration>,
+    /// Epoll sets P is registered in.
+    sets: u32,
+    /// Elision ended for good (see `elide`).
+    no_elision: bool,
+    /// In `elide`'s ready list: readable without a token, reported by the next wait on its set.
+    queued: bool,
+    /// A wait reported it readable (elided), and no read has found it empty since.
+    reported: bool,
+}
+
+/// Where and how an elided placeholder is registered: what its set's wait reports for it.
+#[derive(Clone, Copy)]
+pub(crate) struct Registration {
+    pub epfd: c_int,
+    pub events: u32,
+    pub data: u64,
 }
 
 /// A handed-over connection, between the relay serving the process that took it over and the
@@ -101,6 +121,10 @@ pub(crate) struct Carried {
     pub local: SocketAddr,
     /// The program's socket was IPv6 (getsockopt answers for its family).
     pub v6: bool,
+    /// Itself, for `elide`'s ready list.
+    me: Weak<Carried>,
+    /// `elide::forks()` when it was made.
+    forks: u64,
     mirror: Mutex<Mirror>,
     error: Mutex<ErrorState>,
     /// P is, or was, in a kernel wait (epoll set, poll, select): mirror readiness.
@@ -196,7 +220,7 @@ impl Carried {
         }
         let st = rustix::fs::fstat(&p)?;
         vs.set_nonblocking(true);
-        let c = Arc::new(Carried {
+        let c = Arc::new_cyclic(|me| Carried {
             vs: ManuallyDrop::new(vs),
             id,
             owner: pid(),
@@ -204,6 +228,8 @@ impl Carried {
             peer,
             local,
             v6,
+            me: me.clone(),
+            forks: crate::elide::forks(),
             mirror: Mutex::new(Mirror {
                 l: Some(l),
                 tokens: 0,
@@ -211,6 +237,11 @@ impl Carried {
                 eof: false,
                 wr_shut: false,
                 rd_shut: false,
+                elided_in: None,
+                sets: 0,
+                no_elision: false,
+                queued: false,
+                reported: false,
             }),
             error: Mutex::new(ErrorState::None),
             watched: AtomicBool::new(false),
@@ -278,9 +309,17 @@ impl Carried {
         if r.readable && !m.eof && !m.rd_shut {
             let edge = new_data && self.edge.load(Ordering::Relaxed);
             if m.tokens == 0 || edge {
-                let l = m.l.as_ref().expect("checked");
-                if rustix::net::send(l, &[1], SendFlags::DONTWAIT | SendFlags::NOSIGNAL).is_ok() {
-                    m.tokens += 1;
+                let awake = self.may_elide(&m) && {
+                    let queue = !std::mem::replace(&mut m.queued, true);
+                    crate::elide::elided(queue.then(|| self.me.clone()))
+                };
+                if !awake {
+                    let l = m.l.as_ref().expect("checked");
+                    let token = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+                    if rustix::net::send(l, &[1], token).is_ok() {
+                        m.tokens += 1;
+                        crate::process::bump(&COUNTERS.readiness_tokens);
+                    }
                 }
             }
         }
@@ -336,10 +375,14 @@ impl Carried {
     /// After the program read: P's tokens are taken once nothing is left to read.
     fn drain_tokens(&self, fd: BorrowedFd<'_>) {
         let mut m = self.mirror.lock();
-        if m.tokens == 0 || m.l.is_none() || m.eof {
+        if (m.tokens == 0 && !m.reported) || m.l.is_none() || m.eof {
             return;
         }
         if self.vs.readiness().readable || self.has_returned() {
+            return;
+        }
+        m.reported = false;
+        if m.tokens == 0 {
             return;
         }
         let mut buf = [0u8; 64];
@@ -857,10 +900,111 @@ impl Carried {
         }
     }
 
-    /// P shows readable (a token is in it, or the peer's FIN is mirrored).
+    /// P shows readable (a token is in it, or the peer's FIN is mirrored), or its wait reports
+    /// it so.
     fn told_readable(&self) -> bool {
         let m = self.mirror.lock();
-        self.watched() && (m.tokens > 0 || m.eof)
+        self.watched() && (m.tokens > 0 || m.eof || m.reported)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Elided readiness (`elide`)
+
+    /// Whether an arrival may go without a token: see `elide` for the conditions.
+    fn may_elide(&self, m: &Mirror) -> bool {
+        m.elided_in.is_some()
+            && !m.no_elision
+            && self.owner == pid()
+            && self.forks == crate::elide::forks()
+            && crate::elide::single_waiter()
+            && !self.edge.load(Ordering::Relaxed)
+            && !self.handed_over.load(Ordering::Acquire)
+    }
+
+    /// P joined an epoll set (`ADD`); `reg` when that registration could be elided (its
+    /// events and data allow it). A second set ends elision for good.
+    pub(crate) fn joined_set(&self, reg: Option<Registration>) {
+        let mut m = self.mirror.lock();
+        m.sets += 1;
+        if m.sets > 1 {
+            drop(m);
+            self.forbid_elision();
+            return;
+        }
+        self.elide_in(m, reg);
+    }
+
+    /// P's registration in `epfd` changed (`MOD`); `reg` when it could be elided now.
+    pub(crate) fn changed_set(&self, reg: Option<Registration>) {
+        let m = self.mirror.lock();
+        if m.sets == 1 {
+            self.elide_in(m, reg);
+        }
+    }
+
+    /// P's one registration is now `reg` (`None`: one whose readiness must be in the kernel).
+    fn elide_in(&self, mut m: parking_lot::MutexGuard<'_, Mirror>, reg: Option<Registration>) {
+        if m.no_elision {
+            return;
+        }
+        let was = m.elided_in.is_some();
+        m.elided_in = reg;
+        if was && reg.is_none() {
+            drop(m);
+            self.end_elision();
+        }
+    }
+
+    /// P left epoll set `epfd` (`DEL`).
+    pub(crate) fn left_set(&self, epfd: c_int) {
+        let mut m = self.mirror.lock();
+        m.sets = m.sets.saturating_sub(1);
+        if m.elided_in.is_some_and(|r| r.epfd == epfd) {
+            m.elided_in = None;
+        }
+    }
+
+    /// Something the library does not answer for may look at P: its readiness is in the kernel
+    /// from now on (a token now if it is readable).
+    pub(crate) fn forbid_elision(&self) {
+        {
+            let mut m = self.mirror.lock();
+            m.no_elision = true;
+            m.elided_in = None;
+        }
+        self.end_elision();
+    }
+
+    /// The conditions of elision may have stopped holding: a readable P gets its token.
+    pub(crate) fn end_elision(&self) {
+        if self.watched() {
+            self.sync(false);
+        }
+    }
+
+    /// For the wait on `epfd`, this queued connection's report: `None` to take it off the
+    /// ready list (not readable, or the kernel shows it now), `Some(None)` to keep it for
+    /// another set's wait, `Some(Some((events, data)))` to report.
+    pub(crate) fn elided_report(&self, epfd: c_int) -> Option<Option<(u32, u64)>> {
+        let mut m = self.mirror.lock();
+        if !self.may_elide(&m) {
+            m.queued = false;
+            drop(m);
+            self.end_elision();
+            return None;
+        }
+        let reg = m.elided_in.expect("checked by may_elide");
+        let shown_by_kernel = m.tokens > 0 || m.eof || m.rd_shut || m.l.is_none();
+        let closed = self.fds.load(Ordering::Acquire) == 0;
+        if shown_by_kernel || closed || !(self.vs.readiness().readable || self.has_returned()) {
+            m.queued = false;
+            return None;
+        }
+        if reg.epfd != epfd {
+            return Some(None);
+        }
+        m.reported = true;
+        Some(Some((reg.events & crate::elide::REPORTED, reg.data)))
     }
 
     fn has_returned(&self) -> bool {

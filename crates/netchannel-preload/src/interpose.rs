@@ -80,6 +80,8 @@ reals! {
     sendfile: unsafe extern "C" fn(c_int, c_int, *mut libc::off_t, usize) -> Ssize,
     sendfile64: unsafe extern "C" fn(c_int, c_int, *mut libc::off64_t, usize) -> Ssize,
     splice: unsafe extern "C" fn(c_int, *mut libc::loff_t, c_int, *mut libc::loff_t, usize, u32) -> Ssize,
+    epoll_create: unsafe extern "C" fn(c_int) -> c_int,
+    epoll_create1: unsafe extern "C" fn(c_int) -> c_int,
     epoll_ctl: unsafe extern "C" fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int,
     epoll_wait: unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int,
     epoll_pwait: unsafe extern "C" fn(c_int, *mut libc::epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int,
@@ -175,6 +177,8 @@ impl<T> ForkLock for parking_lot::Mutex<T> {
 }
 
 extern "C" fn fork_prepare() {
+    // Before the locks: ending elision writes tokens (and takes the registry's lock).
+    let _ = caught(crate::elide::before_fork);
     table::fork_locks(|l| l.hold(), |l| l.hold(), |l| l.hold(), |l| l.hold());
 }
 
@@ -1103,6 +1107,30 @@ fn pipe_room(p: BorrowedFd<'_>) -> Result<usize, i32> {
 // ---------------------------------------------------------------------------------------------
 // Waiting.
 
+/// Marks a new epoll instance (adding it to another set nests it, see `elide`).
+fn epoll_created(rc: c_int) -> c_int {
+    if rc >= 0 {
+        table::set_bits(rc, table::EPOLL_INSTANCE);
+    }
+    rc
+}
+
+/// # Safety
+/// C ABI: as epoll_create(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: forwarding the caller's argument.
+    epoll_created(unsafe { real!(epoll_create)(size) })
+}
+
+/// # Safety
+/// C ABI: as epoll_create1(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: forwarding the caller's argument.
+    epoll_created(unsafe { real!(epoll_create1)(flags) })
+}
+
 /// # Safety
 /// C ABI: as epoll_ctl(2).
 #[no_mangle]
@@ -1118,13 +1146,13 @@ pub unsafe extern "C" fn epoll_ctl(
         return unsafe { real(epfd, op, fd, ev) };
     }
     // SAFETY: the program's event, if any.
-    let events = unsafe { ev.as_ref() }.map_or(0, |e| e.events);
-    let c = caught(|| waits::before_ctl(op, fd, events)).flatten();
+    let event = unsafe { ev.as_ref() }.map_or((0, 0), |e| (e.events, e.u64));
+    let c = caught(|| waits::before_ctl(op, fd, event.0)).flatten();
     // SAFETY: forwarding the caller's arguments.
     let rc = unsafe { real(epfd, op, fd, ev) };
     if rc == 0 {
         let e = errno();
-        let _ = caught(|| waits::after_ctl(epfd, op, fd, c));
+        let _ = caught(|| waits::after_ctl(epfd, op, fd, c, event));
         set_errno(e);
     }
     rc
@@ -1156,8 +1184,25 @@ fn epoll_common(
     let mask = unsafe { mask.as_ref() };
     let r = caught(|| {
         waits::epoll_wait(epfd, timeout, mask, || {
-            // SAFETY: the program's buffer of `max` events; a zero timeout.
-            last(unsafe { real(epfd, events, max, 0) } as i64)
+            if max <= 0 || events.is_null() {
+                // SAFETY: forwarding the caller's arguments (the kernel reports the error).
+                return last(unsafe { real(epfd, events, max, 0) } as i64);
+            }
+            // SAFETY: the program's buffer of `max` events (`room` of them); a zero timeout.
+            let kernel = |room: usize| last(unsafe { real(epfd, events, room as c_int, 0) } as i64);
+            let room = crate::elide::kernel_room(max as usize);
+            let n = if room == 0 { 0 } else { kernel(room)? };
+            let n = {
+                // SAFETY: the program passed a buffer of `max` events (epoll_wait's contract);
+                // the kernel just wrote the first `n` of them.
+                let out = unsafe { std::slice::from_raw_parts_mut(events, max as usize) };
+                crate::elide::report(epfd, out, n)
+            };
+            if n == 0 && room < max as usize {
+                // Nothing elided to report after all: the kernel's events in full.
+                return kernel(max as usize);
+            }
+            Ok(n)
         })
     })
     .flatten()?;
@@ -1631,7 +1676,12 @@ fn forget(fd: c_int, k: u8) -> Forgotten {
     }
     let listener = if k & LISTENING != 0 { table::unmap_listener(fd) } else { None };
     if k & EPOLL != 0 {
-        table::unmap_epoll(fd);
+        if let Some(info) = table::unmap_epoll(fd) {
+            waits::set_closed(&info);
+        }
+    }
+    if k & (table::EPOLL_INSTANCE | table::EPOLL_OBSERVED) != 0 {
+        table::clear_bits(fd, table::EPOLL_INSTANCE | table::EPOLL_OBSERVED);
     }
     if k & RELAYED != 0 {
         crate::relay::forget_relayed(fd);

@@ -14,13 +14,14 @@
 //!
 //! Module map: `interpose` (the C entry points, the only unsafe code), `table` (which fds are
 //! ours), `connect`, `listen`, `carried` (a direct-path connection and its placeholder),
-//! `sockopt`, `waits`, `inherit`, `reaper`, `relay`, `process` (settings, engines, counters).
+//! `sockopt`, `waits`, `elide` (readiness a wait reports itself), `inherit`, `reaper`, `relay`, `process` (settings, engines, counters).
 
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod carried;
 mod connect;
+mod elide;
 mod inherit;
 #[allow(unsafe_code)]
 mod interpose;

@@ -107,6 +107,10 @@ pub(crate) struct Counters {
     /// Interposed socket calls made by the library's or the engine's own threads: there should
     /// be none (both use raw system calls), and the stats line says so.
     pub reentered: AtomicU64,
+    /// Tokens written into placeholders, and readable edges their waits reported instead
+    /// (`elide`).
+    pub readiness_tokens: AtomicU64,
+    pub readiness_elided: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -123,6 +127,8 @@ pub(crate) static COUNTERS: Counters = Counters {
     bytes_out: AtomicU64::new(0),
     bytes_in: AtomicU64::new(0),
     reentered: AtomicU64::new(0),
+    readiness_tokens: AtomicU64::new(0),
+    readiness_elided: AtomicU64::new(0),
 };
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -168,7 +174,8 @@ fn print_stats(io_uring_rings: usize) {
         "netchannel: pid {} virtual sockets {} (connect {}, accept {}), direct {}, relayed {} \
              (accepted by another process {}, inherited {}, by choice {}), kernel tcp {} \
              (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
-             bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}\n",
+             bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}, readiness tokens {} \
+             elided {}\n",
         std::process::id(),
         get(&c.carried_connects) + get(&c.carried_accepts),
         get(&c.carried_connects),
@@ -188,6 +195,8 @@ fn print_stats(io_uring_rings: usize) {
         channels,
         io_uring_rings,
         get(&c.reentered),
+        get(&c.readiness_tokens),
+        get(&c.readiness_elided),
     );
     match std::env::var("NETCHANNEL_STATS").as_deref() {
         Ok("stderr") | Ok("") | Err(_) => {

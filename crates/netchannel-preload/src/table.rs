@@ -31,6 +31,11 @@ pub(crate) const REMOTE: u8 = 8;
 /// `--path relay`: a kernel socket relayed to a virtual connection (`getpeername` reports the
 /// virtual peer).
 pub(crate) const RELAYED: u8 = 16;
+/// The fd is an epoll instance (from `epoll_create*`): adding it to another set nests it.
+pub(crate) const EPOLL_INSTANCE: u8 = 32;
+/// The epoll instance is seen by more than its own waits (nested in another set, polled,
+/// selected, or dup'd): its members' readiness must be in the kernel (see `elide`).
+pub(crate) const EPOLL_OBSERVED: u8 = 64;
 
 static KIND: [AtomicU8; MAX_FD] = [const { AtomicU8::new(0) }; MAX_FD];
 
@@ -182,5 +187,16 @@ pub(crate) fn dup_into(old: c_int, new: c_int) {
         if let Some(e) = epoll(old) {
             map_epoll(new, e);
         }
+    }
+    if k & CARRIED != 0 {
+        // Two numbers for one placeholder: its registrations are no longer one per set.
+        if let Some(c) = carried(old) {
+            c.forbid_elision();
+        }
+    }
+    if k & (EPOLL | EPOLL_INSTANCE) != 0 {
+        // A set waited on under two numbers: its waits no longer know it by one.
+        crate::waits::observe_set(old);
+        set_bits(new, k & EPOLL_INSTANCE | EPOLL_OBSERVED);
     }
 }

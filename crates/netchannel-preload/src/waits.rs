@@ -6,7 +6,8 @@
 //! in `VSocket::recv` does, instead of sleeping until an engine worker did it and woke it.
 //!
 //! An epoll set is watched for carried members from `epoll_ctl` on: a wait on a set that has
-//! none (or a poll over fds none of which is carried) goes straight to the kernel.
+//! none (or a poll over fds none of which is carried) goes straight to the kernel. A wait on a
+//! set also reports the readability of members whose tokens were elided (`elide`).
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -17,16 +18,17 @@ use netchannel::sys::SignalPolicy;
 use netchannel::ServeSet;
 use parking_lot::Mutex;
 
-use crate::carried::Carried;
+use crate::carried::{Carried, Registration};
 use crate::interpose::with_fd;
 use crate::process::pid;
-use crate::table::{self, CARRIED, EPOLL, REMOTE};
+use crate::table::{self, CARRIED, EPOLL, EPOLL_INSTANCE, EPOLL_OBSERVED, REMOTE};
 
 /// What the library knows of one epoll set holding carried fds.
 #[derive(Default)]
 pub(crate) struct EpollInfo {
-    /// Carried members, by fd number (weak: the set does not keep a connection open).
-    members: HashMap<c_int, Weak<Carried>>,
+    /// Carried members, by fd number (weak: the set does not keep a connection open), with
+    /// the `data` of their registration.
+    members: HashMap<c_int, (Weak<Carried>, u64)>,
     /// Epoll sets with carried members nested in this one.
     nested: Vec<c_int>,
     /// The sessions of the members, served during waits (copied out for each wait).
@@ -58,29 +60,84 @@ pub(crate) fn before_ctl(op: c_int, fd: c_int, events: u32) -> Option<Arc<Carrie
     Some(c)
 }
 
-/// After a successful `epoll_ctl`: the set's members and sessions follow.
-pub(crate) fn after_ctl(epfd: c_int, op: c_int, fd: c_int, c: Option<Arc<Carried>>) {
-    let nested = table::kind(fd) & EPOLL != 0;
+/// After a successful `epoll_ctl` (`event`: the program's events and data): the set's members
+/// and sessions follow, and whether a member's readability may be elided.
+pub(crate) fn after_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    c: Option<Arc<Carried>>,
+    event: (u32, u64),
+) {
+    let nested = table::kind(fd) & (EPOLL | EPOLL_INSTANCE) != 0;
     if c.is_none() && !nested {
         return;
+    }
+    if nested && op == libc::EPOLL_CTL_ADD {
+        // Its members' readiness must reach the kernel: this set's wait sees only the kernel's.
+        observe_set(fd);
     }
     let info = table::epoll(epfd).unwrap_or_else(|| {
         let info = Arc::new(Mutex::new(EpollInfo::default()));
         table::map_epoll(epfd, info.clone());
         info
     });
+    let (events, data) = event;
     let mut i = info.lock();
+    let elidable = |i: &EpollInfo| {
+        (events & libc::EPOLLIN as u32 != 0)
+            && (events & !crate::elide::ELIDABLE == 0)
+            && table::kind(epfd) & EPOLL_OBSERVED == 0
+            && !i.members.iter().any(|(&f, &(_, d))| f != fd && d == data)
+    };
+    let reg = Registration { epfd, events, data };
     match (op, c) {
         (libc::EPOLL_CTL_ADD, Some(c)) => {
-            i.members.insert(fd, Arc::downgrade(&c));
+            let ok = elidable(&i);
+            i.members.insert(fd, (Arc::downgrade(&c), data));
             Arc::make_mut(&mut i.serve).add(&c.vs);
+            drop(i);
+            c.joined_set(ok.then_some(reg));
+        }
+        (libc::EPOLL_CTL_MOD, Some(c)) => {
+            let ok = elidable(&i);
+            if let Some(m) = i.members.get_mut(&fd) {
+                m.1 = data;
+            }
+            drop(i);
+            c.changed_set(ok.then_some(reg));
         }
         (libc::EPOLL_CTL_DEL, Some(c)) if i.members.remove(&fd).is_some() => {
             Arc::make_mut(&mut i.serve).remove(&c.vs);
+            drop(i);
+            c.left_set(epfd);
         }
         (libc::EPOLL_CTL_ADD, None) => i.nested.push(fd),
         (libc::EPOLL_CTL_DEL, None) => i.nested.retain(|&n| n != fd),
         _ => {}
+    }
+}
+
+/// Epoll set `epfd` is seen by more than its own waits (nested, polled, selected, dup'd):
+/// none of its members is elided from now on.
+pub(crate) fn observe_set(epfd: c_int) {
+    table::set_bits(epfd, EPOLL_OBSERVED);
+    if let Some(info) = table::epoll(epfd) {
+        let members: Vec<Arc<Carried>> =
+            info.lock().members.values().filter_map(|(w, _)| w.upgrade()).collect();
+        for c in members {
+            c.forbid_elision();
+        }
+    }
+}
+
+/// Epoll set `epfd` is being closed: its number may name another set soon, so its members are
+/// no longer elided (the kernel drops their registrations when the set goes).
+pub(crate) fn set_closed(info: &Mutex<EpollInfo>) {
+    let members: Vec<Arc<Carried>> =
+        info.lock().members.values().filter_map(|(w, _)| w.upgrade()).collect();
+    for c in members {
+        c.forbid_elision();
     }
 }
 
@@ -110,28 +167,29 @@ pub(crate) fn epoll_wait(
     mut real: impl FnMut() -> Result<usize, i32>,
 ) -> Option<Result<usize, i32>> {
     let set = serve_set(epfd, 0)?;
+    crate::elide::before_wait();
     netchannel::flush_sends();
-    match real() {
-        Ok(0) => {}
-        r => return Some(r),
-    }
-    if timeout == Some(Duration::ZERO) {
-        return Some(Ok(0));
-    }
     let deadline = timeout.map(|t| Instant::now() + t);
     let signals = SignalPolicy { interruptible: true, mask };
+    let mut first = true;
     loop {
-        match set.wait(epfd, deadline, signals) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Some(Err(libc::EINTR)),
-            Err(_) => {}
-        }
+        // Read before the report inside `real`: an elided arrival after it keeps us awake.
+        let seen = crate::elide::arrivals();
         match real() {
             Ok(0) => {}
             r => return Some(r),
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if timeout == Some(Duration::ZERO)
+            || (!first && deadline.is_some_and(|d| Instant::now() >= d))
+        {
             return Some(Ok(0));
+        }
+        first = false;
+        let Some(asleep) = crate::elide::Asleep::enter(seen) else { continue };
+        match set.wait_then(epfd, deadline, signals, || drop(asleep)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Some(Err(libc::EINTR)),
+            Err(_) => {}
         }
     }
 }
@@ -151,8 +209,12 @@ pub(crate) fn poll(
     let mut ours = false;
     for p in fds.iter() {
         let k = table::kind(p.fd);
+        if k & (EPOLL | EPOLL_INSTANCE) != 0 && k & EPOLL_OBSERVED == 0 {
+            observe_set(p.fd);
+        }
         if k & (CARRIED | REMOTE) != 0 {
             if let Some(c) = served(p.fd) {
+                c.forbid_elision();
                 with_fd(p.fd, |app| c.arm(app, false));
                 set.add(&c.vs);
                 ours = true;
@@ -207,5 +269,5 @@ pub(crate) fn poll(
 
 /// Whether any fd of a poll set is the library's business.
 pub(crate) fn any_ours(fds: impl IntoIterator<Item = c_int>) -> bool {
-    fds.into_iter().any(|fd| table::kind(fd) & (CARRIED | REMOTE | EPOLL) != 0)
+    fds.into_iter().any(|fd| table::kind(fd) & (CARRIED | REMOTE | EPOLL | EPOLL_INSTANCE) != 0)
 }

@@ -703,6 +703,11 @@ int main(void) {
 /// forking a child per connection, posix_spawn with the socket as stdin/stdout, SCM_RIGHTS to
 /// an exec'd process) prints the same lines carried and on kernel TCP.
 ///
+/// `conform elide` runs one thread's level-triggered epoll loop over two connections in a
+/// process of its own: the library reports their readability from the wait itself (the stats
+/// must count such reports), then a second set, nesting and a fork end that, and every line
+/// still matches kernel TCP.
+///
 /// `conform scm-nolib` passes a connection over SCM_RIGHTS to a process started without the
 /// library (`env -u LD_PRELOAD`). It runs on kernel TCP only: what it prints there is the
 /// contract, but a carried connection handed to a process without the library is outside what
@@ -733,8 +738,15 @@ fn conformance(hosts: Hosts) {
                 "  receiver: echo recv eof 0\nSCM_RIGHTS to a process without the library: exit=0\n"
             );
         }
+        // First, in a process of its own: one thread's level-triggered epoll loop, whose
+        // readability the library reports from the wait itself (elided) until something else
+        // could see it.
+        let mut out = p.client.run(&bin, &["elide", &p.server.addr, &port.to_string()], T);
+        if carried {
+            assert!(stat(&p.client.stats, "elided") > 0, "{}", stats_text(&p.client.stats));
+        }
         // Last: the client ends the server ('q').
-        let mut out = p.client.run(&bin, &["client", &p.server.addr, &port.to_string()], T);
+        out += &p.client.run(&bin, &["client", &p.server.addr, &port.to_string()], T);
         drop(server);
         if p.server.netns.is_some() {
             // An on-link address nobody answers: the SYN (and the engine's dial) go unanswered.

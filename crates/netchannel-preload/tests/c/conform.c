@@ -7,6 +7,7 @@
  *   conform client HOST PORT
  *   conform unreachable HOST PORT
  *   conform scm-nolib HOST PORT      SCM_RIGHTS to a process without the library (kernel TCP)
+ *   conform elide HOST PORT          one thread's level-triggered epoll loop (see elide())
  * Internal modes: exec-child FD, spawn-child, scm-recv UNIXFD. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -1011,6 +1012,118 @@ static void client(const char *host, int port) {
     close(s);
 }
 
+/* One thread's level-triggered epoll loop over two connections, as event loops have it, in a
+ * process of its own: while nothing but that wait can see a connection, `netchannel run`
+ * reports its readability from the wait itself instead of through the placeholder (elided).
+ * Then what ends that (a second set, nesting, a fork) with readiness staying exact. */
+static void elide(const char *host, int port) {
+    int s1 = dial(host, port, 0), s2 = dial(host, port, 0);
+    if (s1 < 0 || s2 < 0) { errno = s1 < 0 ? -s1 : -s2; die("connect"); }
+    int fl = 1; ioctl(s1, FIONBIO, &fl); ioctl(s2, FIONBIO, &fl);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.fd = s1}, out[4];
+    epoll_ctl(ep, EPOLL_CTL_ADD, s1, &ev);
+    ev.data.fd = s2;
+    epoll_ctl(ep, EPOLL_CTL_ADD, s2, &ev);
+    char b[64];
+    printf("elide idle: %d\n", epoll_wait(ep, out, 4, 100));
+    cmd(s1, "d");
+    int n = epoll_wait(ep, out, 4, 2000);
+    printf("elide arrival: n=%d fd_is_s1=%d events=%#x\n", n, n == 1 && out[0].data.fd == s1,
+           n >= 1 ? out[0].events & EMASK : 0);
+    wait_bytes(s1, 10);
+    printf("elide unread, level-triggered: %d\n", epoll_wait(ep, out, 4, 0));
+    printf("elide read 4: %zd\n", read(s1, b, 4));
+    printf("elide 6 left: %d\n", epoll_wait(ep, out, 4, 0));
+    printf("elide read rest: %zd\n", read(s1, b, sizeof b));
+    printf("elide drained: %d\n", epoll_wait(ep, out, 4, 0));
+    ssize_t r = read(s1, b, sizeof b);
+    printf("elide read empty: %s\n", res(r));
+
+    /* Asleep in the wait when the data comes ('l': 10 bytes after 300 ms). */
+    cmd(s2, "l");
+    n = epoll_wait(ep, out, 4, 5000);
+    printf("elide woken in the wait: n=%d fd_is_s2=%d\n", n, n == 1 && out[0].data.fd == s2);
+    wait_bytes(s2, 10);
+    printf("elide read: %zd\n", read(s2, b, sizeof b));
+
+    /* Readable and writable: one event with both bits. */
+    ev = (struct epoll_event){.events = EPOLLIN | EPOLLOUT, .data.fd = s1};
+    epoll_ctl(ep, EPOLL_CTL_MOD, s1, &ev);
+    cmd(s1, "d");
+    wait_bytes(s1, 10);
+    n = epoll_wait(ep, out, 4, 1000);
+    printf("elide in+out: n=%d events=%#x\n", n, n >= 1 ? out[0].events & EMASK : 0);
+    read(s1, b, sizeof b);
+    n = epoll_wait(ep, out, 4, 1000);
+    printf("elide out only: n=%d events=%#x\n", n, n >= 1 ? out[0].events & EMASK : 0);
+    ev.events = EPOLLIN;
+    epoll_ctl(ep, EPOLL_CTL_MOD, s1, &ev);
+
+    /* Both readable, room for one event: level-triggered reports take turns. */
+    cmd(s1, "d"); cmd(s2, "d");
+    wait_bytes(s1, 10); wait_bytes(s2, 10);
+    int f1 = -1, f2 = -1;
+    if (epoll_wait(ep, out, 1, 1000) == 1) f1 = out[0].data.fd;
+    if (epoll_wait(ep, out, 1, 1000) == 1) f2 = out[0].data.fd;
+    printf("elide one at a time, both reported: %d\n", (f1 == s1 && f2 == s2) || (f1 == s2 && f2 == s1));
+    read(s1, b, sizeof b); read(s2, b, sizeof b);
+    printf("elide both drained: %d\n", epoll_wait(ep, out, 4, 0));
+
+    /* A second set over one of them. */
+    int ep2 = epoll_create1(0);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = s2};
+    epoll_ctl(ep2, EPOLL_CTL_ADD, s2, &ev);
+    cmd(s2, "d"); wait_bytes(s2, 10);
+    int a = epoll_wait(ep, out, 4, 1000), c = epoll_wait(ep2, out, 4, 1000);
+    printf("elide second set: %d %d\n", a, c);
+    read(s2, b, sizeof b);
+    a = epoll_wait(ep, out, 4, 0), c = epoll_wait(ep2, out, 4, 0);
+    printf("elide second set drained: %d %d\n", a, c);
+    close(ep2);
+
+    /* Nested in another set. */
+    int outer = epoll_create1(0);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = ep};
+    epoll_ctl(outer, EPOLL_CTL_ADD, ep, &ev);
+    cmd(s1, "d"); wait_bytes(s1, 10);
+    a = epoll_wait(outer, out, 4, 1000), c = epoll_wait(ep, out, 4, 0);
+    printf("elide nested: outer=%d inner=%d\n", a, c);
+    read(s1, b, sizeof b);
+    printf("elide nested drained: outer=%d\n", epoll_wait(outer, out, 4, 0));
+    close(outer);
+
+    /* A fresh connection in a fresh set, then a fork: the child waits on its copy of the set
+     * and must see the parent's next arrival. */
+    int s3 = dial(host, port, 0);
+    ioctl(s3, FIONBIO, &fl);
+    int ep3 = epoll_create1(0);
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = s3};
+    epoll_ctl(ep3, EPOLL_CTL_ADD, s3, &ev);
+    printf("elide fresh: %d\n", epoll_wait(ep3, out, 4, 100));
+    cmd(s3, "d"); wait_bytes(s3, 10);
+    printf("elide fresh arrival: %d\n", epoll_wait(ep3, out, 4, 1000));
+    read(s3, b, sizeof b);
+    pid_t pid = fork();
+    if (pid == 0) _exit(epoll_wait(ep3, out, 4, 5000) == 1 ? 0 : 1);
+    usleep(200000);
+    cmd(s3, "d");
+    int st = 0;
+    waitpid(pid, &st, 0);
+    printf("elide forked child sees the arrival: %d\n", WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    wait_bytes(s3, 10);
+    n = epoll_wait(ep3, out, 4, 1000);
+    printf("elide parent after the fork: %d read %zd\n", n, read(s3, b, sizeof b));
+
+    /* The peer's FIN. */
+    cmd(s1, "s");
+    n = epoll_wait(ep, out, 4, 2000);
+    int fin = n >= 1 ? out[0].events & EMASK : 0;
+    printf("elide fin: n=%d events=%#x read=%s\n", n, fin, res(read(s1, b, sizeof b)));
+    close(ep); close(ep3);
+    close(s1); close(s2); close(s3);
+}
+
 /* A non-blocking connect to an address nobody answers (no ARP reply) returns at once. */
 static void unreachable(const char *host, int port) {
     struct timespec t0, t1;
@@ -1029,6 +1142,7 @@ int main(int argc, char **argv) {
     else if (argc == 4 && !strcmp(argv[1], "unreachable")) unreachable(argv[2], atoi(argv[3]));
     else if (argc == 3 && !strcmp(argv[1], "exec-child")) exec_child(atoi(argv[2]));
     else if (argc == 4 && !strcmp(argv[1], "scm-nolib")) scm_nolib(argv[2], atoi(argv[3]));
+    else if (argc == 4 && !strcmp(argv[1], "elide")) elide(argv[2], atoi(argv[3]));
     else if (argc == 3 && !strcmp(argv[1], "scm-recv")) return scm_recv(atoi(argv[2]));
     else if (argc == 2 && !strcmp(argv[1], "spawn-child")) return spawn_child();
     else { fprintf(stderr, "usage: conform server PORT | client HOST PORT | scm-nolib HOST PORT\n"); return 2; }

@@ -99,12 +99,26 @@ impl ServeSet {
         deadline: Option<Instant>,
         signals: SignalPolicy<'_>,
     ) -> io::Result<()> {
+        self.wait_then(companion, deadline, signals, || {})
+    }
+
+    /// `wait`, calling `woke` once the sleep is over and before the channel events found are
+    /// served (the caller's readiness mirror may then report what this thread dispatches
+    /// itself, instead of writing it into the kernel object for a sleeper).
+    pub fn wait_then(
+        &self,
+        companion: RawFd,
+        deadline: Option<Instant>,
+        signals: SignalPolicy<'_>,
+        woke: impl FnOnce(),
+    ) -> io::Result<()> {
         let w = waiter::current()?;
         w.begin();
         self.prepare(&w);
         w.set_companion(companion, self.key);
         let mut events = Vec::new();
         let r = w.sleep_signals(deadline, &mut events, signals);
+        woke();
         serve(&mut events);
         r.map(|_| ())
     }
