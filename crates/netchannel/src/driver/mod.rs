@@ -281,7 +281,7 @@ impl Channel {
         self.counters.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Writes as much of the pulled frames as the socket takes, in one `writev`.
+    /// Writes as much of the pulled frames as the socket takes, in one send.
     pub fn write(&self, st: &mut TxState) -> io::Result<Written> {
         let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(st.frames.len() * 2);
         let mut skip = st.written;
@@ -302,7 +302,7 @@ impl Channel {
         if iov.is_empty() {
             return Ok(Written { bytes: 0, blocked: false });
         }
-        let n = match sys::writev(self.transport.fd(), &iov) {
+        let n = match sys::send_vectored(self.transport.fd(), &iov) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 return Ok(Written { bytes: 0, blocked: true });

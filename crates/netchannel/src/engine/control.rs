@@ -202,7 +202,7 @@ fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd) {
         // rustix: raw system calls, which an interposition library in the process never sees.
         let mut rest = doc.as_bytes();
         while !rest.is_empty() {
-            match rustix::io::write(&conn, rest) {
+            match rustix::net::send(&conn, rest, rustix::net::SendFlags::NOSIGNAL) {
                 Ok(n) => rest = &rest[n..],
                 Err(rustix::io::Errno::INTR) => {}
                 Err(_) => break,

@@ -1,5 +1,5 @@
 //! Every OS call the engine makes that std does not wrap: eventfd, epoll, reads into spare
-//! buffer capacity, writev, socket options, network namespaces, thread priorities. System calls
+//! buffer capacity, vectored sends, socket options, network namespaces, thread priorities. System calls
 //! go through rustix (raw system calls, never through libc's symbols, so an `LD_PRELOAD`
 //! library interposing libc is never re-entered). The crate's few `unsafe` blocks are here.
 
@@ -358,10 +358,13 @@ pub fn read_into(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(rustix::io::read(fd, buf)?)
 }
 
-/// Gathers `slices` into one `writev`.
-pub fn writev(fd: BorrowedFd<'_>, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+/// Gathers `slices` into one send on socket `fd`. `MSG_NOSIGNAL`: a peer that closed the
+/// connection is an `EPIPE` for the engine to handle, never a `SIGPIPE` (in a program under
+/// `netchannel run` whose handler is the default, that would end the program).
+pub fn send_vectored(fd: BorrowedFd<'_>, slices: &[IoSlice<'_>]) -> io::Result<usize> {
     let n = slices.len().min(1024);
-    Ok(rustix::io::writev(fd, &slices[..n])?)
+    let mut no_control = rustix::net::SendAncillaryBuffer::default();
+    Ok(rustix::net::sendmsg(fd, &slices[..n], &mut no_control, rustix::net::SendFlags::NOSIGNAL)?)
 }
 
 /// Sets an integer socket option that neither rustix nor socket2 covers.
@@ -461,9 +464,16 @@ mod tests {
     }
 
     #[test]
-    fn read_append_and_writev_over_a_pipe() {
-        let (r, w) = rustix::pipe::pipe().unwrap();
-        let n = writev(w.as_fd(), &[IoSlice::new(b"hello "), IoSlice::new(b"world")]).unwrap();
+    fn read_append_and_send_vectored_over_a_socket_pair() {
+        let (r, w) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let n =
+            send_vectored(w.as_fd(), &[IoSlice::new(b"hello "), IoSlice::new(b"world")]).unwrap();
         assert_eq!(n, 11);
         let mut buf = BytesMut::with_capacity(64);
         buf.extend_from_slice(b">");
@@ -471,9 +481,13 @@ mod tests {
         assert_eq!(read_append(r.as_fd(), &mut buf, 64).unwrap(), 6);
         assert_eq!(&buf[..], b">hello world");
         let mut direct = [0u8; 4];
-        writev(w.as_fd(), &[IoSlice::new(b"abcd")]).unwrap();
+        send_vectored(w.as_fd(), &[IoSlice::new(b"abcd")]).unwrap();
         assert_eq!(read_into(r.as_fd(), &mut direct).unwrap(), 4);
         assert_eq!(&direct, b"abcd");
+        // A closed peer is an error for the caller (`EPIPE`; with `MSG_NOSIGNAL`, no signal).
+        drop(r);
+        let e = send_vectored(w.as_fd(), &[IoSlice::new(b"x")]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
     }
 
     #[test]
