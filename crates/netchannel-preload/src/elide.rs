@@ -10,7 +10,7 @@
 //! reports P's `EPOLLIN` itself ("elided"), level-triggered, as the kernel would:
 //!
 //! * one thread of the process has waited in interposed waits (`WAIT_THREAD`); the connection
-//!   is this process's and was made since it last forked;
+//!   is this process's, and it and its set were made since the process last forked;
 //! * P is in exactly one epoll set, level-triggered with `EPOLLIN`, with no bits beyond
 //!   `ELIDABLE`; the set is not nested, polled, selected or dup'd (`EPOLL_OBSERVED`), and no
 //!   other carried member of it has the same `data`;
@@ -97,9 +97,13 @@ pub(crate) fn before_wait() {
     }
 }
 
-/// Before `fork`: the child shares P and the epoll sets, so nothing made so far is elided.
+/// Before `fork`: the child shares P and the epoll sets, so nothing made so far is elided, and
+/// no set made so far elides what joins it later.
 pub(crate) fn before_fork() {
     FORKS.fetch_add(1, Ordering::SeqCst);
+    for epfd in crate::table::epoll_instances() {
+        crate::waits::observe_set(epfd);
+    }
     end_everywhere();
 }
 

@@ -199,6 +199,7 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     process::set_pid();
     release_fork_locks();
+    table::forget_epolls_after_fork();
 }
 
 // ---------------------------------------------------------------------------------------------

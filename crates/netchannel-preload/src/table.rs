@@ -156,6 +156,21 @@ pub(crate) fn unmap_epoll(fd: c_int) -> Option<Arc<Mutex<EpollInfo>>> {
     TABLES.epolls.lock().remove(&fd)
 }
 
+/// In a forked child: the epoll sets it inherited hold its parent's connections, whose
+/// channels only the parent serves, so its waits on them go straight to the kernel (a child
+/// that served them would read the parent's channels from under it).
+pub(crate) fn forget_epolls_after_fork() {
+    let inherited = std::mem::take(&mut *TABLES.epolls.lock());
+    for fd in inherited.into_keys() {
+        clear_bits(fd, EPOLL);
+    }
+}
+
+/// Every epoll set this process knows of (before a fork: the child shares them).
+pub(crate) fn epoll_instances() -> Vec<c_int> {
+    (0..MAX_FD as c_int).filter(|&fd| kind(fd) & (EPOLL | EPOLL_INSTANCE) != 0).collect()
+}
+
 /// The locks a forked child must not inherit held: taken before `fork` and released after it
 /// on both sides (`pthread_atfork`, in `interpose`), so that the child finds them free.
 pub(crate) fn fork_locks(
