@@ -29,6 +29,9 @@ pub(crate) struct EpollInfo {
     /// Carried members, by fd number (weak: the set does not keep a connection open), with
     /// the `data` of their registration.
     members: HashMap<c_int, (Weak<Carried>, u64)>,
+    /// How many carried members registered each `data` (an elided report is told from the
+    /// kernel's events by its `data` alone, so a shared one is not elided).
+    datas: HashMap<u64, u32>,
     /// Epoll sets with carried members nested in this one.
     nested: Vec<c_int>,
     /// The sessions of the members, served during waits (copied out for each wait).
@@ -84,30 +87,40 @@ pub(crate) fn after_ctl(
     });
     let (events, data) = event;
     let mut i = info.lock();
+    // Called once this member's `data` is counted.
     let elidable = |i: &EpollInfo| {
         (events & libc::EPOLLIN as u32 != 0)
             && (events & !crate::elide::ELIDABLE == 0)
             && table::kind(epfd) & EPOLL_OBSERVED == 0
-            && !i.members.iter().any(|(&f, &(_, d))| f != fd && d == data)
+            && i.datas.get(&data) == Some(&1)
     };
     let reg = Registration { epfd, events, data };
     match (op, c) {
         (libc::EPOLL_CTL_ADD, Some(c)) => {
+            if let Some((_, was)) = i.members.insert(fd, (Arc::downgrade(&c), data)) {
+                i.uncount(was);
+            }
+            *i.datas.entry(data).or_default() += 1;
             let ok = elidable(&i);
-            i.members.insert(fd, (Arc::downgrade(&c), data));
             Arc::make_mut(&mut i.serve).add(&c.vs);
             drop(i);
             c.joined_set(ok.then_some(reg));
         }
         (libc::EPOLL_CTL_MOD, Some(c)) => {
-            let ok = elidable(&i);
-            if let Some(m) = i.members.get_mut(&fd) {
-                m.1 = data;
+            if let Some(was) = i.members.get_mut(&fd).map(|m| std::mem::replace(&mut m.1, data)) {
+                if was != data {
+                    i.uncount(was);
+                    *i.datas.entry(data).or_default() += 1;
+                }
             }
+            let ok = elidable(&i);
             drop(i);
             c.changed_set(ok.then_some(reg));
         }
-        (libc::EPOLL_CTL_DEL, Some(c)) if i.members.remove(&fd).is_some() => {
+        (libc::EPOLL_CTL_DEL, Some(c)) if i.members.contains_key(&fd) => {
+            if let Some((_, was)) = i.members.remove(&fd) {
+                i.uncount(was);
+            }
             Arc::make_mut(&mut i.serve).remove(&c.vs);
             drop(i);
             c.left_set(epfd);
@@ -115,6 +128,17 @@ pub(crate) fn after_ctl(
         (libc::EPOLL_CTL_ADD, None) => i.nested.push(fd),
         (libc::EPOLL_CTL_DEL, None) => i.nested.retain(|&n| n != fd),
         _ => {}
+    }
+}
+
+impl EpollInfo {
+    fn uncount(&mut self, data: u64) {
+        if let Some(n) = self.datas.get_mut(&data) {
+            *n -= 1;
+            if *n == 0 {
+                self.datas.remove(&data);
+            }
+        }
     }
 }
 
