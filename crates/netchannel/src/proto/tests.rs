@@ -798,11 +798,11 @@ fn tiny_frames_cost_memory_in_proportion_to_their_bytes() {
     assert_eq!(q.sides[1].rx_held(), 0);
 }
 
-/// A read buffer whose drop is counted (a stand-in for a channel's read buffer, to see how many
-/// the slices held keep alive).
+/// A read buffer that holds a clone of `alive` while it lives (a stand-in for a channel's read
+/// buffer, to see how many the slices held keep alive: `Arc::strong_count(alive) - 1`).
 struct CountedBuffer {
     bytes: Vec<u8>,
-    live: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    _alive: std::sync::Arc<()>,
 }
 
 impl AsRef<[u8]> for CountedBuffer {
@@ -811,30 +811,23 @@ impl AsRef<[u8]> for CountedBuffer {
     }
 }
 
-impl Drop for CountedBuffer {
-    fn drop(&mut self) {
-        self.live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-fn counted_read_buffer(live: &std::sync::Arc<std::sync::atomic::AtomicUsize>, fill: u8) -> Bytes {
-    live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Bytes::from_owner(CountedBuffer { bytes: vec![fill; 256 * 1024], live: live.clone() })
+fn counted_read_buffer(alive: &std::sync::Arc<()>, fill: u8) -> Bytes {
+    Bytes::from_owner(CountedBuffer { bytes: vec![fill; 256 * 1024], _alive: alive.clone() })
 }
 
 #[test]
 fn slices_left_unread_in_mostly_read_buffers_do_not_keep_them_alive() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let mut p = Pair::new(15, &[Class::Throughput], config());
     let (_a, bulk) = p.open(80, Class::Throughput);
     let tiny: Vec<StreamId> = (0..200).map(|_| p.open(81, Class::Throughput).1).collect();
-    let live = std::sync::Arc::new(AtomicUsize::new(0));
+    let alive = std::sync::Arc::new(());
+    let live = || std::sync::Arc::strong_count(&alive) - 1;
     let ch = ChannelId::new(0, 0);
     let mut buf = vec![0u8; 256 * 1024];
     // Each read buffer carries 200 KiB the application reads at once and one byte for a stream
     // it never reads: without compaction, each byte would keep its 256 KiB buffer alive.
     for (i, &t) in tiny.iter().enumerate() {
-        let read_buffer = counted_read_buffer(&live, i as u8);
+        let read_buffer = counted_read_buffer(&alive, i as u8);
         let big = 200 * 1024;
         let item = Parsed::Data {
             stream: bulk.get(),
@@ -852,13 +845,13 @@ fn slices_left_unread_in_mostly_read_buffers_do_not_keep_them_alive() {
     }
     assert_eq!(p.sides[1].rx_held(), 200);
     // 8 MiB read between compactions: about 41 buffers of 200 KiB, not 200.
-    let alive = live.load(Ordering::Relaxed);
-    assert!(alive <= 48, "{alive} read buffers kept alive by 200 unread bytes");
+    let kept = live();
+    assert!(kept <= 48, "{kept} read buffers kept alive by 200 unread bytes");
     for (i, &t) in tiny.iter().enumerate() {
         assert_eq!(p.recv(1, t, &mut buf), Recv::Data(1));
         assert_eq!(buf[0], i as u8);
     }
-    assert_eq!(live.load(Ordering::Relaxed), 0);
+    assert_eq!(live(), 0);
 }
 
 #[test]
