@@ -79,9 +79,9 @@ struct Mirror {
 }
 
 /// Where and how an elided placeholder is registered: what its set's wait reports for it.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct Registration {
-    pub epfd: c_int,
+    pub set: Arc<crate::elide::SetState>,
     pub events: u32,
     pub data: u64,
 }
@@ -309,10 +309,10 @@ impl Carried {
         if r.readable && !m.eof && !m.rd_shut {
             let edge = new_data && self.edge.load(Ordering::Relaxed);
             if m.tokens == 0 || edge {
-                let awake = self.may_elide(&m) && {
+                let awake = self.may_elide(&m).is_some_and(|set| {
                     let queue = !std::mem::replace(&mut m.queued, true);
-                    crate::elide::elided(queue.then(|| self.me.clone()))
-                };
+                    set.elided(queue.then(|| self.me.clone()))
+                });
                 if !awake {
                     let l = m.l.as_ref().expect("checked");
                     let token = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
@@ -910,15 +910,17 @@ impl Carried {
     // -----------------------------------------------------------------------------------------
     // Elided readiness (`elide`)
 
-    /// Whether an arrival may go without a token: see `elide` for the conditions.
-    fn may_elide(&self, m: &Mirror) -> bool {
-        m.elided_in.is_some()
-            && !m.no_elision
+    /// The set whose wait reports P's readability, if an arrival may go without a token: see
+    /// `elide` for the conditions.
+    fn may_elide(&self, m: &Mirror) -> Option<Arc<crate::elide::SetState>> {
+        let reg = m.elided_in.as_ref()?;
+        let ok = !m.no_elision
             && self.owner == pid()
             && self.forks == crate::elide::forks()
-            && crate::elide::single_waiter()
+            && reg.set.single_waiter()
             && !self.edge.load(Ordering::Relaxed)
-            && !self.handed_over.load(Ordering::Acquire)
+            && !self.handed_over.load(Ordering::Acquire);
+        ok.then(|| reg.set.clone())
     }
 
     /// P joined an epoll set (`ADD`); `reg` when that registration could be elided (its
@@ -948,18 +950,19 @@ impl Carried {
             return;
         }
         let was = m.elided_in.is_some();
+        let now = reg.is_some();
         m.elided_in = reg;
-        if was && reg.is_none() {
+        if was && !now {
             drop(m);
             self.end_elision();
         }
     }
 
-    /// P left epoll set `epfd` (`DEL`).
-    pub(crate) fn left_set(&self, epfd: c_int) {
+    /// P left the epoll set whose state is `set` (`DEL`).
+    pub(crate) fn left_set(&self, set: &Arc<crate::elide::SetState>) {
         let mut m = self.mirror.lock();
         m.sets = m.sets.saturating_sub(1);
-        if m.elided_in.is_some_and(|r| r.epfd == epfd) {
+        if m.elided_in.as_ref().is_some_and(|r| Arc::ptr_eq(&r.set, set)) {
             m.elided_in = None;
         }
     }
@@ -982,29 +985,33 @@ impl Carried {
         }
     }
 
-    /// For the wait on `epfd`, this queued connection's report: `None` to take it off the
-    /// ready list (not readable, or the kernel shows it now), `Some(None)` to keep it for
-    /// another set's wait, `Some(Some((events, data)))` to report.
-    pub(crate) fn elided_report(&self, epfd: c_int) -> Option<Option<(u32, u64)>> {
+    /// For the wait on `set`, this queued connection's report `(events, data)`, or `None` to
+    /// take it off the set's ready list (not readable, no longer elided there, or the kernel
+    /// shows it now).
+    pub(crate) fn elided_report(&self, set: &crate::elide::SetState) -> Option<(u32, u64)> {
         let mut m = self.mirror.lock();
-        if !self.may_elide(&m) {
+        let Some(elided_in) = self.may_elide(&m) else {
+            m.queued = false;
+            drop(m);
+            self.end_elision();
+            return None;
+        };
+        if !std::ptr::eq(Arc::as_ptr(&elided_in), set) {
+            // It moved to another set since: an arrival there queues it there.
             m.queued = false;
             drop(m);
             self.end_elision();
             return None;
         }
-        let reg = m.elided_in.expect("checked by may_elide");
         let shown_by_kernel = m.tokens > 0 || m.eof || m.rd_shut || m.l.is_none();
         let closed = self.fds.load(Ordering::Acquire) == 0;
         if shown_by_kernel || closed || !(self.vs.readiness().readable || self.has_returned()) {
             m.queued = false;
             return None;
         }
-        if reg.epfd != epfd {
-            return Some(None);
-        }
         m.reported = true;
-        Some(Some((reg.events & crate::elide::REPORTED, reg.data)))
+        let reg = m.elided_in.as_ref().expect("checked by may_elide");
+        Some((reg.events & crate::elide::REPORTED, reg.data))
     }
 
     fn has_returned(&self) -> bool {

@@ -1184,20 +1184,20 @@ fn epoll_common(
     // SAFETY: the program's sigmask, if any.
     let mask = unsafe { mask.as_ref() };
     let r = caught(|| {
-        waits::epoll_wait(epfd, timeout, mask, || {
+        waits::epoll_wait(epfd, timeout, mask, |elision| {
             if max <= 0 || events.is_null() {
                 // SAFETY: forwarding the caller's arguments (the kernel reports the error).
                 return last(unsafe { real(epfd, events, max, 0) } as i64);
             }
             // SAFETY: the program's buffer of `max` events (`room` of them); a zero timeout.
             let kernel = |room: usize| last(unsafe { real(epfd, events, room as c_int, 0) } as i64);
-            let room = crate::elide::kernel_room(max as usize);
+            let room = elision.kernel_room(max as usize);
             let n = if room == 0 { 0 } else { kernel(room)? };
             let n = {
                 // SAFETY: the program passed a buffer of `max` events (epoll_wait's contract);
                 // the kernel just wrote the first `n` of them.
                 let out = unsafe { std::slice::from_raw_parts_mut(events, max as usize) };
-                crate::elide::report(epfd, out, n)
+                elision.report(out, n)
             };
             if n == 0 && room < max as usize {
                 // Nothing elided to report after all: the kernel's events in full.

@@ -36,6 +36,8 @@ pub(crate) struct EpollInfo {
     nested: Vec<c_int>,
     /// The sessions of the members, served during waits (copied out for each wait).
     serve: Arc<ServeSet>,
+    /// Whose readability the set's own wait reports (`elide`).
+    elision: Arc<crate::elide::SetState>,
 }
 
 /// The carried connection under `fd` if this process serves it; a placeholder this process
@@ -94,7 +96,7 @@ pub(crate) fn after_ctl(
             && table::kind(epfd) & EPOLL_OBSERVED == 0
             && i.datas.get(&data) == Some(&1)
     };
-    let reg = Registration { epfd, events, data };
+    let reg = Registration { set: i.elision.clone(), events, data };
     match (op, c) {
         (libc::EPOLL_CTL_ADD, Some(c)) => {
             if let Some((_, was)) = i.members.insert(fd, (Arc::downgrade(&c), data)) {
@@ -122,8 +124,9 @@ pub(crate) fn after_ctl(
                 i.uncount(was);
             }
             Arc::make_mut(&mut i.serve).remove(&c.vs);
+            let set = i.elision.clone();
             drop(i);
-            c.left_set(epfd);
+            c.left_set(&set);
         }
         (libc::EPOLL_CTL_ADD, None) => i.nested.push(fd),
         (libc::EPOLL_CTL_DEL, None) => i.nested.retain(|&n| n != fd),
@@ -167,10 +170,18 @@ pub(crate) fn set_closed(info: &Mutex<EpollInfo>) {
 
 /// The sessions a wait on epoll set `epfd` serves (nested sets included).
 fn serve_set(epfd: c_int, depth: usize) -> Option<ServeSet> {
+    serve_set_and_elision(epfd, depth).map(|(s, _)| s)
+}
+
+/// `serve_set`, and the set's own elision state.
+fn serve_set_and_elision(
+    epfd: c_int,
+    depth: usize,
+) -> Option<(ServeSet, Arc<crate::elide::SetState>)> {
     let info = table::epoll(epfd)?;
-    let (mut set, nested) = {
+    let (mut set, nested, elision) = {
         let i = info.lock();
-        ((*i.serve).clone(), i.nested.clone())
+        ((*i.serve).clone(), i.nested.clone(), i.elision.clone())
     };
     if depth < 4 {
         for n in nested {
@@ -179,7 +190,7 @@ fn serve_set(epfd: c_int, depth: usize) -> Option<ServeSet> {
             }
         }
     }
-    Some(set)
+    Some((set, elision))
 }
 
 /// `epoll_wait`/`epoll_pwait`/`epoll_pwait2` on a set holding carried fds. `real(timeout)`
@@ -188,18 +199,18 @@ pub(crate) fn epoll_wait(
     epfd: c_int,
     timeout: Option<Duration>,
     mask: Option<&libc::sigset_t>,
-    mut real: impl FnMut() -> Result<usize, i32>,
+    mut real: impl FnMut(&crate::elide::SetState) -> Result<usize, i32>,
 ) -> Option<Result<usize, i32>> {
-    let set = serve_set(epfd, 0)?;
-    crate::elide::before_wait();
+    let (set, elision) = serve_set_and_elision(epfd, 0)?;
+    elision.before_wait();
     netchannel::flush_sends();
     let deadline = timeout.map(|t| Instant::now() + t);
     let signals = SignalPolicy { interruptible: true, mask };
     let mut first = true;
     loop {
         // Read before the report inside `real`: an elided arrival after it keeps us awake.
-        let seen = crate::elide::arrivals();
-        match real() {
+        let seen = elision.arrivals();
+        match real(&elision) {
             Ok(0) => {}
             r => return Some(r),
         }
@@ -209,7 +220,7 @@ pub(crate) fn epoll_wait(
             return Some(Ok(0));
         }
         first = false;
-        let Some(asleep) = crate::elide::Asleep::enter(seen) else { continue };
+        let Some(asleep) = crate::elide::Asleep::enter(&elision, seen) else { continue };
         match set.wait_then(epfd, deadline, signals, || drop(asleep)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Some(Err(libc::EINTR)),

@@ -1012,6 +1012,35 @@ static void client(const char *host, int port) {
     close(s);
 }
 
+/* Another thread's own event loop over its own connection (for `elide`). */
+struct own_loop { const char *host; int port; int r[3]; };
+static void *own_loop(void *arg) {
+    struct own_loop *a = arg;
+    int s = dial(a->host, a->port, 0), fl = 1;
+    ioctl(s, FIONBIO, &fl);
+    int e = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out[4];
+    epoll_ctl(e, EPOLL_CTL_ADD, s, &ev);
+    a->r[0] = epoll_wait(e, out, 4, 100);
+    cmd(s, "d");
+    a->r[1] = epoll_wait(e, out, 4, 2000);
+    char b[64];
+    wait_bytes(s, 10);
+    read(s, b, sizeof b);
+    a->r[2] = epoll_wait(e, out, 4, 0);
+    close(e); close(s);
+    return NULL;
+}
+
+/* Another thread waiting on a given set (for `elide`). */
+struct set_wait { int ep; int n; };
+static void *wait_on_set(void *arg) {
+    struct set_wait *w = arg;
+    struct epoll_event out[4];
+    w->n = epoll_wait(w->ep, out, 4, 5000);
+    return NULL;
+}
+
 /* One thread's level-triggered epoll loop over two connections, as event loops have it, in a
  * process of its own: while nothing but that wait can see a connection, `netchannel run`
  * reports its readability from the wait itself instead of through the placeholder (elided).
@@ -1069,6 +1098,27 @@ static void elide(const char *host, int port) {
     printf("elide one at a time, both reported: %d\n", (f1 == s1 && f2 == s2) || (f1 == s2 && f2 == s1));
     read(s1, b, sizeof b); read(s2, b, sizeof b);
     printf("elide both drained: %d\n", epoll_wait(ep, out, 4, 0));
+
+    /* Another thread runs its own loop meanwhile: each set's readiness is its own. */
+    struct own_loop ol = {.host = host, .port = port};
+    pthread_t th;
+    pthread_create(&th, NULL, own_loop, &ol);
+    cmd(s1, "d");
+    n = epoll_wait(ep, out, 4, 2000);
+    wait_bytes(s1, 10);
+    read(s1, b, sizeof b);
+    pthread_join(th, NULL);
+    printf("elide beside another thread's loop: mine %d, theirs idle=%d arrival=%d drained=%d\n",
+           n, ol.r[0], ol.r[1], ol.r[2]);
+
+    /* Another thread waits on this set: it sees what arrives. */
+    struct set_wait sw = {.ep = ep, .n = -1};
+    pthread_create(&th, NULL, wait_on_set, &sw);
+    usleep(100000);
+    cmd(s2, "d");
+    pthread_join(th, NULL);
+    wait_bytes(s2, 10);
+    printf("elide another thread waiting on the set: %d read %zd\n", sw.n, read(s2, b, sizeof b));
 
     /* A second set over one of them. */
     int ep2 = epoll_create1(0);
