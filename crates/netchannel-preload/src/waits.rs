@@ -74,13 +74,15 @@ pub(crate) fn after_ctl(
     c: Option<Arc<Carried>>,
     event: (u32, u64),
 ) {
-    let nested = table::kind(fd) & (EPOLL | EPOLL_INSTANCE) != 0;
+    if op == libc::EPOLL_CTL_ADD && table::kind(fd) & (EPOLL | EPOLL_INSTANCE) != 0 {
+        // A set nested in this one: its members' readiness must reach the kernel, which is all
+        // this set's wait sees of them.
+        observe_set(fd);
+    }
+    // Nested sets matter here only for the sessions their members need served.
+    let nested = table::kind(fd) & EPOLL != 0;
     if c.is_none() && !nested {
         return;
-    }
-    if nested && op == libc::EPOLL_CTL_ADD {
-        // Its members' readiness must reach the kernel: this set's wait sees only the kernel's.
-        observe_set(fd);
     }
     let info = table::epoll(epfd).unwrap_or_else(|| {
         let info = Arc::new(Mutex::new(EpollInfo::default()));
