@@ -16,9 +16,8 @@
 //!   `ELIDABLE`; the set is not nested, polled, selected or dup'd (`EPOLL_OBSERVED`), and no
 //!   other carried member of it has the same `data`;
 //! * that thread is not asleep on the set (`SetState::asleep`): it sleeps only after a report
-//!   found nothing,
-//!   and an arrival while it sleeps writes a token as before, so no wake-up is lost (each side
-//!   publishes, then reads the other's flag: one of them sees the other).
+//!   found nothing, and an arrival while it sleeps writes a token as before, so no wake-up is
+//!   lost (each side publishes, then reads the other's flag: one of them sees the other).
 //!
 //! Each epoll set keeps its own state, so a program with an event loop per thread (memcached's
 //! workers) has each loop's connections elided.
@@ -44,6 +43,7 @@ pub(crate) const ELIDABLE: u32 = (libc::EPOLLIN
 /// The bits an elided report sets.
 pub(crate) const REPORTED: u32 = (libc::EPOLLIN | libc::EPOLLRDNORM) as u32;
 
+/// `SetState::waiter` once a second thread has waited on the set.
 const SEVERAL: u64 = u64::MAX;
 /// Forks of this process: a connection made before the last one may have copies of P and of
 /// its epoll set in a child, whose waits this process does not see.
