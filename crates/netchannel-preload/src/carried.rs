@@ -936,7 +936,7 @@ impl Carried {
         self.elide_in(m, reg);
     }
 
-    /// P's registration in `epfd` changed (`MOD`); `reg` when it could be elided now.
+    /// P's registration in its set changed (`MOD`); `reg` when it could be elided now.
     pub(crate) fn changed_set(&self, reg: Option<Registration>) {
         let m = self.mirror.lock();
         if m.sets == 1 {
@@ -972,6 +972,10 @@ impl Carried {
     pub(crate) fn forbid_elision(&self) {
         {
             let mut m = self.mirror.lock();
+            if m.no_elision {
+                // Ended before, and its token written then: every poll of P comes here.
+                return;
+            }
             m.no_elision = true;
             m.elided_in = None;
         }
@@ -990,14 +994,9 @@ impl Carried {
     /// shows it now).
     pub(crate) fn elided_report(&self, set: &crate::elide::SetState) -> Option<(u32, u64)> {
         let mut m = self.mirror.lock();
-        let Some(elided_in) = self.may_elide(&m) else {
-            m.queued = false;
-            drop(m);
-            self.end_elision();
-            return None;
-        };
-        if !std::ptr::eq(Arc::as_ptr(&elided_in), set) {
-            // It moved to another set since: an arrival there queues it there.
+        // Elided here no longer (conditions gone, or it moved to another set, where an arrival
+        // queues it): off this list, with its token if readable.
+        if !self.may_elide(&m).is_some_and(|s| std::ptr::eq(Arc::as_ptr(&s), set)) {
             m.queued = false;
             drop(m);
             self.end_elision();

@@ -152,16 +152,13 @@ impl EpollInfo {
 pub(crate) fn observe_set(epfd: c_int) {
     table::set_bits(epfd, EPOLL_OBSERVED);
     if let Some(info) = table::epoll(epfd) {
-        let members: Vec<Arc<Carried>> =
-            info.lock().members.values().filter_map(|(w, _)| w.upgrade()).collect();
-        for c in members {
-            c.forbid_elision();
-        }
+        set_closed(&info);
     }
 }
 
-/// Epoll set `epfd` is being closed: its number may name another set soon, so its members are
-/// no longer elided (the kernel drops their registrations when the set goes).
+/// Epoll set `epfd` is being closed (or observed, above): its number may name another set
+/// soon, so its members are no longer elided (the kernel drops their registrations when the
+/// set goes).
 pub(crate) fn set_closed(info: &Mutex<EpollInfo>) {
     let members: Vec<Arc<Carried>> =
         info.lock().members.values().filter_map(|(w, _)| w.upgrade()).collect();
@@ -223,7 +220,7 @@ pub(crate) fn epoll_wait(
         }
         first = false;
         let Some(asleep) = crate::elide::Asleep::enter(&elision, seen) else { continue };
-        match set.wait_then(epfd, deadline, signals, || drop(asleep)) {
+        match set.wait(epfd, deadline, signals, || drop(asleep)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Some(Err(libc::EINTR)),
             Err(_) => {}

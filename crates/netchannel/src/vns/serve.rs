@@ -93,19 +93,10 @@ impl ServeSet {
     /// Sleeps until `companion` (the program's epoll set) has an event, a channel event was
     /// served, or `deadline`; serves the channels meanwhile. Returns `Ok` in every case but a
     /// signal under an interruptible policy (`Interrupted`): the caller then looks at its fd.
+    /// `woke` runs once the sleep is over, before the channel events found are served (the
+    /// caller's readiness mirror may then report what this thread dispatches itself, instead
+    /// of writing it into the kernel object for a sleeper).
     pub fn wait(
-        &self,
-        companion: RawFd,
-        deadline: Option<Instant>,
-        signals: SignalPolicy<'_>,
-    ) -> io::Result<()> {
-        self.wait_then(companion, deadline, signals, || {})
-    }
-
-    /// `wait`, calling `woke` once the sleep is over and before the channel events found are
-    /// served (the caller's readiness mirror may then report what this thread dispatches
-    /// itself, instead of writing it into the kernel object for a sleeper).
-    pub fn wait_then(
         &self,
         companion: RawFd,
         deadline: Option<Instant>,
