@@ -267,6 +267,7 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
                 "unread_bytes": s.unread_bytes,
                 "unsent_bytes": s.unsent_bytes,
                 "unacked_bytes": s.unacked_bytes,
+                "send_window": s.send_window,
             })
         })
         .collect();
@@ -310,6 +311,8 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
             "max_sockets_per_peer": cfg.max_streams,
             "held_bytes": [st.held_bytes, cfg.max_buffered],
             "granted_bytes": [st.rx_granted, cfg.max_buffered],
+            "unsent_bytes": st.unsent_bytes,
+            "retained_bytes": st.retained_bytes,
             "max_peer_buffered": cfg.max_peer_buffered,
             "max_send_buffered": cfg.max_send_buffered,
         },

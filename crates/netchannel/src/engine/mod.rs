@@ -770,6 +770,8 @@ impl EngineCtx {
             stats.stale_frames += cs.stale_frames;
             stats.retransmitted_bytes += cs.retransmitted_bytes;
             stats.open_sockets += cs.streams;
+            stats.unsent_bytes += cs.unsent_bytes;
+            stats.retained_bytes += cs.retained_bytes;
             stats.rx_granted += core.rx_granted();
             stats.rx_budget += if s.is_alive() { core.config().rx_budget } else { 0 };
             let names = s.app_addrs.lock();

@@ -42,6 +42,10 @@ pub struct EngineStats {
     pub redialed_channels: u64,
     /// Received bytes held for applications that have not read them, every peer.
     pub held_bytes: u64,
+    /// Bytes applications sent that are not on a channel yet, every peer.
+    pub unsent_bytes: u64,
+    /// Bytes written on channels and kept until the peer acknowledges them, every peer.
+    pub retained_bytes: u64,
     /// Receive credit granted to peers and not yet read, every peer (received bytes can never
     /// exceed it), and what the sessions may grant in all (their budgets).
     pub rx_granted: u64,
@@ -96,6 +100,9 @@ pub struct SocketStats {
     pub unsent_bytes: u64,
     /// Sent bytes the peer application has not read yet.
     pub unacked_bytes: u64,
+    /// Bytes the peer's credit lets the application send now (TCP's send window less what is
+    /// in flight).
+    pub send_window: u64,
     /// Protocol violations by the peer on this socket.
     pub protocol_errors: u32,
     /// `open`, `connecting`, `incoming`, `write-closed`, `peer-finished`, `finished`,
@@ -120,6 +127,7 @@ impl SocketStats {
             unread_bytes: s.unread_bytes(),
             unsent_bytes: s.unsent_bytes(),
             unacked_bytes: s.unacked_bytes(),
+            send_window: s.send_window(),
             protocol_errors: s.protocol_errors as u32,
             state: s.state_name(),
             app_addrs: None,

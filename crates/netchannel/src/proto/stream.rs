@@ -296,6 +296,11 @@ impl<U> Stream<U> {
         self.send_next - self.peer_consumed
     }
 
+    /// Bytes the peer's credit admits beyond what was sent (0 before the stream is open).
+    pub fn send_window(&self) -> u64 {
+        self.send_limit.saturating_sub(self.send_next)
+    }
+
     pub fn peer_finished(&self) -> bool {
         self.fin != NO_FIN
     }

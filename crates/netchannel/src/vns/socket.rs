@@ -876,6 +876,7 @@ impl VSocket {
                 unread_bytes: 0,
                 unsent_bytes: 0,
                 unacked_bytes: 0,
+                send_window: 0,
                 protocol_errors: 0,
                 state: "closed",
                 app_addrs: None,
