@@ -537,3 +537,32 @@ fn a_receiver_that_stops_coming_back_is_covered_by_the_worker(hosts: Hosts) {
     s.shutdown().unwrap();
     assert_eq!(recv_pattern(&p, 13, 64 * 1024), LEN);
 }
+
+#[test]
+fn blocking_senders_held_by_class_space_are_woken_when_the_worker_frees_it() {
+    // A blocking send that fills the class space in part then waits for "writable" without a
+    // failed send; when the worker rather than the sender pulls the bytes, only the core's
+    // registration wakes it. It once did not, and about one start in 200 hung for good (the
+    // sender asleep with room and credit, in CI too). Many short starts on loopback.
+    common::with_deadline("blocking_senders_held_by_class_space", || {
+        for _ in 0..200 {
+            let tb = Testbed::loopback();
+            let (a, b) = tb.engines(|c| {
+                c.channels = 1;
+                c.max_channels = 3;
+                c.latency_channels = 0;
+                c.channel_queue_threshold = 256 * 1024;
+                c.notsent_lowat = 64 * 1024;
+                c.control = false;
+            });
+            let l = b.listen(10).unwrap();
+            let s = a.connect(b.local_addr(), 10).unwrap();
+            let p = l.accept().unwrap();
+            const LEN: u64 = 4 << 20;
+            let reader = std::thread::spawn(move || recv_pattern(&p, 13, 1 << 20));
+            send_pattern(&s, 13, LEN, 1 << 20);
+            s.shutdown().unwrap();
+            assert_eq!(reader.join().unwrap(), LEN);
+        }
+    });
+}

@@ -1146,3 +1146,55 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn a_sender_that_filled_the_class_space_is_told_when_it_frees() {
+    // A write that fills the class space succeeds in part; a blocking sender (or a program
+    // waiting for EPOLLOUT) then waits for "writable" without another write failing first.
+    // Asking, it must be registered: the space freed by the channel wakes it. (The engine's
+    // blocking send hung forever this way when the worker, not the sender, pulled the bytes.)
+    let cfg = CoreConfig { queue_threshold: 256 * 1024, window: 4 << 20, ..config() };
+    let mut p = Pair::new(31, &[Class::Throughput], cfg);
+    let (a, _b) = p.open(80, Class::Throughput);
+    while let Some(_e) = p.sides[0].poll_event() {}
+    let chunk = vec![7u8; 1 << 20];
+    let n = p.sides[0].handle(a).send(&chunk).unwrap();
+    assert_eq!(n, 256 * 1024, "the class space takes a part");
+    assert!(!p.sides[0].handle(a).writable(), "full: the sender waits");
+    p.transmit(0);
+    let mut told = false;
+    while let Some((id, bits)) = p.sides[0].poll_event() {
+        told |= id == a && bits & EV_WRITE != 0;
+    }
+    assert!(p.sides[0].handle(a).writable());
+    assert!(told, "space freed after the sender asked must be announced to it");
+}
+
+#[test]
+fn space_left_unused_by_woken_senders_reaches_the_others() {
+    // Senders are woken a quantum of space at a time. One woken that does not write (a program
+    // told EPOLLOUT that has nothing to say now) must not strand those behind it once the
+    // class's channel has nothing left to pull (no later pull would wake them).
+    let cfg = CoreConfig { queue_threshold: 256 * 1024, window: 4 << 20, ..config() };
+    let mut p = Pair::new(32, &[Class::Throughput], cfg);
+    let streams: Vec<StreamId> = (0..8).map(|i| p.open(80 + i, Class::Throughput).0).collect();
+    while let Some(_e) = p.sides[0].poll_event() {}
+    let chunk = vec![7u8; 1 << 20];
+    assert_eq!(p.sides[0].handle(streams[0]).send(&chunk).unwrap(), 256 * 1024);
+    for &s in &streams {
+        assert!(!p.sides[0].handle(s).writable());
+    }
+    // Nobody writes: the channel drains what was sent, and side 1 reads it off the channel.
+    let mut told = HashSet::new();
+    for _ in 0..100 {
+        p.transmit(0);
+        while let Some((id, bits)) = p.sides[0].poll_event() {
+            if bits & EV_WRITE != 0 {
+                told.insert(id);
+            }
+        }
+        p.receive(1, 0);
+    }
+    assert_eq!(p.sides[0].stats().unsent_bytes, 0);
+    assert_eq!(told.len(), streams.len(), "every waiting sender hears of the space: {told:?}");
+}

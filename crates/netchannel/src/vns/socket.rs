@@ -835,7 +835,7 @@ impl VSocket {
         let id = self.id;
         let interest = if read { EV_READ } else { 0 } | if write { EV_WRITE } else { 0 };
         self.wait_for_signals(interest, deadline, signals, |core| {
-            let h = core.handle(id);
+            let mut h = core.handle(id);
             ((read && h.readable()) || (write && h.writable())).then_some(Ok(()))
         })
     }

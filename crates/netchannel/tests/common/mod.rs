@@ -210,12 +210,49 @@ pub fn recv_pattern(sock: &netchannel::VSocket, seed: u64, read: usize) -> u64 {
     }
 }
 
-/// Declares one test per testbed for a function taking `Hosts`.
+/// How long one test may run before it counts as hung. The slowest takes about 10 s here; a
+/// hang (a lost wake-up, a stall) must fail the run in minutes with its name, not run into
+/// CI's time limit with no word of which test stopped.
+pub const TEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// Runs `test` on its own thread; a panic fails the test as usual, and a test still running
+/// after `TEST_DEADLINE` aborts the whole process, naming it (a hung thread cannot be stopped,
+/// and the harness would wait for it forever).
+pub fn with_deadline(name: &str, test: impl FnOnce() + Send + 'static) {
+    let (done, finished) = std::sync::mpsc::channel();
+    let runner = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(test));
+            let _ = done.send(r);
+        })
+        .expect("spawn the test's thread");
+    match finished.recv_timeout(TEST_DEADLINE) {
+        Ok(Ok(())) => {
+            let _ = runner.join();
+        }
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => {
+            eprintln!("test {name} still running after {TEST_DEADLINE:?}: hung; aborting");
+            std::process::abort();
+        }
+    }
+}
+
+/// Declares one test per testbed for a function taking `Hosts`, each under `TEST_DEADLINE`.
 #[macro_export]
 macro_rules! both_testbeds {
     ($($name:ident),* $(,)?) => {
-        mod loopback { $( #[test] fn $name() { super::$name($crate::common::Hosts::Loopback) } )* }
-        mod netns { $( #[test] fn $name() { super::$name($crate::common::Hosts::Netns) } )* }
+        mod loopback { $( #[test] fn $name() {
+            $crate::common::with_deadline(concat!("loopback::", stringify!($name)), || {
+                super::$name($crate::common::Hosts::Loopback)
+            })
+        } )* }
+        mod netns { $( #[test] fn $name() {
+            $crate::common::with_deadline(concat!("netns::", stringify!($name)), || {
+                super::$name($crate::common::Hosts::Netns)
+            })
+        } )* }
     };
 }
 

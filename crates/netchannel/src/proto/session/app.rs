@@ -77,12 +77,20 @@ impl<U: Default> Session<U> {
         }
         // Out of class space (not of the session's send budget): the cue to add a channel.
         c.congested |= c.unsent >= limit;
-        let s = self.streams.get_mut(id).expect("caller checked");
+        self.wait_for_space(id, class);
+        Err(SendError::NoSpace)
+    }
+
+    /// Registers `id` to hear (`EV_WRITE`) when space of `class` frees. Whoever finds a stream
+    /// without space registers it: a failed send, and also a readiness query (a blocking
+    /// sender or an event loop that wrote part and now waits for "writable" may never see a
+    /// send fail).
+    pub(super) fn wait_for_space(&mut self, id: StreamId, class: Class) {
+        let Some(s) = self.streams.get_mut(id) else { return };
         if s.flags & F_SPACE_WAIT == 0 {
             s.flags |= F_SPACE_WAIT;
-            c.space_waiters.push_back(id);
+            self.classes[class.index()].space_waiters.push_back(id);
         }
-        Err(SendError::NoSpace)
     }
 
     pub(super) fn send_checks(
@@ -402,7 +410,9 @@ impl<U: Default> StreamHandle<'_, U> {
     }
 
     /// `send` would take bytes (or fail at once).
-    pub fn writable(&self) -> bool {
+    /// `send` would take bytes (or fail at once). If only class space is missing, the stream
+    /// is told (`EV_WRITE`) when it frees: ask before waiting for it.
+    pub fn writable(&mut self) -> bool {
         self.session.writable(self.id)
     }
 

@@ -323,8 +323,9 @@ impl<U: Default> Session<U> {
             && self.deferred(channel).is_some_and(|d| d.stream == id && !d.taken)
     }
 
-    /// `send` would take bytes (or fail at once).
-    pub(super) fn writable(&self, id: StreamId) -> bool {
+    /// `send` would take bytes (or fail at once). A stream short of class space only is
+    /// registered to be told when it frees (as a failed send registers it).
+    pub(super) fn writable(&mut self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return true };
         if !s.writable_credit() {
             return false;
@@ -332,7 +333,12 @@ impl<U: Default> Session<U> {
         if s.reset.is_some() || s.write_closed {
             return true;
         }
-        self.room(s.class) > 0
+        let class = s.class;
+        if self.room(class) > 0 {
+            return true;
+        }
+        self.wait_for_space(id, class);
+        false
     }
 
     pub fn stats(&self) -> CoreStats {

@@ -278,7 +278,10 @@ impl<U: Default> Session<U> {
         if c.space_waiters.is_empty() || room == 0 {
             return;
         }
-        let mut wake = room.div_ceil(SPACE_WAKE_QUANTUM);
+        // A quantum of space per sender woken; the next pull wakes more. Once the class has
+        // nothing left to pull no later pull comes, so everyone still waiting is woken: one
+        // woken earlier may not have written (an event loop told EPOLLOUT with nothing to say).
+        let mut wake = if c.unsent == 0 { u64::MAX } else { room.div_ceil(SPACE_WAKE_QUANTUM) };
         let mut woken = Vec::new();
         while wake > 0 {
             let Some(id) = c.space_waiters.pop_front() else { break };
