@@ -409,7 +409,6 @@ impl<U: Default> StreamHandle<'_, U> {
         self.session.readable(self.id)
     }
 
-    /// `send` would take bytes (or fail at once).
     /// `send` would take bytes (or fail at once). If only class space is missing, the stream
     /// is told (`EV_WRITE`) when it frees: ask before waiting for it.
     pub fn writable(&mut self) -> bool {
