@@ -85,8 +85,9 @@ pub struct Run {
     /// The server's, one line per process (forked workers write their own).
     pub server_stats: Option<String>,
     /// Connections each side served on the direct path and through a relay, summed over its
-    /// processes: `[client direct, client relayed, server direct, server relayed]`.
-    pub paths: Option<[u64; 4]>,
+    /// processes: `[client direct, client relayed, server direct, server relayed]`; `None` for
+    /// a side none of whose processes wrote a stats line.
+    pub paths: Option<[Option<u64>; 4]>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -103,7 +104,7 @@ pub struct Summary {
     pub server_command: String,
     pub client_command: String,
     /// Which data path the netchannel runs' connections took (the first repetition's).
-    pub paths: Option<[u64; 4]>,
+    pub paths: Option<[Option<u64>; 4]>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -517,8 +518,8 @@ fn measure(
     };
     let paths = match (&client_stats, &server_stats) {
         (Some(c), Some(s)) => {
-            let (cd, cr) = (stat_sum(c, "direct"), stat_sum(c, "relayed"));
-            Some([cd, cr, stat_sum(s, "direct"), stat_sum(s, "relayed")])
+            let ([cd, cr], [sd, sr]) = (side_paths(c), side_paths(s));
+            Some([cd, cr, sd, sr])
         }
         _ => None,
     };
@@ -531,6 +532,15 @@ fn measure(
         server_stats,
         paths,
     })
+}
+
+/// Direct and relayed connections over a side's stats lines; `None` when no process of the
+/// side wrote one (it did not exit cleanly), rather than a zero that reads as a figure.
+fn side_paths(text: &str) -> [Option<u64>; 2] {
+    if !text.lines().any(|l| l.contains(", direct ")) {
+        return [None, None];
+    }
+    [Some(stat_sum(text, "direct")), Some(stat_sum(text, "relayed"))]
 }
 
 /// Sums the number after `", <field> "` over every stats line in `text` ("direct 3",
@@ -611,7 +621,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     })
 }
 
-fn first_paths(runs: &[Run], p: Program) -> Option<[u64; 4]> {
+fn first_paths(runs: &[Run], p: Program) -> Option<[Option<u64>; 4]> {
     runs.iter().find(|r| r.program == p && r.paths.is_some()).and_then(|r| r.paths)
 }
 
@@ -637,9 +647,15 @@ pub fn print(r: &Report) {
     for s in &r.summaries {
         if let (Some([cd, cr, sd, sr]), false) = (s.paths, seen.contains(&s.program)) {
             seen.push(s.program);
+            let side = |d: Option<u64>, r: Option<u64>| match (d, r) {
+                (Some(d), Some(r)) => format!("direct {d}, relayed {r}"),
+                _ => "no stats line (no process of the side exited cleanly)".to_string(),
+            };
             println!(
-                "  {:<10} client: direct {cd}, relayed {cr}; server: direct {sd}, relayed {sr}",
-                s.program.name()
+                "  {:<10} client: {}; server: {}",
+                s.program.name(),
+                side(cd, cr),
+                side(sd, sr)
             );
         }
     }
@@ -680,5 +696,7 @@ mod tests {
         };
         let text = line(28, 0) + &line(2, 5);
         assert_eq!((stat_sum(&text, "direct"), stat_sum(&text, "relayed")), (30, 5));
+        assert_eq!(side_paths(&text), [Some(30), Some(5)]);
+        assert_eq!(side_paths(""), [None, None], "no stats line is not zero connections");
     }
 }
