@@ -453,7 +453,6 @@ fn channels_scale_up_under_backpressure(hosts: Hosts) {
     let s = a.connect(b.local_addr(), 10).unwrap();
     let p = l.accept().unwrap();
     assert_eq!(a.stats().channels.len(), 1);
-    let len = len;
     let reader = std::thread::spawn(move || recv_pattern(&p, 11, 1 << 20));
     send_pattern(&s, 11, len, 1 << 20);
     s.shutdown().unwrap();
@@ -563,8 +562,8 @@ fn a_receiver_that_stops_coming_back_is_covered_by_the_worker(hosts: Hosts) {
 fn blocking_senders_held_by_class_space_are_woken_when_the_worker_frees_it() {
     // A blocking send that fills the class space in part then waits for "writable" without a
     // failed send; when the worker rather than the sender pulls the bytes, only the core's
-    // registration wakes it. It once did not, and about one start in 200 hung for good (the
-    // sender asleep with room and credit, in CI too). Many short starts on loopback.
+    // registration wakes it. It once did not, and one start in 150 to 1,000 hung for good (the
+    // sender asleep with room and credit; CI too). Many short starts on loopback.
     common::with_deadline("blocking_senders_held_by_class_space", || {
         for _ in 0..200 {
             let tb = Testbed::loopback();
