@@ -423,19 +423,20 @@ fn one_poller_drives_many_sockets(hosts: Hosts) {
     drop(sender.join().unwrap());
 }
 
+/// One throughput channel (up to 3) that takes little before it is full, in the kernel and in
+/// its class queue, so that a sender is held back by it: with the defaults, a reader that keeps
+/// up on a fast machine never lets the class queue fill, and nothing asks for a channel.
+fn one_small_channel_that_may_grow(c: &mut netchannel::Config) {
+    c.channels = 1;
+    c.max_channels = 3;
+    c.latency_channels = 0;
+    c.channel_queue_threshold = 256 * 1024;
+    c.notsent_lowat = 64 * 1024;
+}
+
 fn channels_scale_up_under_backpressure(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
-    // A channel that takes little before it is full (in the kernel and in its class queue), so
-    // that the sender is held back by it whatever the machine's speed: with the defaults, a
-    // reader that keeps up on a fast machine never lets the class queue fill, and nothing asks
-    // for a channel.
-    let (a, b) = tb.engines(|c| {
-        c.channels = 1;
-        c.max_channels = 3;
-        c.latency_channels = 0;
-        c.channel_queue_threshold = 256 * 1024;
-        c.notsent_lowat = 64 * 1024;
-    });
+    let (a, b) = tb.engines(one_small_channel_that_may_grow);
     // Between the namespaces a fast machine's veth can outrun the sender (then no channel
     // is full and none should be added: 1 run in 30-50 saw that): host A's link is held to
     // 2 Gbit/s, so the channel is the bottleneck whatever the machine.
@@ -568,11 +569,7 @@ fn blocking_senders_held_by_class_space_are_woken_when_the_worker_frees_it() {
         for _ in 0..200 {
             let tb = Testbed::loopback();
             let (a, b) = tb.engines(|c| {
-                c.channels = 1;
-                c.max_channels = 3;
-                c.latency_channels = 0;
-                c.channel_queue_threshold = 256 * 1024;
-                c.notsent_lowat = 64 * 1024;
+                one_small_channel_that_may_grow(c);
                 c.control = false;
             });
             let l = b.listen(10).unwrap();
