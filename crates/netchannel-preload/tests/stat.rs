@@ -69,6 +69,12 @@ fn lists_this_process_engines_with_channels_sockets_and_budgets() {
         std::thread::sleep(Duration::from_millis(5));
     }
 
+    // A session's throughput channels after its first are dialed in the background.
+    while client.stats().channels.len() < 5 {
+        assert!(Instant::now() < deadline, "channels never all open");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
     let doc = stat_json(&dir);
     let list = engines(&doc);
     assert_eq!(list.len(), 2, "{doc:#}");
@@ -197,7 +203,12 @@ fn programs_under_netchannel_run_in_namespaces() {
             .iter()
             .filter(|e| e["sockets"].as_array().is_some_and(|s| !s.is_empty()))
             .count();
-        if with_socket == 2 {
+        // A session's throughput channels after its first are dialed in the background.
+        let all_channels = engines(&doc).iter().any(|e| {
+            e["command"] == "redis-cli"
+                && e["peers"][0]["channels"].as_array().is_some_and(|c| c.len() == 5)
+        });
+        if with_socket == 2 && all_channels {
             break doc;
         }
         assert!(Instant::now() < deadline, "engines never showed the connection: {doc:#}");

@@ -37,6 +37,8 @@ impl EchoClient {
     fn new(tb: &Testbed, target: SocketAddr) -> EchoClient {
         let engine = Engine::new(tb.config_a()).unwrap();
         let sock = Arc::new(engine.connect(target, 7).unwrap());
+        // Every channel open before the tests count the echo process's fds.
+        wait_for_channels(&engine, tb.config_a().channels + tb.config_a().latency_channels);
         let c = EchoClient { _engine: engine, sock };
         c.check();
         c

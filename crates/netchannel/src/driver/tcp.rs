@@ -38,6 +38,8 @@ pub struct TcpOptions {
     pub latency_priority: i32,
     /// Congestion control algorithms in order of preference (`Config::congestion`).
     pub congestion: Vec<String>,
+    /// Source address of dialed channels (`Config::dial_source`).
+    pub dial_source: Option<std::net::IpAddr>,
 }
 
 /// Sets the first algorithm of `preferred` the kernel accepts (one not built in, or not in
@@ -107,6 +109,31 @@ pub fn configure(sock: &TcpStream, class: Class, opts: &TcpOptions) -> io::Resul
 
 fn refused(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionRefused, msg)
+}
+
+/// An acceptor's refusal of a channel, with its reason (the inner error of the `io::Error`
+/// `dial` returns, `ConnectionRefused`).
+#[derive(Debug)]
+pub struct Refused {
+    pub reason: RejectReason,
+    message: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether `e` is an acceptor's refusal at one of its resource limits (handshakes in
+/// progress, channels, sessions): a busy acceptor, which a later try may find with room, as a
+/// TCP client retries a SYN that a full backlog dropped.
+pub fn refused_at_limit(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<Refused>())
+        .is_some_and(|r| r.reason == RejectReason::Limit)
 }
 
 /// Reads exactly `buf.len()` bytes by `deadline` (one timeout for the whole read, not per
@@ -185,7 +212,7 @@ pub fn dial(
     opts: &TcpOptions,
 ) -> io::Result<(TcpStream, u64)> {
     let deadline = Instant::now() + timeout;
-    let mut sock = sys::tcp_connect(&addr, timeout)?;
+    let mut sock = sys::tcp_connect(&addr, opts.dial_source, timeout)?;
     configure(&sock, class, opts)?;
     let (index, incarnation) = (channel.index, channel.incarnation);
     let nonce = sys::random_bytes();
@@ -251,7 +278,8 @@ fn expect(
             format!("engine at {addr} refused the channel: authentication failed"),
         )),
         HandshakeKind::Reject(reason) => {
-            Err(refused(format!("engine at {addr} refused the channel: {reason}")))
+            let message = format!("engine at {addr} refused the channel: {reason}");
+            Err(io::Error::new(io::ErrorKind::ConnectionRefused, Refused { reason, message }))
         }
         other => Err(io::Error::new(
             io::ErrorKind::InvalidData,

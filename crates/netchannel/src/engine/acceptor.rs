@@ -202,10 +202,7 @@ fn accept_all(
         let source = sock.peer_addr().ok().map(SourceKey::of);
         if let Some(s) = source {
             if let Err(why) = ctx.channel_budget.has_room(s) {
-                ctx.refused(match why {
-                    super::budget::Refusal::EngineFull => "channels at max_channels_total",
-                    super::budget::Refusal::SourceFull => "channels at max_channels_per_source",
-                });
+                ctx.refused(why.reason());
                 reject(&sock, RejectReason::Limit);
                 continue;
             }

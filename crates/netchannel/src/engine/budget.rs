@@ -46,7 +46,29 @@ pub(crate) struct ChannelTicket {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
     EngineFull,
+    /// A session's second or later channel, with only the places kept for new peers left.
+    KeptForNewPeers,
     SourceFull,
+}
+
+impl Refusal {
+    /// What the engine's counters (`netchannel stat`) call it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::EngineFull => "channels at max_channels_total",
+            Refusal::KeptForNewPeers => {
+                "channels at max_channels_total less the new peers' quarter"
+            }
+            Refusal::SourceFull => "channels at max_channels_per_source",
+        }
+    }
+}
+
+/// Whether a channel opens a session (a peer's first) or adds to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    FirstOfSession,
+    More,
 }
 
 impl ChannelBudget {
@@ -59,12 +81,28 @@ impl ChannelBudget {
         })
     }
 
+    /// Places only a session's first channel may take: a quarter of the budget. Peers that
+    /// already have a channel fill at most the rest with their others, so an engine full of
+    /// multi-channel sessions still admits new peers (each with one channel, which is enough to
+    /// work) instead of refusing them.
+    fn kept_for_new_peers(&self) -> usize {
+        self.max_total / 4
+    }
+
     /// A place for one more channel: from `source` (an accepted channel), or `None` (one this
     /// engine dials, counted engine-wide only).
-    pub fn take(self: &Arc<Self>, source: Option<SourceKey>) -> Result<ChannelTicket, Refusal> {
+    pub fn take(
+        self: &Arc<Self>,
+        source: Option<SourceKey>,
+        purpose: Purpose,
+    ) -> Result<ChannelTicket, Refusal> {
         let mut per = self.per_source.lock();
-        if self.total.load(Ordering::Relaxed) >= self.max_total {
+        let total = self.total.load(Ordering::Relaxed);
+        if total >= self.max_total {
             return Err(Refusal::EngineFull);
+        }
+        if purpose == Purpose::More && total >= self.max_total - self.kept_for_new_peers() {
+            return Err(Refusal::KeptForNewPeers);
         }
         if let Some(s) = source {
             let n = per.entry(s).or_insert(0);
@@ -123,14 +161,30 @@ mod tests {
         let b = ChannelBudget::new(3, 2);
         let a = SourceKey::of("10.0.0.1:5".parse().unwrap());
         let c = SourceKey::of("10.0.0.2:5".parse().unwrap());
-        let t1 = b.take(Some(a)).unwrap();
-        let _t2 = b.take(Some(a)).unwrap();
-        assert_eq!(b.take(Some(a)).err(), Some(Refusal::SourceFull));
-        let _t3 = b.take(Some(c)).unwrap();
-        assert_eq!(b.take(None).err(), Some(Refusal::EngineFull));
+        let first = Purpose::FirstOfSession;
+        let t1 = b.take(Some(a), first).unwrap();
+        let _t2 = b.take(Some(a), first).unwrap();
+        assert_eq!(b.take(Some(a), first).err(), Some(Refusal::SourceFull));
+        let _t3 = b.take(Some(c), first).unwrap();
+        assert_eq!(b.take(None, first).err(), Some(Refusal::EngineFull));
         drop(t1);
         assert_eq!(b.in_use(), 2);
-        assert!(b.take(Some(a)).is_ok());
+        assert!(b.take(Some(a), first).is_ok());
+    }
+
+    #[test]
+    fn a_quarter_of_the_places_waits_for_new_peers() {
+        let b = ChannelBudget::new(8, 100);
+        let old = SourceKey::of("10.0.0.1:5".parse().unwrap());
+        let held: Vec<_> = (0..6).map_while(|_| b.take(Some(old), Purpose::More).ok()).collect();
+        assert_eq!(held.len(), 6, "more channels of known peers fill three quarters");
+        assert_eq!(b.take(Some(old), Purpose::More).err(), Some(Refusal::KeptForNewPeers));
+        let new = |i: u8| SourceKey::of(std::net::SocketAddr::from(([10, 0, 1, i], 5)));
+        let _p = b.take(Some(new(1)), Purpose::FirstOfSession).unwrap();
+        let _q = b.take(Some(new(2)), Purpose::FirstOfSession).unwrap();
+        assert_eq!(b.take(Some(new(3)), Purpose::FirstOfSession).err(), Some(Refusal::EngineFull));
+        drop(held);
+        assert!(b.take(Some(old), Purpose::More).is_ok(), "places come back to everyone");
     }
 
     #[test]

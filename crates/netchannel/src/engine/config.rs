@@ -30,6 +30,11 @@ pub enum Isolation {
 pub struct Config {
     /// Address the channel listener binds (IPv4 or IPv6; port 0 picks one).
     pub listen_addr: SocketAddr,
+    /// Source address of the channels this engine dials (`None`: the kernel's choice for the
+    /// route). A host with several addresses, or several engines standing in for hosts, each
+    /// dialing from an address of its own: an acceptor counts its per-source limits
+    /// (`max_channels_per_source`, `max_handshakes_per_source`) by this address.
+    pub dial_source: Option<std::net::IpAddr>,
     /// Run every engine thread, and so every channel socket, inside this network namespace
     /// (e.g. `/run/netns/NAME`). The application's own threads are not moved.
     pub netns: Option<PathBuf>,
@@ -179,6 +184,7 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("listen_addr", &self.listen_addr)
+            .field("dial_source", &self.dial_source)
             .field("netns", &self.netns)
             .field("channels", &self.channels)
             .field("max_channels", &self.max_channels)
@@ -198,6 +204,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            dial_source: None,
             netns: None,
             channels: 4,
             max_channels: 4,

@@ -62,6 +62,9 @@ struct Sessions {
 /// How a dial ended, for the connects that waited for it (an `io::Error` is not `Clone`).
 type DialResult = Result<Arc<SessionRt>, (io::ErrorKind, String)>;
 
+/// The channels of a session to dial: (channel index, class).
+type DialPlan = Vec<(u16, Class)>;
+
 /// A dial in progress to one destination and, once done, how it ended.
 #[derive(Default)]
 struct DialSlot {
@@ -153,6 +156,7 @@ impl Engine {
                 keepalive_interval: config.keepalive_interval,
                 keepalive_count: config.keepalive_count,
                 user_timeout: config.user_timeout,
+                dial_source: config.dial_source,
             },
             stopping: AtomicBool::new(false),
             counters: EngineCounters::default(),
@@ -362,10 +366,12 @@ impl EngineCtx {
         index as usize % throughput
     }
 
-    /// The session to the engine at `addr`, dialing it if there is none. The first channel
-    /// must be admitted within `dial_timeout`; the others are dialed within the same deadline
-    /// and, where one fails, dialed again in the background. Only connects to `addr` wait for
-    /// this dial: no lock shared with other peers is held while dialing.
+    /// The session to the engine at `addr`, dialing it if there is none. Only the first
+    /// channel of each class is waited for (the first admitted within `dial_timeout`): a new
+    /// peer's first bytes wait for two channel handshakes, not for one per channel. The other
+    /// throughput channels are dialed in the background, and streams use the channels there are
+    /// meanwhile. Only connects to `addr` wait for this dial: no lock shared with other peers
+    /// is held while dialing.
     pub fn session_to(self: &Arc<Self>, addr: SocketAddr) -> io::Result<Arc<SessionRt>> {
         let slot = loop {
             let mut s = self.sessions.lock();
@@ -394,13 +400,16 @@ impl EngineCtx {
         let r = self.dial_session(addr);
         let mut s = self.sessions.lock();
         s.dialing.remove(&addr);
-        if let Ok(session) = &r {
+        if let Ok((session, _)) = &r {
             s.dialed.insert(addr, session.clone());
         }
         drop(s);
-        if r.is_ok() {
+        let r = r.map(|(session, rest)| {
             self.rebudget();
-        }
+            // Registered first: a channel joins only a current session.
+            self.dial_rest(session.clone(), rest);
+            session
+        });
         *slot.result.lock() = Some(match &r {
             Ok(session) => Ok(session.clone()),
             Err(e) => Err((e.kind(), e.to_string())),
@@ -409,55 +418,114 @@ impl EngineCtx {
         r
     }
 
-    /// Dials the channels of a new session to `addr` (see `session_to`).
-    fn dial_session(self: &Arc<Self>, addr: SocketAddr) -> io::Result<Arc<SessionRt>> {
-        let plan: Vec<(u16, Class)> = std::iter::repeat_n(Class::Throughput, self.config.channels)
+    /// Dials the first channel of a new session to `addr` (see `session_to`): the session,
+    /// and the channels still to dial.
+    fn dial_session(self: &Arc<Self>, addr: SocketAddr) -> io::Result<(Arc<SessionRt>, DialPlan)> {
+        let plan: DialPlan = std::iter::repeat_n(Class::Throughput, self.config.channels)
             .chain(std::iter::repeat_n(Class::Latency, self.config.latency_channels))
             .enumerate()
             .map(|(i, c)| (i as u16, c))
             .collect();
-        let deadline = std::time::Instant::now() + self.config.dial_timeout;
-        let me = self.clone();
         let (first, rest) = (plan[0], plan[1..].to_vec());
-        let ch = in_netns(self.config.netns.clone(), move || {
-            me.dial_channel(addr, ChannelId::new(first.0, 0), first.1, None)
-        })?;
+        let deadline = std::time::Instant::now() + self.config.dial_timeout;
+        let mut backoff = std::time::Duration::from_millis(5);
+        let ch = loop {
+            let me = self.clone();
+            let id = ChannelId::new(first.0, 0);
+            let r = in_netns(self.config.netns.clone(), move || {
+                me.dial_channel(addr, id, first.1, budget::Purpose::FirstOfSession)
+            });
+            match r {
+                // A busy acceptor (many peers arriving at once): try again within the deadline,
+                // after a random part of a doubling backoff, so that the peers spread out.
+                Err(e) if tcp::refused_at_limit(&e) => {
+                    let jitter = (crate::sys::random_u64() % 1000) as f64 / 2000.0;
+                    let pause = backoff.mul_f64(0.5 + jitter);
+                    if std::time::Instant::now() + pause >= deadline {
+                        return Err(e);
+                    }
+                    std::thread::sleep(pause);
+                    backoff = (backoff * 2).min(std::time::Duration::from_millis(250));
+                }
+                r => break r?,
+            }
+        };
         let peer = ch.meta.peer_engine;
         let session = SessionRt::new(self.clone(), addr, peer, true, plan.len() as u16);
         session.add_channel(ch);
-        for (index, class) in rest {
+        // The latency class's first channel too, before any stream: a latency socket never
+        // shares a throughput channel for want of its own (one more handshake, not four).
+        let mut rest = rest;
+        if let Some(at) = rest.iter().position(|&(_, class)| class == Class::Latency) {
+            let (index, class) = rest.remove(at);
+            let id = ChannelId::new(index, 0);
             let me = self.clone();
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
             let r = in_netns(self.config.netns.clone(), move || {
-                me.dial_channel(addr, ChannelId::new(index, 0), class, Some(left))
+                me.dial_channel(addr, id, class, budget::Purpose::More)
             });
             match r {
                 Ok(ch) if ch.meta.peer_engine == peer => {
                     session.add_channel(ch);
                 }
-                // Another engine answers at this address now: not this session's channel.
                 Ok(_) => self.refused("a dialed channel reached another engine than its session's"),
-                // The session works with fewer channels meanwhile.
-                Err(_) => self.redial(session.clone(), ChannelId::new(index, 0), class),
+                // A full acceptor keeps its room for new peers: latency sockets share the
+                // throughput channels of this session.
+                Err(e) if tcp::refused_at_limit(&e) => {}
+                Err(_) => self.redial(session.clone(), id, class),
             }
         }
-        Ok(session)
+        Ok((session, rest))
     }
 
-    /// Dials one channel within `timeout` (default `dial_timeout`), holding a place in the
-    /// channel budget.
+    /// Dials the rest of a new session's channels, one after the other, in one background
+    /// thread; one that fails is dialed again as a lost one is (`redial`).
+    fn dial_rest(self: &Arc<Self>, session: Arc<SessionRt>, rest: DialPlan) {
+        if rest.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
+            for (index, class) in rest {
+                if me.stopping.load(Ordering::Acquire) || !me.is_current(&session) {
+                    return;
+                }
+                let id = ChannelId::new(index, 0);
+                let r = in_netns(me.config.netns.clone(), {
+                    let me = me.clone();
+                    let addr = session.peer_addr;
+                    move || me.dial_channel(addr, id, class, budget::Purpose::More)
+                });
+                match r {
+                    Ok(ch) => {
+                        me.join_dialed(&session, ch);
+                    }
+                    // A busy or full acceptor keeps its room for new peers' first channels: the
+                    // session stays at fewer channels (it may grow later, under load).
+                    Err(e) if tcp::refused_at_limit(&e) => {}
+                    // The session works with fewer channels meanwhile.
+                    Err(_) => me.redial(session.clone(), id, class),
+                }
+            }
+        });
+        if spawned.is_err() {
+            self.refused("dialing a session's other channels: cannot start a thread");
+        }
+    }
+
+    /// Dials one channel within `dial_timeout`, holding a place in the channel budget.
     fn dial_channel(
         &self,
         addr: SocketAddr,
         id: ChannelId,
         class: Class,
-        timeout: Option<std::time::Duration>,
+        purpose: budget::Purpose,
     ) -> io::Result<Arc<Channel>> {
-        let ticket = self.channel_budget.take(None).map_err(|_| {
-            self.refused("channels at max_channels_total (dialing)");
+        let ticket = self.channel_budget.take(None, purpose).map_err(|why| {
+            self.refused(why.reason());
             io::Error::other(format!(
-                "cannot dial: {} channels open, the engine's limit (max_channels_total)",
-                self.channel_budget.in_use()
+                "cannot dial: {} channels open, {}",
+                self.channel_budget.in_use(),
+                why.reason()
             ))
         })?;
         let (sock, peer) = tcp::dial(
@@ -466,7 +534,7 @@ impl EngineCtx {
             id,
             class,
             self.config.psk.as_deref(),
-            timeout.unwrap_or(self.config.dial_timeout),
+            self.config.dial_timeout,
             &self.tcp_options,
         )?;
         let meta = ChannelMeta { index: id, class, peer_engine: peer };
@@ -530,7 +598,9 @@ impl EngineCtx {
             let r = in_netns(netns, {
                 let me = me.clone();
                 let addr = session.peer_addr;
-                move || me.dial_channel(addr, ChannelId::new(index, 0), class, None)
+                move || {
+                    me.dial_channel(addr, ChannelId::new(index, 0), class, budget::Purpose::More)
+                }
             });
             match r {
                 Ok(ch) => {
@@ -561,7 +631,7 @@ impl EngineCtx {
                 let r = in_netns(me.config.netns.clone(), {
                     let me = me.clone();
                     let addr = session.peer_addr;
-                    move || me.dial_channel(addr, next, class, None)
+                    move || me.dial_channel(addr, next, class, budget::Purpose::More)
                 });
                 // The peer may not have noticed the loss yet (the index is still taken there).
                 let Ok(ch) = r else { continue };
@@ -604,13 +674,13 @@ impl EngineCtx {
         }
         let peer_addr = inc.peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let source = inc.peer.map(budget::SourceKey::of);
-        let ticket = match self.channel_budget.take(source) {
+        let known =
+            self.sessions.lock().accepted.get(&hello.engine_id).is_some_and(|x| x.is_alive());
+        let purpose = if known { budget::Purpose::More } else { budget::Purpose::FirstOfSession };
+        let ticket = match self.channel_budget.take(source, purpose) {
             Ok(t) => t,
             Err(why) => {
-                self.refused(match why {
-                    budget::Refusal::EngineFull => "channels at max_channels_total",
-                    budget::Refusal::SourceFull => "channels at max_channels_per_source",
-                });
+                self.refused(why.reason());
                 inc.refuse(self.id, RejectReason::Limit);
                 return;
             }

@@ -264,9 +264,18 @@ pub fn local_addr(fd: BorrowedFd<'_>) -> Option<std::net::SocketAddr> {
 /// `ConnectionRefused`, silence `TimedOut`). The stream is returned in blocking mode.
 pub fn tcp_connect(
     addr: &std::net::SocketAddr,
+    source: Option<std::net::IpAddr>,
     timeout: Duration,
 ) -> io::Result<std::net::TcpStream> {
     let fd = tcp_socket(addr, rustix::net::SocketFlags::NONBLOCK)?;
+    if let Some(ip) = source {
+        rustix::net::bind(&fd, &std::net::SocketAddr::new(ip, 0)).map_err(|e| {
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("cannot dial from {ip} (Config::dial_source): {e}"),
+            )
+        })?;
+    }
     match rustix::net::connect(&fd, addr) {
         Ok(()) => {}
         Err(e) if e == rustix::io::Errno::INPROGRESS => {

@@ -437,3 +437,17 @@ pub mod raw {
         }
     }
 }
+
+/// Waits (up to 10 s) until `engine` has `n` channels open: a session's throughput channels
+/// after its first are dialed in the background.
+pub fn wait_for_channels(engine: &netchannel::Engine, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while engine.stats().channels.len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} channels after 10 s",
+            engine.stats().channels.len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
