@@ -188,6 +188,8 @@ pub struct Channel {
     pub tx: Mutex<TxState>,
     /// The last write met a full socket; producers leave the bytes to whoever sees EPOLLOUT.
     pub tx_blocked: AtomicBool,
+    /// On its worker's list of channels with lazy duties (`Worker::demand_tick`): listed once.
+    pub tick_listed: AtomicBool,
     /// The peer shut down or the connection failed: the receive half reads until the end (a
     /// short read no longer means nothing more will come: end of stream may follow the data
     /// in the same edge).
@@ -222,6 +224,7 @@ impl Channel {
             tx_run: RunLock::default(),
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),
+            tick_listed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
             open: AtomicBool::new(true),
             _hold: hold,

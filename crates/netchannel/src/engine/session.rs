@@ -89,6 +89,9 @@ pub(crate) struct SessionRt {
     core: Mutex<Core>,
     /// Open channels.
     channels: RwLock<Vec<Arc<Channel>>>,
+    /// Changes with every change of `channels` (engine-wide unique values): a thread that
+    /// registered them once knows it need not look again.
+    channels_generation: AtomicU64,
     pub peer_addr: SocketAddr,
     /// The peer engine's id (its sessions are keyed by it on the accepting side).
     pub peer_engine: u64,
@@ -112,6 +115,12 @@ pub(crate) struct SessionRt {
     app_waited_ns: [AtomicU64; 2],
 }
 
+/// A value no session's channel set had before (`SessionRt::channels_generation`).
+fn next_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 impl SessionRt {
     pub fn new(
         ctx: Arc<EngineCtx>,
@@ -125,6 +134,7 @@ impl SessionRt {
             ctx,
             core: Mutex::new(core),
             channels: RwLock::new(Vec::new()),
+            channels_generation: AtomicU64::new(next_generation()),
             peer_addr,
             peer_engine,
             initiator,
@@ -135,6 +145,16 @@ impl SessionRt {
             app_addrs: Mutex::new(std::collections::HashMap::new()),
             app_waited_ns: [AtomicU64::new(0), AtomicU64::new(0)],
         })
+    }
+
+    fn channels_changed(&self) {
+        self.channels_generation.store(next_generation(), Ordering::Release);
+    }
+
+    /// Which set of channels the session has: equal values, the same channels (read before
+    /// `serving_channels`).
+    pub fn channels_generation(&self) -> u64 {
+        self.channels_generation.load(Ordering::Acquire)
     }
 
     /// An application thread is about to wait on the session's channels of `class`.
@@ -191,6 +211,7 @@ impl SessionRt {
             }
             core.add_channel(ch.meta.index, ch.meta.class);
             self.channels.write().push(ch.clone());
+            self.channels_changed();
         }
         self.ctx.workers[ch.worker].add(ch, self.clone());
         true
@@ -296,7 +317,7 @@ impl SessionRt {
                     // Its reader reads the payload (woken now: bytes may have arrived for it);
                     // the tick takes it over if the reader does not come within the grace.
                     drop(core);
-                    self.ctx.workers[ch.worker].demand_tick();
+                    self.ctx.workers[ch.worker].demand_tick(ch);
                     return Ok(true);
                 }
             }
@@ -360,7 +381,7 @@ impl SessionRt {
                 if let Ok(Some(v)) = r {
                     st.reader.verdict(v);
                     if v == Verdict::Defer {
-                        self.ctx.workers[ch.worker].demand_tick();
+                        self.ctx.workers[ch.worker].demand_tick(ch);
                     }
                 }
                 if let Err(v) = r {
@@ -375,7 +396,7 @@ impl SessionRt {
             let freed = core.take_tx_ready();
             if core.owes_ack() {
                 // Carried by the next frames out; if none go, the worker's tick sends it.
-                self.ctx.workers[ch.worker].demand_tick();
+                self.ctx.workers[ch.worker].demand_tick(ch);
             }
             drop(core);
             st.parsed = parsed;
@@ -444,8 +465,8 @@ impl SessionRt {
     /// A thread deferred sends: the worker writes them on its next tick if the thread does not
     /// come back first.
     pub fn defer_flush(&self) {
-        if let Some(w) = self.duty_worker() {
-            self.ctx.workers[w].demand_tick();
+        for ch in self.channels.read().iter() {
+            self.ctx.workers[ch.worker].demand_tick(ch);
         }
     }
 
@@ -617,6 +638,7 @@ impl SessionRt {
             return;
         }
         self.channels.write().retain(|c| !Arc::ptr_eq(c, ch));
+        self.channels_changed();
         self.ctx.workers[ch.worker].remove(ch.uid);
         self.with_core(|core| core.channel_lost(ch.meta.index));
         self.ctx.channel_closed(self, ch);
@@ -631,5 +653,6 @@ impl SessionRt {
             self.ctx.workers[ch.worker].remove(ch.uid);
         }
         self.channels.write().clear();
+        self.channels_changed();
     }
 }

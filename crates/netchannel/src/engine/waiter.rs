@@ -50,6 +50,13 @@ struct Watched {
     slots: Vec<Option<(Weak<Channel>, Weak<SessionRt>)>>,
     by_uid: HashMap<u64, u64>,
     free: Vec<u64>,
+    /// Per session (its address; the `Weak` keeps the address from being reused) and class:
+    /// the channel set last registered (`SessionRt::channels_generation`) and the class whose
+    /// channels serve it.
+    seen: HashMap<(usize, usize), (Weak<SessionRt>, u64, Class)>,
+    /// `watch` calls since the last sweep of what is gone: a sweep every `slots` calls keeps
+    /// its cost per call constant however many channels the thread watches.
+    since_sweep: usize,
 }
 
 pub(crate) struct Waiter {
@@ -202,11 +209,23 @@ impl Waiter {
     /// Makes sure this thread's epoll set holds the open channels of `session` that carry
     /// `class`, ahead of the workers' registrations.
     pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
+        let key = (Arc::as_ptr(session) as usize, class.index());
+        let generation = session.channels_generation();
+        let mut w = self.watched.lock();
+        w.since_sweep += 1;
+        if let Some(&(_, seen, served)) = w.seen.get(&key) {
+            if seen == generation {
+                // Registered already, and the session's channels are the same.
+                session.note_app_wait(served);
+                w.sweep_now();
+                return;
+            }
+        }
         let channels = session.serving_channels(class);
         // The channels of the other class serve `class` when it has none of its own.
         let served = channels.first().map_or(class, |c| c.meta.class);
         session.note_app_wait(served);
-        let mut w = self.watched.lock();
+        let mut complete = true;
         for ch in channels {
             if w.by_uid.contains_key(&ch.uid) {
                 continue;
@@ -221,6 +240,7 @@ impl Waiter {
             let flags = READABLE | WRITABLE | EDGE | EXCLUSIVE;
             if self.epoll.add(ch.fd(), flags, token).is_err() {
                 w.free.push(token);
+                complete = false; // tried again on the next call
                 continue;
             }
             w.slots[token as usize - 1] = Some((Arc::downgrade(&ch), Arc::downgrade(session)));
@@ -228,23 +248,37 @@ impl Waiter {
             // Behind us in the socket's wait queue from now on.
             session.ctx.workers[ch.worker].reregister(&ch);
         }
-        // Forget channels that are gone (their fds were closed, which removed them from the
-        // epoll set).
-        if w.slots.len() > 64 {
-            let dead: Vec<(u64, u64)> = w
-                .by_uid
-                .iter()
-                .filter(|(_, &t)| {
-                    w.slots[t as usize - 1].as_ref().is_none_or(|(c, _)| c.strong_count() == 0)
-                })
-                .map(|(&u, &t)| (u, t))
-                .collect();
-            for (uid, token) in dead {
-                w.by_uid.remove(&uid);
-                w.slots[token as usize - 1] = None;
-                w.free.push(token);
-            }
+        if complete {
+            w.seen.insert(key, (Arc::downgrade(session), generation, served));
+        } else {
+            w.seen.remove(&key);
         }
+        w.sweep_now();
+    }
+}
+
+impl Watched {
+    /// Forgets channels that are gone (their fds were closed, which removed them from the
+    /// epoll set) and sessions that are gone, once every `slots` calls.
+    fn sweep_now(&mut self) {
+        if self.since_sweep < self.slots.len().max(64) {
+            return;
+        }
+        self.since_sweep = 0;
+        let dead: Vec<(u64, u64)> = self
+            .by_uid
+            .iter()
+            .filter(|(_, &t)| {
+                self.slots[t as usize - 1].as_ref().is_none_or(|(c, _)| c.strong_count() == 0)
+            })
+            .map(|(&u, &t)| (u, t))
+            .collect();
+        for (uid, token) in dead {
+            self.by_uid.remove(&uid);
+            self.slots[token as usize - 1] = None;
+            self.free.push(token);
+        }
+        self.seen.retain(|_, (s, _, _)| s.strong_count() > 0);
     }
 }
 

@@ -2,14 +2,18 @@
 //! (not a thread per channel), each parked in its own epoll set on its channels' sockets and a
 //! wake-up eventfd. A worker never spins: it handles the events it is woken for and parks again.
 //!
-//! Lazy duties run on a *tick* (every `TICK`), only while something asks for it: payloads left in
-//! a socket for a reader who does not come (staged after `defer_grace`), sends a thread deferred
-//! and never flushed, acknowledgements nobody carried, and the core's timers (connect and
-//! linger deadlines). An idle engine has no tick and uses no CPU.
+//! Lazy duties run on a *tick* (every `TICK`), only while some channel has one, and only on the
+//! channels that have one: payloads left in a socket for a reader who does not come (staged
+//! after `defer_grace`), sends a thread deferred and never flushed, acknowledgements nobody
+//! carried. The core's timers (connect and linger deadlines, acknowledgement timeouts) are
+//! looked at when the earliest comes and after wake-ups, at most every `TIMER_SCAN`. A worker's
+//! cost per wake-up is its channels with duties, not all its channels: a server with a thousand
+//! quiet peers does not visit a thousand sessions per message. An idle engine has no tick and
+//! uses no CPU.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -25,10 +29,15 @@ use crate::wire::Class;
 
 /// Period of the lazy duties, while they are asked for.
 pub(crate) const TICK: Duration = Duration::from_millis(1);
-/// How long ticking goes on after the last request.
-const TICK_LINGER: Duration = Duration::from_millis(20);
 /// Acknowledgements not carried by other traffic go alone after this long.
 const ACK_DELAY: Duration = Duration::from_millis(5);
+/// How soon after `timers_changed` (a stream's connect or linger deadline was set) the worker
+/// looks at its sessions' timers.
+const TIMER_SCAN: Duration = Duration::from_millis(5);
+/// How often traffic makes it look: traffic starts only acknowledgement timeouts (seconds), and
+/// a worker woken by every message of a thousand peers must not visit a thousand sessions each
+/// time.
+const TRAFFIC_SCAN: Duration = Duration::from_millis(100);
 const TOKEN_WAKE: u64 = 0;
 /// Set in the token of a channel's hang-up registration.
 const HANGUP_TOKEN: u64 = 1 << 63;
@@ -51,11 +60,14 @@ pub(crate) struct Worker {
     requests_only: Epoll,
     wake: EventFd,
     requests: Mutex<Vec<Request>>,
-    /// Nanoseconds since `epoch` until which the worker ticks.
-    tick_until: AtomicU64,
-    /// The worker is parked with no timeout: a new duty must wake it.
+    /// Channels that asked for lazy duties since the worker last looked (each once, by
+    /// `Channel::tick_listed`).
+    tick_asked: Mutex<Vec<u64>>,
+    /// A stream deadline was set since the last timer scan (`timers_changed`).
+    timers_set: AtomicBool,
+    /// The worker sleeps with no tick due and no wake-up within one: a new duty or deadline
+    /// must wake it.
     parked: AtomicBool,
-    epoch: Instant,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The class of channels it serves.
     pub class: Class,
@@ -91,9 +103,9 @@ impl Worker {
             requests_only,
             wake,
             requests: Mutex::new(Vec::new()),
-            tick_until: AtomicU64::new(0),
+            tick_asked: Mutex::new(Vec::new()),
+            timers_set: AtomicBool::new(false),
             parked: AtomicBool::new(false),
-            epoch: Instant::now(),
             thread: Mutex::new(None),
             class,
             info: Mutex::new(None),
@@ -180,27 +192,24 @@ impl Worker {
         }
     }
 
-    /// Asks for ticks for a while (lazy duties are pending).
-    pub fn demand_tick(&self) {
-        let until = (self.epoch.elapsed() + TICK_LINGER).as_nanos() as u64;
-        if self.tick_until.load(Ordering::Relaxed) >= until.saturating_sub(TICK.as_nanos() as u64) {
-            return;
+    /// Asks for ticks: `ch` has lazy duties pending. The worker ticks while some channel has
+    /// duties, visiting only those, each until it has nothing pending.
+    pub fn demand_tick(&self, ch: &Channel) {
+        if ch.tick_listed.swap(true, Ordering::SeqCst) {
+            return; // listed already
         }
-        self.tick_until.store(until, Ordering::Release);
-        if self.parked.load(Ordering::Acquire) {
+        self.tick_asked.lock().push(ch.uid);
+        if self.parked.load(Ordering::SeqCst) {
             self.wake.notify();
         }
     }
 
     /// A core timer may now be due earlier than the worker planned.
     pub fn timers_changed(&self) {
-        if self.parked.load(Ordering::Acquire) {
+        self.timers_set.store(true, Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) {
             self.wake.notify();
         }
-    }
-
-    fn ticking(&self) -> bool {
-        (self.epoch.elapsed().as_nanos() as u64) < self.tick_until.load(Ordering::Acquire)
     }
 
     /// Applies the scheduling this worker's class gets now (throughput workers follow the
@@ -227,21 +236,23 @@ impl Worker {
 
     fn run(self: Arc<Self>, ctx: Weak<EngineCtx>) {
         let mut channels: HashMap<u64, (Arc<Channel>, Arc<SessionRt>)> = HashMap::new();
+        // The sessions of those channels (keyed by address), with how many they have here.
+        let mut sessions: HashMap<usize, (Arc<SessionRt>, usize)> = HashMap::new();
+        let mut ticked: HashSet<u64> = HashSet::new();
         let mut events = Vec::new();
         let mut next_tick = Instant::now();
+        let mut timers = TimerScan::default();
         let mut applied = None;
         loop {
             let Some(ctx) = ctx.upgrade() else { return };
             self.schedule(&ctx, &mut applied);
             let mut timeout = None;
-            if self.ticking() {
+            if !ticked.is_empty() {
                 timeout = Some(next_tick.saturating_duration_since(Instant::now()));
             }
-            for (_, s) in channels.values() {
-                if let Some(t) = s.next_deadline() {
-                    let d = t.saturating_duration_since(Instant::now());
-                    timeout = Some(timeout.map_or(d, |x: Duration| x.min(d)));
-                }
+            if let Some(t) = timers.wake_at() {
+                let d = t.saturating_duration_since(Instant::now());
+                timeout = Some(timeout.map_or(d, |x: Duration| x.min(d)));
             }
             drop(ctx);
             // While an application thread keeps coming back to wait on every session this
@@ -262,9 +273,12 @@ impl Worker {
             if served_by_apps {
                 timeout = Some(timeout.map_or(TICK, |t| t.min(TICK)));
             }
-            self.parked.store(timeout.is_none(), Ordering::Release);
+            // Parked: no tick and no wake-up within one, so a new duty or deadline must wake it
+            // (a timer seconds away must not hold up a flush).
+            let parked = ticked.is_empty() && timeout.is_none_or(|t| t > TICK);
+            self.parked.store(parked, Ordering::SeqCst);
             // Re-check after announcing: a demand that raced with the decision is seen now.
-            if timeout.is_none() && self.ticking() {
+            if parked && !self.tick_asked.lock().is_empty() {
                 timeout = Some(Duration::ZERO);
             }
             events.clear();
@@ -293,6 +307,8 @@ impl Worker {
                     Request::Add(ch, s) => {
                         let flags = READABLE | WRITABLE | EDGE | EXCLUSIVE;
                         if self.epoll.add(ch.fd(), flags, ch.uid).is_ok() {
+                            let key = Arc::as_ptr(&s) as usize;
+                            sessions.entry(key).or_insert_with(|| (s.clone(), 0)).1 += 1;
                             // EPOLLRDHUP cannot be exclusive. A second fd of the same socket,
                             // watched for hang-ups only, is never woken by data (its interest
                             // does not match) but always by the peer's FIN or RST, which wake
@@ -303,9 +319,16 @@ impl Worker {
                         }
                     }
                     Request::Remove(uid) => {
-                        if let Some((ch, _)) = channels.remove(&uid) {
+                        if let Some((ch, s)) = channels.remove(&uid) {
                             let _ = self.epoll.delete(ch.fd());
                             let _ = self.epoll.delete(ch.hangup_fd());
+                            let key = Arc::as_ptr(&s) as usize;
+                            if let Some(entry) = sessions.get_mut(&key) {
+                                entry.1 -= 1;
+                                if entry.1 == 0 {
+                                    sessions.remove(&key);
+                                }
+                            }
                         }
                     }
                     Request::Service(uid) => serve.push((uid, READABLE)),
@@ -319,49 +342,141 @@ impl Worker {
                 }
             }
             let now = Instant::now();
-            if self.ticking() && now >= next_tick {
-                next_tick = now + TICK;
-                tick(&channels, now);
+            {
+                let mut asked = self.tick_asked.lock();
+                if ticked.is_empty() && !asked.is_empty() {
+                    next_tick = now; // ticks start with the first duty
+                }
+                ticked.extend(asked.drain(..));
             }
-            let sessions: Vec<&Arc<SessionRt>> = {
-                let mut v: Vec<&Arc<SessionRt>> = Vec::new();
-                for (_, s) in channels.values() {
-                    if !v.iter().any(|x| Arc::ptr_eq(x, s)) {
-                        v.push(s);
+            if !ticked.is_empty() && now >= next_tick {
+                next_tick = now + TICK;
+                tick(&channels, &mut ticked, now);
+            }
+            // Whatever woke the worker may have started an acknowledgement timeout.
+            timers.traffic = true;
+            if self.timers_set.swap(false, Ordering::SeqCst) {
+                timers.set = true;
+            }
+            if timers.due(now) {
+                let mut next = None;
+                for (s, _) in sessions.values() {
+                    s.handle_timeouts(now);
+                    if let Some(t) = s.next_deadline() {
+                        next = Some(next.map_or(t, |x: Instant| x.min(t)));
                     }
                 }
-                v
-            };
-            for s in sessions {
-                s.handle_timeouts(now);
+                timers.scanned(now, next);
             }
         }
     }
 }
 
-/// The lazy duties of one tick.
-fn tick(channels: &HashMap<u64, (Arc<Channel>, Arc<SessionRt>)>, now: Instant) {
-    for (ch, s) in channels.values() {
-        let (deferred, transmit, ack) = {
-            let core = s.core();
-            let deferred = core
-                .deferred(ch.meta.index)
-                .is_some_and(|d| now.duration_since(d.since) >= s.ctx.config.defer_grace);
-            let stale = now.checked_sub(ACK_DELAY);
-            (
-                deferred,
-                core.has_transmit(ch.meta.index),
-                stale.is_some_and(|t| core.ack_due(Some(t))),
-            )
-        };
-        if deferred {
-            s.rx(ch);
+/// When the worker looks at its sessions' timers: when the earliest deadline it knows of
+/// comes, within `TIMER_SCAN` of a deadline set (`timers_changed`), and within `TRAFFIC_SCAN` of
+/// traffic, which may start an acknowledgement timeout.
+#[derive(Default)]
+struct TimerScan {
+    last: Option<Instant>,
+    /// The earliest deadline the last scan found.
+    next: Option<Instant>,
+    /// A deadline was set since the last scan.
+    set: bool,
+    /// The worker woke for traffic since the last scan.
+    traffic: bool,
+}
+
+impl TimerScan {
+    fn due(&self, now: Instant) -> bool {
+        self.last.is_none() || self.wake_at().is_some_and(|t| now >= t)
+    }
+
+    fn scanned(&mut self, now: Instant, next: Option<Instant>) {
+        self.last = Some(now);
+        self.next = next;
+        self.set = false;
+        self.traffic = false;
+    }
+
+    /// When the worker must look next (`None`: nothing to look at).
+    fn wake_at(&self) -> Option<Instant> {
+        let Some(last) = self.last else { return Some(Instant::now()) };
+        let set = self.set.then_some(last + TIMER_SCAN);
+        let traffic = self.traffic.then_some(last + TRAFFIC_SCAN);
+        [self.next, set, traffic].into_iter().flatten().min()
+    }
+}
+
+/// The lazy duties of one tick, on the channels that asked for them (`ticked`); a channel
+/// with nothing left pending leaves the list.
+fn tick(
+    channels: &HashMap<u64, (Arc<Channel>, Arc<SessionRt>)>,
+    ticked: &mut HashSet<u64>,
+    now: Instant,
+) {
+    ticked.retain(|uid| {
+        let Some((ch, s)) = channels.get(uid) else { return false };
+        tick_channel(ch, s, now);
+        // Unlisted first, then checked: a duty that comes after the check lists it again.
+        ch.tick_listed.store(false, Ordering::SeqCst);
+        let core = s.core();
+        let index = ch.meta.index;
+        let pending = core.deferred(index).is_some() || core.has_transmit(index) || core.owes_ack();
+        drop(core);
+        if pending {
+            ch.tick_listed.store(true, Ordering::SeqCst);
         }
-        if transmit && !ch.tx_run.is_busy() {
-            s.transmit_channel(ch);
-        }
-        if ack {
-            s.tx(ch, true);
-        }
+        pending
+    });
+}
+
+fn tick_channel(ch: &Arc<Channel>, s: &Arc<SessionRt>, now: Instant) {
+    let (deferred, transmit, ack) = {
+        let core = s.core();
+        let deferred = core
+            .deferred(ch.meta.index)
+            .is_some_and(|d| now.duration_since(d.since) >= s.ctx.config.defer_grace);
+        let stale = now.checked_sub(ACK_DELAY);
+        (deferred, core.has_transmit(ch.meta.index), stale.is_some_and(|t| core.ack_due(Some(t))))
+    };
+    if deferred {
+        s.rx(ch);
+    }
+    if transmit && !ch.tx_run.is_busy() {
+        s.transmit_channel(ch);
+    }
+    if ack {
+        s.tx(ch, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_are_looked_at_first_then_when_due_and_after_traffic_at_most_every_scan() {
+        let mut t = TimerScan::default();
+        let t0 = Instant::now();
+        assert!(t.due(t0), "a new worker looks at once");
+        t.scanned(t0, None);
+        assert_eq!(t.wake_at(), None, "no deadline, no traffic: the worker may park");
+        assert!(!t.due(t0 + Duration::from_secs(60)));
+        // Traffic: within TRAFFIC_SCAN of the last look, not sooner.
+        t.traffic = true;
+        assert!(!t.due(t0 + TRAFFIC_SCAN / 2));
+        assert!(t.due(t0 + TRAFFIC_SCAN));
+        let t1 = t0 + TRAFFIC_SCAN;
+        t.scanned(t1, Some(t1 + Duration::from_secs(20)));
+        // A deadline set by an application: within TIMER_SCAN.
+        t.set = true;
+        assert_eq!(t.wake_at(), Some(t1 + TIMER_SCAN));
+        assert!(!t.due(t1 + TIMER_SCAN / 2));
+        assert!(t.due(t1 + TIMER_SCAN));
+        t.scanned(t1 + TIMER_SCAN, Some(t1 + Duration::from_secs(20)));
+        // The earliest known deadline, however quiet the worker is.
+        assert_eq!(t.wake_at(), Some(t1 + Duration::from_secs(20)));
+        assert!(!t.due(t1 + Duration::from_secs(19)));
+        assert!(t.due(t1 + Duration::from_secs(20)));
     }
 }

@@ -1037,6 +1037,7 @@ impl Drop for Listener {
                 core.handle(id).abort(ResetCause::LocalAbort);
                 core.handle(id).close(Instant::now());
             });
+            session.timers_changed();
             session.transmit_all();
         }
     }

@@ -289,7 +289,7 @@ impl<U: Default> Session<U> {
                 .classes
                 .iter()
                 .all(|c| c.unsent == 0 && c.control.is_empty() && c.rsts.is_empty())
-                && self.channels.iter().flatten().all(|c| c.retained.is_empty()))
+                && self.open_channels().all(|c| c.retained.is_empty()))
     }
 
     /// Resets every stream (engine shutdown).

@@ -186,6 +186,12 @@ impl<U: Default> Session<U> {
         self.channels.get(ch.slot())?.as_ref().filter(|st| st.id == ch)
     }
 
+    /// The open channels' states, through the classes' lists: a session uses a few of its
+    /// 64 slots, and the worker's timer scan asks this of every session.
+    pub(super) fn open_channels(&self) -> impl Iterator<Item = &ChannelState> {
+        self.classes.iter().flat_map(|c| c.channels.iter()).filter_map(|&id| self.channel(id))
+    }
+
     /// The state of channel `ch`, this incarnation only.
     pub(super) fn channel_mut(&mut self, ch: ChannelId) -> Option<&mut ChannelState> {
         self.channels.get_mut(ch.slot())?.as_mut().filter(|st| st.id == ch)
@@ -253,7 +259,7 @@ impl<U: Default> Session<U> {
     /// a channel holds `ack_threshold` unacknowledged bytes, or, with `owed_since`, any
     /// acknowledgement has been owed since that time or earlier.
     pub fn ack_due(&self, owed_since: Option<Instant>) -> bool {
-        self.channels.iter().flatten().any(|st| {
+        self.open_channels().any(|st| {
             st.rx_pos - st.rx_acked >= self.cfg.ack_threshold
                 || owed_since.is_some_and(|t| st.ack_since.is_some_and(|s| s <= t))
         })
@@ -261,7 +267,7 @@ impl<U: Default> Session<U> {
 
     /// Whether this side owes the peer an acknowledgement on any channel.
     pub fn owes_ack(&self) -> bool {
-        self.channels.iter().flatten().any(|st| st.rx_pos > st.rx_acked)
+        self.open_channels().any(|st| st.rx_pos > st.rx_acked)
     }
 
     /// Bytes sent on channel `ch` and not yet acknowledged.
@@ -306,9 +312,7 @@ impl<U: Default> Session<U> {
     /// Channels whose peer acknowledged nothing for `ack_timeout` while frames waited for it:
     /// the peer is gone or does not acknowledge; the caller closes them.
     pub fn unacknowledging_channels(&self, now: Instant) -> Vec<ChannelId> {
-        self.channels
-            .iter()
-            .flatten()
+        self.open_channels()
             .filter(|st| {
                 st.unacked_since
                     .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.ack_timeout)
@@ -319,9 +323,7 @@ impl<U: Default> Session<U> {
 
     /// The next time a channel may become unacknowledging (for the runtime's timers).
     pub fn next_ack_deadline(&self) -> Option<Instant> {
-        self.channels
-            .iter()
-            .flatten()
+        self.open_channels()
             .filter_map(|st| st.unacked_since)
             .min()
             .map(|t| t + self.cfg.ack_timeout)

@@ -122,7 +122,7 @@ impl<U: Default> Session<U> {
             self.wake_space_waiters(c);
         }
         let sending = out.len() > start;
-        let owed = || self.channels.iter().flatten().any(|st| st.rx_pos > st.rx_acked);
+        let owed = || self.open_channels().any(|st| st.rx_pos > st.rx_acked);
         if sending || self.ack_due(None) || (force_ack && owed()) {
             let acks: Vec<(ChannelId, u64)> = self
                 .channels
