@@ -256,6 +256,9 @@ pub struct ClientReport {
     /// Multiplexer stacks: from the start of the process until every flow was open (us).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_us: Option<u64>,
+    /// netchannel: the first connect of each client engine (a new peer of the server), us.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub new_peer_connect_us: Vec<u64>,
 }
 
 /// What a server process reports: bytes its sink flows received in the window.
@@ -267,6 +270,11 @@ pub struct ServerReport {
     pub rss_before: u64,
     #[serde(default)]
     pub rss_window: u64,
+    /// Open file descriptors before any flow and at the start of the window.
+    #[serde(default)]
+    pub fds_before: u64,
+    #[serde(default)]
+    pub fds_window: u64,
     /// quinn: generating the self-signed certificate and its TLS server config at start (us).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_gen_us: Option<u64>,
@@ -274,6 +282,11 @@ pub struct ServerReport {
     /// on the server's address; 1 when it offers none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp_offload: Option<(usize, usize)>,
+}
+
+/// This process's open file descriptors.
+pub fn open_fds() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
 }
 
 /// This process's resident memory in bytes (VmRSS of /proc/self/status).
@@ -628,6 +641,7 @@ pub fn run_client(
         rss_window,
         first_connect_us: None,
         open_us: None,
+        new_peer_connect_us: client.new_peer_connects_us(),
     })
 }
 
@@ -750,7 +764,7 @@ pub fn run_server(
     coordinated: bool,
 ) -> io::Result<()> {
     let server = Arc::new(Server::bind(stack, listen, engine)?);
-    let rss_before = rss_bytes();
+    let (rss_before, fds_before) = (rss_bytes(), open_fds());
     println!("ready {}", server.local_addr()?);
     io::stdout().flush()?;
     let apps: Arc<Mutex<Vec<Arc<ReceiverApp>>>> = Arc::new(Mutex::new(Vec::new()));
@@ -808,7 +822,8 @@ pub fn run_server(
     }
     let counters =
         || -> Vec<Arc<Counters>> { apps.lock().iter().map(|a| a.counters.clone()).collect() };
-    let served = serve_window(rss_before, counters, &accepted, coordinated, ServerSetup::default());
+    let setup = ServerSetup { fds_before, ..ServerSetup::default() };
+    let served = serve_window(rss_before, counters, &accepted, coordinated, setup);
     stop.store(true, Ordering::Relaxed);
     served
 }
@@ -818,6 +833,7 @@ pub fn run_server(
 pub struct ServerSetup {
     pub cert_gen_us: Option<u64>,
     pub udp_offload: Option<(usize, usize)>,
+    pub fds_before: u64,
 }
 
 /// The server's side of the orchestrator's protocol, shared by every stack: with `coordinated`,
@@ -858,7 +874,7 @@ pub fn serve_window(
         }
     };
     sleep_until(window.start);
-    let rss_window = rss_bytes();
+    let (rss_window, fds_window) = (rss_bytes(), open_fds());
     let (b0, _) = snapshot(&counters());
     sleep_until(window.end);
     let (b1, _) = snapshot(&counters());
@@ -869,6 +885,8 @@ pub fn serve_window(
         flows: accepted.load(Ordering::Relaxed),
         rss_before,
         rss_window,
+        fds_before: setup.fds_before,
+        fds_window,
         cert_gen_us: setup.cert_gen_us,
         udp_offload: setup.udp_offload,
     };

@@ -95,6 +95,9 @@ enum Cmd {
         /// Classification rules instead of the shipped profile-rules.txt.
         #[arg(long)]
         rules: Option<PathBuf>,
+        /// Keep the window's recording in this directory (STACK.data), for `perf report -i`.
+        #[arg(long)]
+        keep_data: Option<PathBuf>,
     },
     /// The whole matrix for both stacks: JSON per run, a markdown report and PNG plots.
     Suite {
@@ -192,6 +195,9 @@ enum Cmd {
         /// plan's receiver apps; 0: one per CPU).
         #[arg(long, default_value_t = 0)]
         apps: usize,
+        /// netchannel: `Config::max_sessions` (default: the engine's).
+        #[arg(long)]
+        max_sessions: Option<usize>,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -285,6 +291,17 @@ pub struct RunArgs {
     /// over them (set it to --channels to match netchannel's channel count).
     #[arg(long, default_value_t = 1)]
     pub mux_connections: usize,
+    /// netchannel: client engines, each a peer of the server with an address of its own
+    /// (10.215.0.0/16 in the client namespace, 127.215.0.0/16 on loopback); the flows take
+    /// them in turn, so --flows at least --peers.
+    #[arg(long, default_value_t = 1)]
+    pub peers: usize,
+    /// The index of this process's first peer (ncperf run splits --peers over processes).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub first_peer: usize,
+    /// netchannel: the server engine's `Config::max_sessions` (default: the engine's).
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
 }
 
 fn main() {
@@ -335,7 +352,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             bars::plot(&png, &title, &inputs)?;
             eprintln!("wrote {}", png.display());
         }
-        Cmd::Profile { stack, run, json, compare, out, rules } => {
+        Cmd::Profile { stack, run, json, compare, out, rules, keep_data } => {
             let rules = profile::Rules::load(rules.as_deref())?;
             let stacks = match (compare, stack) {
                 (true, _) => vec![Stack::Linux, Stack::Netchannel],
@@ -344,7 +361,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             };
             let mut reports = Vec::new();
             for s in stacks {
-                let (result, b) = profile::profile(&run, s, &rules)?;
+                let (result, b) = profile::profile(&run, s, &rules, keep_data.as_deref())?;
                 let report = b.report(s.name());
                 if json {
                     let v = serde_json::json!({ "run": result, "profile": report });
@@ -417,6 +434,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             host_congestion,
             max_streams,
             apps,
+            max_sessions,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
@@ -436,6 +454,9 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 demote_to,
                 latency_nice,
                 host_congestion,
+                peers: 1,
+                first_peer: 0,
+                max_sessions,
             };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
@@ -478,6 +499,9 @@ fn client(
             demote_to: run.demote_to,
             latency_nice: run.latency_nice,
             host_congestion: run.host_congestion,
+            peers: run.peers,
+            first_peer: run.first_peer,
+            max_sessions: None,
         },
         plan,
         rate: run.rate,

@@ -63,6 +63,16 @@ pub struct RunResult {
     /// quinn: UDP segments per send (GSO) and per receive (GRO) the kernel offers quinn-udp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp_offload: Option<(usize, usize)>,
+    /// Open file descriptors the server processes gained for their flows, per flow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_fds_per_flow: Option<f64>,
+    /// netchannel with `--peers`: client engines (peers of the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<usize>,
+    /// netchannel: each client engine's first connect, a new peer's time until it can send
+    /// (its first channel's handshake and the stream's open), in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_peer_connect_ms: Option<Latency>,
     /// (quantile, microseconds) points of the latency distribution, for CDF plots.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency_cdf: Vec<(f64, f64)>,

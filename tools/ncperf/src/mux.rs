@@ -547,6 +547,7 @@ pub fn run_client(
         rss_window,
         first_connect_us: Some(first_connect.as_micros() as u64),
         open_us: Some(open_us),
+        new_peer_connect_us: Vec::new(),
     })
 }
 
@@ -775,7 +776,7 @@ pub fn run_server(
         .enable_all()
         .build()?;
     let registry = Arc::new(Registry::default());
-    let rss_before = rss_bytes();
+    let (rss_before, fds_before) = (rss_bytes(), crate::apps::open_fds());
     let data = Bytes::from(vec![0x5Au8; IO_BUF]);
     let (addr, cert) = rt.block_on(async {
         match stack {
@@ -818,6 +819,7 @@ pub fn run_server(
     let setup = crate::apps::ServerSetup {
         cert_gen_us: cert.as_ref().map(|(_, took, _)| took.as_micros() as u64),
         udp_offload: cert.as_ref().map(|(_, _, offload)| *offload),
+        fds_before,
     };
     let served =
         crate::apps::serve_window(rss_before, counters, &registry.streams, coordinated, setup);

@@ -4,7 +4,9 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use netchannel::sys::{Epoll, EDGE, READABLE, WRITABLE};
 use netchannel::{Class, Config, Engine, Policy, Poller, VSocket};
@@ -201,6 +203,13 @@ pub struct EngineOpts {
     pub latency_nice: i8,
     /// The channels keep the host's congestion control (`Config::congestion` empty).
     pub host_congestion: bool,
+    /// Client: engines, each a peer of the server dialing from an address of its own
+    /// (`testbed::peer_source`); flows spread over them.
+    pub peers: usize,
+    /// Client: the index of the first of them (`testbed::peer_source`).
+    pub first_peer: usize,
+    /// Server: `Config::max_sessions` (`None`: the engine's default).
+    pub max_sessions: Option<usize>,
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -240,7 +249,13 @@ impl IsolationOpt {
 }
 
 fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
-    let mut config = Config::new(bind);
+    engine_with(Config::new(bind), opts)
+}
+
+fn engine_with(mut config: Config, opts: EngineOpts) -> io::Result<Engine> {
+    if let Some(n) = opts.max_sessions {
+        config.max_sessions = n;
+    }
     config.channels = opts.channels;
     config.max_channels = opts.channels; // measured at a fixed channel count
     config.policy = opts.policy;
@@ -315,7 +330,15 @@ impl Server {
 /// The client side of either stack.
 pub enum Client {
     Tcp,
-    Virtual(Engine),
+    /// One engine per peer (`EngineOpts::peers`); flows take them in turn.
+    Virtual(Vec<PeerEngine>, AtomicUsize),
+}
+
+/// A client engine, and how long its first connect took: the new peer's channel handshake
+/// and the stream's open.
+pub struct PeerEngine {
+    engine: Engine,
+    first_connect_us: OnceLock<u64>,
 }
 
 impl Client {
@@ -328,7 +351,20 @@ impl Client {
                 } else {
                     "0.0.0.0:0".parse().expect("valid")
                 };
-                Client::Virtual(engine(any, opts)?)
+                let mut engines = Vec::with_capacity(opts.peers.max(1));
+                for i in 0..opts.peers.max(1) {
+                    let mut config = Config::new(any);
+                    if opts.peers > 1 {
+                        let index = opts.first_peer + i;
+                        config.dial_source = Some(crate::testbed::peer_source(server.ip(), index));
+                        config.control = i == 0; // one control endpoint per process is plenty
+                    }
+                    let engine = engine_with(config, opts).map_err(|e| {
+                        io::Error::new(e.kind(), format!("starting client engine {i}: {e}"))
+                    })?;
+                    engines.push(PeerEngine { engine, first_connect_us: OnceLock::new() });
+                }
+                Client::Virtual(engines, AtomicUsize::new(0))
             }
             other => return Err(mux_here(other)),
         })
@@ -347,11 +383,30 @@ impl Client {
                 s.set_nodelay(true)?;
                 Conn::Tcp(s)
             }
-            Client::Virtual(e) => Conn::Virtual(e.connect_with_class(server, VPORT, class)?),
+            Client::Virtual(engines, next) => {
+                let i = next.fetch_add(1, Ordering::Relaxed) % engines.len();
+                let peer = &engines[i];
+                let started = Instant::now();
+                let sock = peer.engine.connect_with_class(server, VPORT, class)?;
+                let _ = peer.first_connect_us.set(started.elapsed().as_micros() as u64);
+                Conn::Virtual(sock)
+            }
         };
         conn.write_all_blocking(&header.encode())?;
         conn.set_nonblocking()?;
         Ok(conn)
+    }
+}
+
+impl Client {
+    /// netchannel: each engine's first connect (us): a new peer's time to its first byte.
+    pub fn new_peer_connects_us(&self) -> Vec<u64> {
+        match self {
+            Client::Virtual(engines, _) => {
+                engines.iter().filter_map(|p| p.first_connect_us.get().copied()).collect()
+            }
+            Client::Tcp => Vec::new(),
+        }
     }
 }
 

@@ -102,6 +102,15 @@ pub fn raise_fd_limit() -> u64 {
     max
 }
 
+/// One client process: its server's index, its flows, and with `--peers` its engines and the
+/// index of the first.
+type ClientJob = (usize, u64, Option<(usize, usize)>);
+
+/// Client engines (`--peers`) per client process: each holds about 20 file descriptors
+/// (its channels, listener, workers' epoll sets and eventfds), and the per-process limit is
+/// 20,000 on the machines this was measured on.
+const PEERS_PER_PROCESS: usize = 400;
+
 /// How many client/server process pairs `flows` kernel sockets need.
 pub fn processes_for(stack: Stack, flows: u64, fd_limit: u64) -> Result<usize, String> {
     if stack == Stack::Netchannel || stack.is_mux() {
@@ -122,6 +131,20 @@ pub fn processes_for(stack: Stack, flows: u64, fd_limit: u64) -> Result<usize, S
 }
 
 pub fn validate(args: &RunArgs, stack: Stack) -> Result<(), String> {
+    if args.peers != 1 {
+        if stack != Stack::Netchannel {
+            return Err("--peers is netchannel's (client engines); other stacks have one".into());
+        }
+        if args.peers == 0 || args.peers > testbed::MAX_PEERS {
+            return Err(format!("--peers must be between 1 and {}", testbed::MAX_PEERS));
+        }
+        if args.flows < args.peers as u64 {
+            return Err(format!(
+                "--peers {} needs at least as many --flows (each peer carries one at least)",
+                args.peers
+            ));
+        }
+    }
     if args.flows > MAX_FLOWS {
         return Err(format!("--flows {} exceeds the supported {MAX_FLOWS}", args.flows));
     }
@@ -256,6 +279,9 @@ pub fn run_with(
             args.max_apps,
         )
     };
+    if args.peers > 1 && args.hosts == Hosts::Netns {
+        testbed::peer_routes()?;
+    }
     let common = |v: &mut Vec<String>, i: usize| {
         v.extend(["--stack".into(), stack.name().into()]);
         v.extend(["--channels".into(), args.channels.to_string()]);
@@ -278,6 +304,9 @@ pub fn run_with(
             v.extend(["--max-streams".into(), streams.to_string()]);
             v.extend(["--apps".into(), crate::mux::receiver_apps(&plan).to_string()]);
         }
+        if let Some(n) = args.max_sessions {
+            v.extend(["--max-sessions".into(), n.to_string()]);
+        }
         if let Some(ns) = &server_ns {
             v.extend(["--netns".into(), ns.display().to_string()]);
         }
@@ -293,9 +322,27 @@ pub fn run_with(
         let line = s.expect_line("ready ")?;
         server_addrs.push(line["ready ".len()..].to_string());
     }
+    // Client processes: one per server, or with --peers as many as the client engines' fds
+    // need (pairs is 1 then).
+    let mut jobs: Vec<ClientJob> = Vec::new();
+    for i in 0..server_addrs.len() {
+        if args.peers > 1 {
+            let procs = args.peers.div_ceil(PEERS_PER_PROCESS);
+            let part =
+                |n: u64, j: usize| n / procs as u64 + u64::from((j as u64) < n % procs as u64);
+            let mut first = 0;
+            for j in 0..procs {
+                let peers = part(args.peers as u64, j) as usize;
+                jobs.push((i, part(share_of(i), j), Some((peers, first))));
+                first += peers;
+            }
+        } else {
+            jobs.push((i, share_of(i), None));
+        }
+    }
     let mut clients = Vec::new();
-    for (i, addr) in server_addrs.iter().enumerate() {
-        let share = share_of(i);
+    for (i, share, peers) in jobs {
+        let addr = &server_addrs[i];
         let mut v =
             vec!["client".to_string(), "--coordinated".into(), "--connect".into(), addr.clone()];
         common(&mut v, i);
@@ -317,13 +364,18 @@ pub fn run_with(
         if stack.is_mux() {
             v.extend(["--mux-connections".into(), args.mux_connections.to_string()]);
         }
+        if let Some((peers, first)) = peers {
+            v.extend(["--peers".into(), peers.to_string()]);
+            v.extend(["--first-peer".into(), first.to_string()]);
+        }
         if let Some(cert) = server_certs.get(i) {
             v.extend(["--server-cert".into(), cert.clone()]);
         }
         if let Some(ns) = &client_ns {
             v.extend(["--netns".into(), ns.display().to_string()]);
         }
-        clients.push(Proc::spawn(&v, format!("client process {i}"))?);
+        let what = format!("client process {}", clients.len());
+        clients.push(Proc::spawn(&v, what)?);
     }
     for c in &mut clients {
         c.expect_line("connected")?;
@@ -409,6 +461,20 @@ pub fn run_with(
         server_reports.iter().map(|r| r.rss_before).sum(),
         server_reports.iter().map(|r| r.rss_window).sum(),
     );
+    let server_fds_per_flow = per_flow(
+        server_reports.iter().map(|r| r.fds_before).sum(),
+        server_reports.iter().map(|r| r.fds_window).sum(),
+    );
+    let mut connects = metrics::new_histogram();
+    for us in client_reports.iter().flat_map(|r| &r.new_peer_connect_us) {
+        connects.saturating_record(*us);
+    }
+    let ms_of = |l: metrics::Latency| metrics::Latency {
+        p50: l.p50 / 1e3,
+        p99: l.p99 / 1e3,
+        p999: l.p999 / 1e3,
+        max: l.max / 1e3,
+    };
     let cpu_cores = metrics::busy_cores(m1.busy.saturating_sub(m0.busy), tps, measured);
     Ok(RunResult {
         stack: stack.name().into(),
@@ -443,6 +509,9 @@ pub fn run_with(
         open_ms: client_reports.iter().filter_map(|r| r.open_us).max().map(ms),
         udp_offload: server_reports.iter().find_map(|r| r.udp_offload),
         latency_cdf: metrics::cdf_points(&hist),
+        server_fds_per_flow,
+        peers: (stack == Stack::Netchannel).then_some(args.peers),
+        new_peer_connect_ms: metrics::percentiles(&connects).map(ms_of),
     })
 }
 
@@ -683,6 +752,17 @@ pub fn print_result(r: &RunResult) {
         println!(
             "  latency us: p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
             l.p50, l.p99, l.p999, l.max
+        );
+    }
+    if let (Some(peers), Some(c)) = (r.peers.filter(|&p| p > 1), r.new_peer_connect_ms) {
+        println!(
+            "  {peers} peers: a new peer's first connect p50 {:.2} p99 {:.2} max {:.2} ms; server \
+             per flow: {:.0} bytes resident, {:.1} fds",
+            c.p50,
+            c.p99,
+            c.max,
+            r.server_rss_per_flow.unwrap_or(f64::NAN),
+            r.server_fds_per_flow.unwrap_or(f64::NAN)
         );
     }
     if let Some(first) = r.first_connect_ms {

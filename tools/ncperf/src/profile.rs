@@ -375,11 +375,13 @@ pub fn check_perf() -> Result<(), String> {
     Ok(())
 }
 
-/// Profiles one run of `stack`; returns the run's result and the breakdown.
+/// Profiles one run of `stack`; returns the run's result and the breakdown. With `keep`, the
+/// recording stays in that directory as `STACK.data`.
 pub fn profile(
     args: &RunArgs,
     stack: Stack,
     rules: &Rules,
+    keep: Option<&std::path::Path>,
 ) -> Result<(crate::metrics::RunResult, Breakdown), String> {
     check_perf()?;
     let dir = std::env::temp_dir().join(format!("ncperf-profile-{}", std::process::id()));
@@ -412,6 +414,11 @@ pub fn profile(
         .arg(&data)
         .output()
         .map_err(|e| format!("perf script: {e}"))?;
+    if let Some(keep) = keep {
+        std::fs::create_dir_all(keep).map_err(|e| format!("{}: {e}", keep.display()))?;
+        let to = keep.join(format!("{}.data", stack.name()));
+        std::fs::copy(&data, &to).map_err(|e| format!("keeping {}: {e}", to.display()))?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     if !script.status.success() {
         return Err(format!(

@@ -44,6 +44,9 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         latency_nice: 0,
         host_congestion: false,
         mux_connections: 1,
+        peers: 1,
+        first_peer: 0,
+        max_sessions: None,
     }
 }
 
@@ -127,7 +130,7 @@ pub fn run(out: &Path, quick: bool, hosts: Hosts, profile: bool) -> Result<(), S
                 std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))
             };
             let r = if profile {
-                crate::profile::profile(&case.args, stack, &rules).and_then(|(r, b)| {
+                crate::profile::profile(&case.args, stack, &rules, None).and_then(|(r, b)| {
                     let rep = b.report(stack.name());
                     write(
                         "-profile",

@@ -37,6 +37,27 @@ pub fn addr_b() -> IpAddr {
     IpAddr::from(ADDR_B)
 }
 
+/// Most `--peers` engines: one address each, in a /16 whose .0 and .255 are never used.
+pub const MAX_PEERS: usize = 254 * 250;
+
+/// The address the `i`th of several client engines dials from (`--peers`), so that the server
+/// sees each as a host of its own (its per-source limits count addresses): 127.215.0.0/16 on
+/// loopback (local there already), 10.215.0.0/16 between the namespaces (`peer_routes`).
+pub fn peer_source(server: IpAddr, i: usize) -> IpAddr {
+    let (hi, lo) = ((1 + i / 250) as u8, (1 + i % 250) as u8);
+    let first = if server.is_loopback() { 127 } else { 10 };
+    IpAddr::from([first, 215, hi, lo])
+}
+
+/// Makes 10.215.0.0/16 local to the client namespace (any of its addresses can be bound, as
+/// on loopback) and routes it there from the server's. Idempotent.
+pub fn peer_routes() -> Result<(), String> {
+    run("ip", &["-n", NS_A, "route", "replace", "local", "10.215.0.0/16", "dev", "lo"])?;
+    let via = addr_a().to_string();
+    run("ip", &["-n", NS_B, "route", "replace", "10.215.0.0/16", "via", &via, "dev", DEV_B])?;
+    Ok(())
+}
+
 fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(cmd).args(args).output().map_err(|e| {
         format!("cannot run {cmd}: {e} (run scripts/setup.sh to install what ncperf needs)")
