@@ -1,5 +1,6 @@
-//! Many peers: a server engine full of multi-channel sessions still admits new peers, and
-//! engines standing in for hosts dial from addresses of their own.
+//! Many peers: a server engine full of multi-channel sessions still admits new peers, engines
+//! standing in for hosts dial from addresses of their own, and a session's background dials
+//! and its growth together stay within `max_channels`.
 
 mod common;
 
@@ -11,12 +12,15 @@ use netchannel::{Config, Engine};
 
 both_testbeds!(
     a_full_channel_budget_keeps_room_for_new_peers,
-    dialed_channels_leave_from_dial_source
+    dialed_channels_leave_from_dial_source,
+    a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max,
 );
 
 /// Echoes one message over a new socket from `client` to the listener's engine.
 fn exchange(client: &Engine, server: SocketAddr, l: &netchannel::Listener, msg: &[u8]) {
-    let s = client.connect(server, 9).unwrap();
+    let s = client
+        .connect(server, 9)
+        .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(msg)));
     let p = l.accept().unwrap();
     s.send(msg).unwrap();
     let mut got = vec![0u8; msg.len()];
@@ -30,23 +34,25 @@ fn a_full_channel_budget_keeps_room_for_new_peers(hosts: Hosts) {
     let server = Engine::new(Config { max_channels_total: 8, ..tb.config_b() }).unwrap();
     let l = server.listen(9).unwrap();
     let addr = server.local_addr();
-    let peers: Vec<Engine> = (0..3).map(|_| Engine::new(tb.config_a()).unwrap()).collect();
+    let peers: Vec<Engine> = (0..7).map(|_| Engine::new(tb.config_a()).unwrap()).collect();
     for (i, p) in peers.iter().enumerate() {
         exchange(p, addr, &l, format!("peer {i}").as_bytes());
         // Let its background dials finish (or be refused) before the next peer comes.
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        if i == 0 {
+            wait_for_channels(p, 5);
+        }
     }
     let st = server.stats();
-    assert_eq!(st.sessions, 3, "every peer has a session: {:?}", st.refusals);
-    // A peer's second and later channels fill three quarters at most; the last quarter is for
-    // first channels.
+    assert_eq!(st.sessions, 7, "every peer has a session: {:?}", st.refusals);
     assert!(st.channels.len() <= 8, "{} channels", st.channels.len());
-    assert!(
-        st.refusals.iter().any(|(why, _)| why.contains("new peers")),
-        "later channels were refused for the new peers' room: {:?}",
-        st.refusals
-    );
-    // Every peer keeps working over what it got.
+    let refused = |what: &str| st.refusals.iter().any(|(why, _)| why.contains(what));
+    // Later channels of known peers stopped at three quarters; then the first peer's extra
+    // throughput channels were shed, one per newcomer, and it kept one of each class.
+    assert!(refused("new peers"), "{:?}", st.refusals);
+    assert!(refused("shed"), "{:?}", st.refusals);
+    assert_eq!(peers[0].stats().channels.len(), 2);
+    // Every peer keeps working over what it has.
     for (i, p) in peers.iter().enumerate() {
         exchange(p, addr, &l, format!("again {i}").as_bytes());
     }
@@ -76,4 +82,34 @@ fn dialed_channels_leave_from_dial_source(hosts: Hosts) {
             .unwrap();
     let err = stranger.connect(server.local_addr(), 9).unwrap_err();
     assert!(err.to_string().contains("192.0.2.1"), "{err}");
+}
+
+fn a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    // Little room per channel: a bulk sender is short of it at once, while the session's
+    // other channels are still being dialed.
+    let (a, b) = tb.engines(|c| {
+        c.channels = 4;
+        c.max_channels = 4;
+        c.channel_queue_threshold = 64 << 10;
+    });
+    let l = b.listen(9).unwrap();
+    let s = a.connect(b.local_addr(), 9).unwrap();
+    let p = l.accept().unwrap();
+    const LEN: u64 = 64 << 20;
+    let reader = std::thread::spawn(move || recv_pattern(&p, 3, 1 << 20));
+    send_pattern(&s, 3, LEN, 1 << 20);
+    s.shutdown().unwrap();
+    assert_eq!(reader.join().unwrap(), LEN);
+    wait_for_channels(&a, 5);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let throughput = |e: &Engine| {
+        e.stats()
+            .channels
+            .iter()
+            .filter(|c| c.channel.class == netchannel::Class::Throughput)
+            .count()
+    };
+    assert_eq!(throughput(&a), 4, "max_channels throughput channels, the dialed ones included");
+    assert_eq!(throughput(&b), 4);
 }

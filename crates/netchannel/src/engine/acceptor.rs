@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::budget::SourceKey;
+use super::budget::{Refusal, SourceKey};
 use super::EngineCtx;
 use crate::driver::tcp::{Incoming, Progress};
 use crate::sys::{Epoll, EventFd, READABLE};
@@ -201,10 +201,16 @@ fn accept_all(
         };
         let source = sock.peer_addr().ok().map(SourceKey::of);
         if let Some(s) = source {
-            if let Err(why) = ctx.channel_budget.has_room(s) {
-                ctx.refused(why.reason());
-                reject(&sock, RejectReason::Limit);
-                continue;
+            match ctx.channel_budget.has_room(s) {
+                // Every place is taken, but a peer's extra channel can make room for a new
+                // peer's first: only the hello says which this is (`admit`).
+                Err(Refusal::EngineFull) if ctx.can_shed() => {}
+                Err(why) => {
+                    ctx.refused(why.reason());
+                    reject(&sock, RejectReason::Limit);
+                    continue;
+                }
+                Ok(()) => {}
             }
         }
         let held = hs.from(source);

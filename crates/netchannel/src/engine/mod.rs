@@ -32,7 +32,7 @@ pub use stats::{EngineStats, PeerChannelStats, SocketStats};
 pub use worker::WorkerThread;
 
 use crate::driver::tcp::{self, Incoming, TcpOptions, TcpTransport};
-use crate::driver::{Channel, ChannelMeta, ChannelStats};
+use crate::driver::{Channel, ChannelError, ChannelMeta, ChannelStats};
 use crate::proto::{ChannelId, CoreConfig};
 use crate::sys::EventFd;
 use crate::wire::{Class, Handshake, RejectReason};
@@ -61,6 +61,15 @@ struct Sessions {
 
 /// How a dial ended, for the connects that waited for it (an `io::Error` is not `Clone`).
 type DialResult = Result<Arc<SessionRt>, (io::ErrorKind, String)>;
+
+/// Clears a flag when dropped (however the thread that holds it ends).
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
 
 /// The channels of a session to dial: (channel index, class).
 type DialPlan = Vec<(u16, Class)>;
@@ -483,8 +492,13 @@ impl EngineCtx {
         if rest.is_empty() {
             return;
         }
+        // Counted as growing meanwhile: a sender short of room must not add a channel beyond
+        // `max_channels` on top of the ones being dialed.
+        session.growing.store(true, Ordering::Release);
         let me = self.clone();
+        let growing = session.clone();
         let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
+            let _done = ClearOnDrop(&session.growing);
             for (index, class) in rest {
                 if me.stopping.load(Ordering::Acquire) || !me.is_current(&session) {
                     return;
@@ -508,6 +522,7 @@ impl EngineCtx {
             }
         });
         if spawned.is_err() {
+            growing.growing.store(false, Ordering::Release);
             self.refused("dialing a session's other channels: cannot start a thread");
         }
     }
@@ -633,8 +648,14 @@ impl EngineCtx {
                     let addr = session.peer_addr;
                     move || me.dial_channel(addr, next, class, budget::Purpose::More)
                 });
-                // The peer may not have noticed the loss yet (the index is still taken there).
-                let Ok(ch) = r else { continue };
+                let ch = match r {
+                    Ok(ch) => ch,
+                    // A full acceptor (it may have shed this very channel for a new peer):
+                    // the session goes on with fewer channels.
+                    Err(e) if tcp::refused_at_limit(&e) => return,
+                    // The peer may not have noticed the loss yet (the index is still taken).
+                    Err(_) => continue,
+                };
                 if me.join_dialed(&session, ch) {
                     me.counters.redialed_channels.fetch_add(1, Ordering::Relaxed);
                 }
@@ -679,6 +700,15 @@ impl EngineCtx {
         let purpose = if known { budget::Purpose::More } else { budget::Purpose::FirstOfSession };
         let ticket = match self.channel_budget.take(source, purpose) {
             Ok(t) => t,
+            Err(budget::Refusal::EngineFull)
+                if purpose == budget::Purpose::FirstOfSession && self.shed_extra_channel() =>
+            {
+                // The place comes back once the shed channel's sockets are closed: the new
+                // peer's dialer, refused at a limit, tries again shortly and finds it.
+                self.refused("channels at max_channels_total: another peer's extra channel shed");
+                inc.refuse(self.id, RejectReason::Limit);
+                return;
+            }
             Err(why) => {
                 self.refused(why.reason());
                 inc.refuse(self.id, RejectReason::Limit);
@@ -731,6 +761,45 @@ impl EngineCtx {
         if is_new {
             self.rebudget();
         }
+    }
+
+    /// Closes one throughput channel beyond the first of the session with the most channels,
+    /// to make room for a new peer's first channel (every channel budget place taken): a peer
+    /// works with one channel, and none is refused for want of a place while another peer
+    /// holds several. Its frames go on the session's other channels; the peer does not dial it
+    /// again while the budget is full (a refusal at a limit ends a redial). False if every
+    /// session has one channel.
+    fn shed_extra_channel(&self) -> bool {
+        let Some((session, ch)) = self.sheddable() else { return false };
+        let why = "closed to make room for a new peer (max_channels_total)";
+        session.channel_failed(&ch, ChannelError::Io(io::Error::other(why)));
+        true
+    }
+
+    /// Whether `shed_extra_channel` would find a channel to close.
+    pub fn can_shed(&self) -> bool {
+        self.sheddable().is_some()
+    }
+
+    /// The highest-indexed throughput channel of the session with the most throughput
+    /// channels, if it has more than one.
+    fn sheddable(&self) -> Option<(Arc<SessionRt>, Arc<Channel>)> {
+        let throughput = |s: &SessionRt| -> Vec<Arc<Channel>> {
+            s.channels().into_iter().filter(|c| c.meta.class == Class::Throughput).collect()
+        };
+        let (session, chans) = self
+            .all_sessions()
+            .into_iter()
+            .map(|s| {
+                let t = throughput(&s);
+                (s, t)
+            })
+            .max_by_key(|(_, t)| t.len())?;
+        if chans.len() < 2 {
+            return None;
+        }
+        let extra = chans.into_iter().max_by_key(|c| c.meta.index.index)?;
+        Some((session, extra))
     }
 
     /// Shares the engine's budgets among the live sessions: each may grant its peer at most
