@@ -38,7 +38,9 @@ pub struct Config {
     /// Run every engine thread, and so every channel socket, inside this network namespace
     /// (e.g. `/run/netns/NAME`). The application's own threads are not moved.
     pub netns: Option<PathBuf>,
-    /// Throughput-class channels dialed to each peer when the session opens (the minimum).
+    /// Throughput-class channels dialed to each peer when the session opens (the minimum): the
+    /// first (and the first latency channel) before the first stream, the rest in the
+    /// background.
     pub channels: usize,
     /// Most throughput-class channels per peer. While senders find every channel of the class
     /// holding its share of unsent bytes, the dialing engine adds one, up to this.
@@ -60,7 +62,8 @@ pub struct Config {
     /// How long `connect` waits for the peer to accept the virtual socket.
     pub connect_timeout: Duration,
     /// Timeout for dialing one channel: TCP connect and handshake. Above TCP's first SYN
-    /// retransmission (1 s), so that one lost SYN or ARP request does not fail a connect.
+    /// retransmission (1 s), so that one lost SYN or ARP request does not fail a connect. A
+    /// session's first channel refused at an acceptor's limit is tried again within it.
     pub dial_timeout: Duration,
     /// How long the acceptor gives a dialer to complete a channel handshake once its TCP
     /// connection is accepted (a silent dialer holds a handshake slot no longer).
@@ -96,7 +99,10 @@ pub struct Config {
     pub linger: Duration,
     /// Channel handshakes in progress at once; more connections are refused.
     pub max_handshakes: usize,
-    /// Peers (sessions) this engine accepts at once; a channel from one more is refused.
+    /// Peers (sessions) this engine accepts at once; a channel from one more is refused (and
+    /// its dialer tries again within its `dial_timeout`). A server for more peers raises it:
+    /// an idle peer costs about 30-60 KB and 2-10 fds (docs/BENCHMARKS.md, "Many peers"), and
+    /// each session's receive share is one `stream_window` at least.
     pub max_sessions: usize,
     /// Receive credit one peer may be granted beyond each stream's own minimum window
     /// (`min_stream_window`, which every stream gets, as every TCP socket has a receive
@@ -151,7 +157,9 @@ pub struct Config {
     /// source takes the oldest slot of the busiest one.
     pub max_handshakes_per_source: usize,
     /// Channels open at once, every peer (each costs two file descriptors). 0: a quarter of
-    /// the process's file-descriptor limit, so that the engine uses at most half of it.
+    /// the process's file-descriptor limit, so that the engine uses at most half of it. A
+    /// session's second and later channels take three quarters at most, and a new peer's first
+    /// channel takes another session's extra one when every place is taken.
     pub max_channels_total: usize,
     /// Channels accepted from one source (an IPv4 address or IPv6 /64) at once.
     pub max_channels_per_source: usize,

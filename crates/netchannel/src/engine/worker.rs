@@ -2,8 +2,8 @@
 //! (not a thread per channel), each parked in its own epoll set on its channels' sockets and a
 //! wake-up eventfd. A worker never spins: it handles the events it is woken for and parks again.
 //!
-//! Lazy duties run on a *tick* (every `TICK`), only while some channel has one, and only on the
-//! channels that have one: payloads left in a socket for a reader who does not come (staged
+//! Lazy duties run on a *tick* (every `TICK`), while some channel has one (and `TICK_LINGER`
+//! after), and only on the channels that have one: payloads left in a socket for a reader who does not come (staged
 //! after `defer_grace`), sends a thread deferred and never flushed, acknowledgements nobody
 //! carried. The core's timers (connect and linger deadlines, acknowledgement timeouts) are
 //! looked at when the earliest comes and after wake-ups, at most every `TIMER_SCAN`. A worker's
@@ -29,6 +29,9 @@ use crate::wire::Class;
 
 /// Period of the lazy duties, while they are asked for.
 pub(crate) const TICK: Duration = Duration::from_millis(1);
+/// How long ticking goes on after the last listed duty: a steady exchange (an RPC's
+/// acknowledgement per message) then finds the worker ticking instead of waking it each time.
+const TICK_LINGER: Duration = Duration::from_millis(20);
 /// Acknowledgements not carried by other traffic go alone after this long.
 const ACK_DELAY: Duration = Duration::from_millis(5);
 /// How soon after `timers_changed` (a stream's connect or linger deadline was set) the worker
@@ -241,13 +244,15 @@ impl Worker {
         let mut ticked: HashSet<u64> = HashSet::new();
         let mut events = Vec::new();
         let mut next_tick = Instant::now();
+        let mut linger_until = Instant::now();
         let mut timers = TimerScan::default();
         let mut applied = None;
         loop {
             let Some(ctx) = ctx.upgrade() else { return };
             self.schedule(&ctx, &mut applied);
             let mut timeout = None;
-            if !ticked.is_empty() {
+            let ticking = !ticked.is_empty() || Instant::now() < linger_until;
+            if ticking {
                 timeout = Some(next_tick.saturating_duration_since(Instant::now()));
             }
             if let Some(t) = timers.wake_at() {
@@ -275,7 +280,7 @@ impl Worker {
             }
             // Parked: no tick and no wake-up within one, so a new duty or deadline must wake it
             // (a timer seconds away must not hold up a flush).
-            let parked = ticked.is_empty() && timeout.is_none_or(|t| t > TICK);
+            let parked = !ticking && timeout.is_none_or(|t| t > TICK);
             self.parked.store(parked, Ordering::SeqCst);
             // Re-check after announcing: a demand that raced with the decision is seen now.
             if parked && !self.tick_asked.lock().is_empty() {
@@ -342,14 +347,11 @@ impl Worker {
                 }
             }
             let now = Instant::now();
-            {
-                let mut asked = self.tick_asked.lock();
-                if ticked.is_empty() && !asked.is_empty() {
-                    next_tick = now; // ticks start with the first duty
-                }
-                ticked.extend(asked.drain(..));
+            ticked.extend(self.tick_asked.lock().drain(..));
+            if !ticked.is_empty() {
+                linger_until = now + TICK_LINGER;
             }
-            if !ticked.is_empty() && now >= next_tick {
+            if (!ticked.is_empty() || now < linger_until) && now >= next_tick {
                 next_tick = now + TICK;
                 tick(&channels, &mut ticked, now);
             }
