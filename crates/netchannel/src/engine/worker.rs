@@ -3,9 +3,9 @@
 //! wake-up eventfd. A worker never spins: it handles the events it is woken for and parks again.
 //!
 //! Lazy duties run on a *tick* (every `TICK`), while some channel has one (and `TICK_LINGER`
-//! after), and only on the channels that have one: payloads left in a socket for a reader who does not come (staged
-//! after `defer_grace`), sends a thread deferred and never flushed, acknowledgements nobody
-//! carried. The core's timers (connect and linger deadlines, acknowledgement timeouts) are
+//! after), and only on the channels that have one: payloads left in a socket for a reader who
+//! does not come (staged after `defer_grace`), sends a thread deferred and never flushed,
+//! acknowledgements nobody carried. The core's timers (connect and linger deadlines, acknowledgement timeouts) are
 //! looked at when the earliest comes and after wake-ups, at most every `TIMER_SCAN`. A worker's
 //! cost per wake-up is its channels with duties, not all its channels: a server with a thousand
 //! quiet peers does not visit a thousand sessions per message. An idle engine has no tick and
