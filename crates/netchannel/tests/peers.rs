@@ -14,6 +14,7 @@ both_testbeds!(
     a_full_channel_budget_keeps_room_for_new_peers,
     dialed_channels_leave_from_dial_source,
     a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max,
+    one_poller_serves_sockets_of_many_peers_and_of_peers_that_come_later,
 );
 
 /// Echoes one message over a new socket from `client` to the listener's engine.
@@ -112,4 +113,47 @@ fn a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max(hosts: 
     };
     assert_eq!(throughput(&a), 4, "max_channels throughput channels, the dialed ones included");
     assert_eq!(throughput(&b), 4);
+}
+
+fn one_poller_serves_sockets_of_many_peers_and_of_peers_that_come_later(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let server = Engine::new(tb.config_b()).unwrap();
+    let l = server.listen(9).unwrap();
+    let poller = netchannel::Poller::new().unwrap();
+    let mut clients = Vec::new();
+    let mut accepted = Vec::new();
+    // A poller that has waited already (and so looked at its sessions) gets sockets of new
+    // peers, whose sessions' channels also change while it waits (background dials).
+    let mut tokens = Vec::new();
+    for round in 0..3 {
+        for _ in 0..16 {
+            let e = Engine::new(tb.config_a()).unwrap();
+            let s = e.connect(server.local_addr(), 9).unwrap();
+            let p = l.accept().unwrap();
+            p.set_nonblocking(true);
+            poller.register(&p, accepted.len() as u64).unwrap();
+            accepted.push(p);
+            clients.push((e, s));
+        }
+        poller.wait(&mut tokens, Some(std::time::Duration::from_millis(10))).unwrap();
+        // Every peer sends; the poller reports each of its sockets until all is read.
+        for (i, (_, s)) in clients.iter().enumerate() {
+            s.send(format!("{round}:{i};").as_bytes()).unwrap();
+        }
+        let mut got = vec![String::new(); accepted.len()];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while got.iter().enumerate().any(|(i, g)| *g != format!("{round}:{i};")) {
+            assert!(std::time::Instant::now() < deadline, "round {round}: {got:?}");
+            poller.wait(&mut tokens, Some(std::time::Duration::from_millis(100))).unwrap();
+            for &t in &tokens {
+                let mut buf = [0u8; 64];
+                while let Ok(n) = accepted[t as usize].recv(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    got[t as usize].push_str(std::str::from_utf8(&buf[..n]).unwrap());
+                }
+            }
+        }
+    }
 }

@@ -106,6 +106,15 @@ pub(crate) struct PollerShared {
     sessions: Mutex<Vec<(Weak<SessionRt>, Class)>>,
     /// A kernel fd whose events also end `wait` (`wake_on`), with a key unique to this call.
     companion: Mutex<Option<(RawFd, u64)>>,
+    /// When a thread last came to `wait` (`clock_ns`), shared with the sessions it waits on
+    /// (`SessionRt::add_app_watcher`): their workers stay quiet while it keeps coming.
+    stamp: Arc<AtomicU64>,
+    /// Sessions added to `sessions` so far.
+    sessions_added: AtomicU64,
+    /// What the last look at the sessions saw: the waiting thread (its waiter's address),
+    /// `channels_epoch` and `sessions_added`. While all hold, the sessions' channels are
+    /// registered in that thread's epoll set already.
+    looked: Mutex<Option<(usize, u64, u64)>>,
 }
 
 /// Told when a virtual socket's readiness may have changed: an interposition layer mirrors it
@@ -207,6 +216,9 @@ impl PollerShared {
             fd_used: AtomicBool::new(false),
             sessions: Mutex::new(Vec::new()),
             companion: Mutex::new(None),
+            stamp: Arc::new(AtomicU64::new(0)),
+            sessions_added: AtomicU64::new(0),
+            looked: Mutex::new(None),
         }))
     }
 
@@ -217,6 +229,7 @@ impl PollerShared {
         let known = s.iter().any(|(w, c)| *c == class && w.as_ptr() == Arc::as_ptr(session));
         if !known {
             s.push((Arc::downgrade(session), class));
+            self.sessions_added.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -249,16 +262,26 @@ impl PollerShared {
                 break Ok(());
             }
             waiter::before_wait(true);
-            let sessions: Vec<(Arc<SessionRt>, Class)> = self
-                .sessions
-                .lock()
-                .iter()
-                .filter_map(|(s, c)| s.upgrade().map(|s| (s, *c)))
-                .collect();
-            for (s, c) in &sessions {
-                w.watch(s, *c);
+            self.stamp.store(super::session::clock_ns(), Ordering::Relaxed);
+            // The sessions are looked at only when something changed: a poller over thousands
+            // of sessions does not visit each on every wait.
+            // Read before the sessions: a change during the look makes the next wait look again.
+            let added = self.sessions_added.load(Ordering::Acquire);
+            let epoch = super::session::channels_epoch();
+            let me = (Arc::as_ptr(&w) as usize, epoch, added);
+            if *self.looked.lock() != Some(me) {
+                let sessions: Vec<(Arc<SessionRt>, Class)> = self
+                    .sessions
+                    .lock()
+                    .iter()
+                    .filter_map(|(s, c)| s.upgrade().map(|s| (s, *c)))
+                    .collect();
+                for (s, c) in &sessions {
+                    let served = w.watch(s, *c);
+                    s.add_app_watcher(served, &self.stamp);
+                }
+                *self.looked.lock() = Some(me);
             }
-            drop(sessions);
             if let Some((fd, key)) = *self.companion.lock() {
                 w.set_companion(fd, key);
             }

@@ -113,12 +113,23 @@ pub(crate) struct SessionRt {
     /// is ahead of the worker's), so the worker need not be woken by each arrival
     /// (`engine/worker.rs`).
     app_waited_ns: [AtomicU64; 2],
+    /// Pollers whose threads wait on the session's channels of a class: each keeps the time its
+    /// thread last came to wait (`PollerShared::stamp`), so that a poller over thousands of
+    /// sessions stamps one clock per wait instead of each session.
+    app_watchers: Mutex<Vec<(Class, Arc<AtomicU64>)>>,
 }
+
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 /// A value no session's channel set had before (`SessionRt::channels_generation`).
 fn next_generation() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    NEXT_GENERATION.fetch_add(1, Ordering::AcqRel)
+}
+
+/// Changes whenever any session's channel set changes (in this process): a poller that saw the
+/// same value at its last look need not look at its sessions' channels again.
+pub(crate) fn channels_epoch() -> u64 {
+    NEXT_GENERATION.load(Ordering::Acquire)
 }
 
 impl SessionRt {
@@ -144,6 +155,7 @@ impl SessionRt {
             held_seen: AtomicU64::new(0),
             app_addrs: Mutex::new(std::collections::HashMap::new()),
             app_waited_ns: [AtomicU64::new(0), AtomicU64::new(0)],
+            app_watchers: Mutex::new(Vec::new()),
         })
     }
 
@@ -162,11 +174,29 @@ impl SessionRt {
         self.app_waited_ns[class.index()].store(clock_ns(), Ordering::Relaxed);
     }
 
+    /// A poller's thread waits on the session's channels of `class`; `stamp` is when it last
+    /// came to wait (see `app_waited_after`).
+    pub fn add_app_watcher(&self, class: Class, stamp: &Arc<AtomicU64>) {
+        let mut w = self.app_watchers.lock();
+        // Pollers that are gone hold no other reference.
+        w.retain(|(_, s)| Arc::strong_count(s) > 1);
+        if !w.iter().any(|(c, s)| *c == class && Arc::ptr_eq(s, stamp)) {
+            w.push((class, stamp.clone()));
+        }
+    }
+
     /// Whether an application thread came to wait on the session's channels of `class` after
-    /// `since` (a `clock_ns` reading).
+    /// `since` (a `clock_ns` reading): a blocking call on one of its sockets, or the thread of
+    /// a poller over them.
     pub fn app_waited_after(&self, class: Class, since: u64) -> bool {
         let at = self.app_waited_ns[class.index()].load(Ordering::Relaxed);
-        at != 0 && at > since
+        if at != 0 && at > since {
+            return true;
+        }
+        self.app_watchers
+            .lock()
+            .iter()
+            .any(|(c, s)| *c == class && s.load(Ordering::Relaxed) > since)
     }
 
     /// The core, locked (see [`CoreGuard`]).

@@ -208,7 +208,8 @@ impl Waiter {
 
     /// Makes sure this thread's epoll set holds the open channels of `session` that carry
     /// `class`, ahead of the workers' registrations.
-    pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
+    /// Returns the class whose channels serve `class`.
+    pub fn watch(&self, session: &Arc<SessionRt>, class: Class) -> Class {
         let key = (Arc::as_ptr(session) as usize, class.index());
         let generation = session.channels_generation();
         let mut w = self.watched.lock();
@@ -218,7 +219,7 @@ impl Waiter {
                 // Registered already, and the session's channels are the same.
                 session.note_app_wait(served);
                 w.sweep_now();
-                return;
+                return served;
             }
         }
         let channels = session.serving_channels(class);
@@ -254,6 +255,7 @@ impl Waiter {
             w.seen.remove(&key);
         }
         w.sweep_now();
+        served
     }
 }
 
