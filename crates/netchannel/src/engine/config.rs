@@ -101,7 +101,7 @@ pub struct Config {
     pub max_handshakes: usize,
     /// Peers (sessions) this engine accepts at once; a channel from one more is refused (and
     /// its dialer tries again within its `dial_timeout`). A server for more peers raises it:
-    /// an idle peer costs about 30-60 KB and 2-10 fds (docs/BENCHMARKS.md, "Many peers"), and
+    /// a peer costs about 28-61 KB and 2.5-10 fds (docs/BENCHMARKS.md, "Many peers"), and
     /// each session's receive share is one `stream_window` at least.
     pub max_sessions: usize,
     /// Receive credit one peer may be granted beyond each stream's own minimum window
