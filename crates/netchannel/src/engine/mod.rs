@@ -442,7 +442,8 @@ impl EngineCtx {
             let me = self.clone();
             let id = ChannelId::new(first.0, 0);
             let r = in_netns(self.config.netns.clone(), move || {
-                me.dial_channel(addr, id, first.1, budget::Purpose::FirstOfSession)
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                me.dial_channel(addr, id, first.1, budget::Purpose::FirstOfSession, left)
             });
             match r {
                 // A busy acceptor (many peers arriving at once): try again within the deadline,
@@ -470,7 +471,9 @@ impl EngineCtx {
             let id = ChannelId::new(index, 0);
             let me = self.clone();
             let r = in_netns(self.config.netns.clone(), move || {
-                me.dial_channel(addr, id, class, budget::Purpose::More)
+                // Within the same deadline as the first: a connect waits `dial_timeout` at most.
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                me.dial_channel(addr, id, class, budget::Purpose::More, left)
             });
             match r {
                 Ok(ch) if ch.meta.peer_engine == peer => {
@@ -507,7 +510,8 @@ impl EngineCtx {
                 let r = in_netns(me.config.netns.clone(), {
                     let me = me.clone();
                     let addr = session.peer_addr;
-                    move || me.dial_channel(addr, id, class, budget::Purpose::More)
+                    let timeout = me.config.dial_timeout;
+                    move || me.dial_channel(addr, id, class, budget::Purpose::More, timeout)
                 });
                 match r {
                     Ok(ch) => {
@@ -534,6 +538,7 @@ impl EngineCtx {
         id: ChannelId,
         class: Class,
         purpose: budget::Purpose,
+        timeout: std::time::Duration,
     ) -> io::Result<Arc<Channel>> {
         let ticket = self.channel_budget.take(None, purpose).map_err(|why| {
             self.refused(why.reason());
@@ -549,7 +554,7 @@ impl EngineCtx {
             id,
             class,
             self.config.psk.as_deref(),
-            self.config.dial_timeout,
+            timeout,
             &self.tcp_options,
         )?;
         let meta = ChannelMeta { index: id, class, peer_engine: peer };
@@ -614,7 +619,8 @@ impl EngineCtx {
                 let me = me.clone();
                 let addr = session.peer_addr;
                 move || {
-                    me.dial_channel(addr, ChannelId::new(index, 0), class, budget::Purpose::More)
+                    let (id, timeout) = (ChannelId::new(index, 0), me.config.dial_timeout);
+                    me.dial_channel(addr, id, class, budget::Purpose::More, timeout)
                 }
             });
             match r {
@@ -646,7 +652,8 @@ impl EngineCtx {
                 let r = in_netns(me.config.netns.clone(), {
                     let me = me.clone();
                     let addr = session.peer_addr;
-                    move || me.dial_channel(addr, next, class, budget::Purpose::More)
+                    let timeout = me.config.dial_timeout;
+                    move || me.dial_channel(addr, next, class, budget::Purpose::More, timeout)
                 });
                 let ch = match r {
                     Ok(ch) => ch,
