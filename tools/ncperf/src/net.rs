@@ -357,10 +357,11 @@ impl Client {
                     if opts.peers > 1 {
                         let index = opts.first_peer + i;
                         config.dial_source = Some(crate::testbed::peer_source(server.ip(), index));
-                        config.control = i == 0; // one control endpoint per process is plenty
-                                                 // Thousands of hosts arriving at once on a small machine: a busy
-                                                 // acceptor refuses at its handshake limit, and each dials again for
-                                                 // longer than one handshake's 3 s (as TCP retries a SYN for minutes).
+                        // One control endpoint per process is plenty.
+                        config.control = i == 0;
+                        // Thousands of hosts arriving at once on a small machine: a busy
+                        // acceptor refuses at its handshake limit, and each dials again for
+                        // longer than one handshake's 3 s (as TCP retries a SYN for minutes).
                         config.dial_timeout = Duration::from_secs(30);
                     }
                     let engine = engine_with(config, opts).map_err(|e| {
@@ -400,9 +401,7 @@ impl Client {
         conn.set_nonblocking()?;
         Ok(conn)
     }
-}
 
-impl Client {
     /// netchannel: each engine's first connect (us): a new peer's time to its first byte.
     pub fn new_peer_connects_us(&self) -> Vec<u64> {
         match self {

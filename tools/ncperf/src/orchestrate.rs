@@ -111,6 +111,11 @@ type ClientJob = (usize, u64, Option<(usize, usize)>);
 /// 20,000 on the machines this was measured on.
 const PEERS_PER_PROCESS: usize = 400;
 
+/// The `i`th of `parts` near-equal shares of `total` (the first `total % parts` get one more).
+fn nth_share(total: u64, parts: usize, i: usize) -> u64 {
+    total / parts as u64 + u64::from((i as u64) < total % parts as u64)
+}
+
 /// How many client/server process pairs `flows` kernel sockets need.
 pub fn processes_for(stack: Stack, flows: u64, fd_limit: u64) -> Result<usize, String> {
     if stack == Stack::Netchannel || stack.is_mux() {
@@ -266,7 +271,7 @@ pub fn run_with(
         if args.workload == Workload::Mixed {
             args.flows
         } else {
-            flows / pairs as u64 + u64::from((i as u64) < flows % pairs as u64)
+            nth_share(flows, pairs, i)
         }
     };
     let plan_of = |i: usize| {
@@ -328,12 +333,10 @@ pub fn run_with(
     for i in 0..server_addrs.len() {
         if args.peers > 1 {
             let procs = args.peers.div_ceil(PEERS_PER_PROCESS);
-            let part =
-                |n: u64, j: usize| n / procs as u64 + u64::from((j as u64) < n % procs as u64);
             let mut first = 0;
             for j in 0..procs {
-                let peers = part(args.peers as u64, j) as usize;
-                jobs.push((i, part(share_of(i), j), Some((peers, first))));
+                let peers = nth_share(args.peers as u64, procs, j) as usize;
+                jobs.push((i, nth_share(share_of(i), procs, j), Some((peers, first))));
                 first += peers;
             }
         } else {

@@ -439,12 +439,9 @@ impl EngineCtx {
         let deadline = std::time::Instant::now() + self.config.dial_timeout;
         let mut backoff = std::time::Duration::from_millis(5);
         let ch = loop {
-            let me = self.clone();
             let id = ChannelId::new(first.0, 0);
-            let r = in_netns(self.config.netns.clone(), move || {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                me.dial_channel(addr, id, first.1, budget::Purpose::FirstOfSession, left)
-            });
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let r = self.dial_in_netns(addr, id, first.1, budget::Purpose::FirstOfSession, left);
             match r {
                 // A busy acceptor (many peers arriving at once): try again within the deadline,
                 // after a random part of a doubling backoff, so that the peers spread out.
@@ -469,12 +466,9 @@ impl EngineCtx {
         if let Some(at) = rest.iter().position(|&(_, class)| class == Class::Latency) {
             let (index, class) = rest.remove(at);
             let id = ChannelId::new(index, 0);
-            let me = self.clone();
-            let r = in_netns(self.config.netns.clone(), move || {
-                // Within the same deadline as the first: a connect waits `dial_timeout` at most.
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                me.dial_channel(addr, id, class, budget::Purpose::More, left)
-            });
+            // Within the same deadline as the first: a connect waits `dial_timeout` at most.
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let r = self.dial_in_netns(addr, id, class, budget::Purpose::More, left);
             match r {
                 Ok(ch) if ch.meta.peer_engine == peer => {
                     session.add_channel(ch);
@@ -507,12 +501,9 @@ impl EngineCtx {
                     return;
                 }
                 let id = ChannelId::new(index, 0);
-                let r = in_netns(me.config.netns.clone(), {
-                    let me = me.clone();
-                    let addr = session.peer_addr;
-                    let timeout = me.config.dial_timeout;
-                    move || me.dial_channel(addr, id, class, budget::Purpose::More, timeout)
-                });
+                let timeout = me.config.dial_timeout;
+                let r =
+                    me.dial_in_netns(session.peer_addr, id, class, budget::Purpose::More, timeout);
                 match r {
                     Ok(ch) => {
                         me.join_dialed(&session, ch);
@@ -531,7 +522,23 @@ impl EngineCtx {
         }
     }
 
-    /// Dials one channel within `dial_timeout`, holding a place in the channel budget.
+    /// `dial_channel` inside the engine's network namespace (`Config::netns`), where its
+    /// channel sockets belong.
+    fn dial_in_netns(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        id: ChannelId,
+        class: Class,
+        purpose: budget::Purpose,
+        timeout: std::time::Duration,
+    ) -> io::Result<Arc<Channel>> {
+        let me = self.clone();
+        in_netns(self.config.netns.clone(), move || {
+            me.dial_channel(addr, id, class, purpose, timeout)
+        })
+    }
+
+    /// Dials one channel within `timeout`, holding a place in the channel budget.
     fn dial_channel(
         &self,
         addr: SocketAddr,
@@ -612,17 +619,10 @@ impl EngineCtx {
             return; // indexes are spent (channels came and went); stay at this size
         }
         let me = self.clone();
-        let netns = self.config.netns.clone();
         let growing = session.clone();
         let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
-            let r = in_netns(netns, {
-                let me = me.clone();
-                let addr = session.peer_addr;
-                move || {
-                    let (id, timeout) = (ChannelId::new(index, 0), me.config.dial_timeout);
-                    me.dial_channel(addr, id, class, budget::Purpose::More, timeout)
-                }
-            });
+            let (id, timeout) = (ChannelId::new(index, 0), me.config.dial_timeout);
+            let r = me.dial_in_netns(session.peer_addr, id, class, budget::Purpose::More, timeout);
             match r {
                 Ok(ch) => {
                     me.join_dialed(&session, ch);
@@ -649,12 +649,14 @@ impl EngineCtx {
                 if me.stopping.load(Ordering::Acquire) || !me.is_current(&session) {
                     return;
                 }
-                let r = in_netns(me.config.netns.clone(), {
-                    let me = me.clone();
-                    let addr = session.peer_addr;
-                    let timeout = me.config.dial_timeout;
-                    move || me.dial_channel(addr, next, class, budget::Purpose::More, timeout)
-                });
+                let timeout = me.config.dial_timeout;
+                let r = me.dial_in_netns(
+                    session.peer_addr,
+                    next,
+                    class,
+                    budget::Purpose::More,
+                    timeout,
+                );
                 let ch = match r {
                     Ok(ch) => ch,
                     // A full acceptor (it may have shed this very channel for a new peer):
@@ -794,14 +796,11 @@ impl EngineCtx {
         let throughput = |s: &SessionRt| -> Vec<Arc<Channel>> {
             s.channels().into_iter().filter(|c| c.meta.class == Class::Throughput).collect()
         };
-        let (session, chans) = self
+        let (chans, session) = self
             .all_sessions()
             .into_iter()
-            .map(|s| {
-                let t = throughput(&s);
-                (s, t)
-            })
-            .max_by_key(|(_, t)| t.len())?;
+            .map(|s| (throughput(&s), s))
+            .max_by_key(|(t, _)| t.len())?;
         if chans.len() < 2 {
             return None;
         }
