@@ -94,6 +94,9 @@ pub(crate) struct EngineCtx {
     pub stopping: AtomicBool,
     pub counters: EngineCounters,
     sessions: Mutex<Sessions>,
+    /// `can_shed`'s last answer and when: connections knocking at a full engine do not each
+    /// walk every session.
+    shed_answer: Mutex<Option<(std::time::Instant, bool)>>,
     /// File descriptors: open channels, engine-wide and per source address.
     pub channel_budget: Arc<budget::ChannelBudget>,
     closed_channels: Mutex<VecDeque<PeerChannelStats>>,
@@ -170,6 +173,7 @@ impl Engine {
             stopping: AtomicBool::new(false),
             counters: EngineCounters::default(),
             sessions: Mutex::new(Sessions::default()),
+            shed_answer: Mutex::new(None),
             channel_budget: budget::ChannelBudget::new(
                 config.effective_max_channels_total(),
                 config.max_channels_per_source,
@@ -785,9 +789,23 @@ impl EngineCtx {
         true
     }
 
-    /// Whether `shed_extra_channel` would find a channel to close.
+    /// Whether `shed_extra_channel` would find a channel to close, as found at most 10 ms ago
+    /// (an answer out of date costs a handshake refused after the hello, or a new peer's
+    /// retry): a flood of connections at a full engine walks its sessions 100 times a second
+    /// at most.
     pub fn can_shed(&self) -> bool {
-        self.sheddable().is_some()
+        let now = std::time::Instant::now();
+        let mut last = self.shed_answer.lock();
+        match *last {
+            Some((at, answer)) if now.duration_since(at) < std::time::Duration::from_millis(10) => {
+                answer
+            }
+            _ => {
+                let answer = self.sheddable().is_some();
+                *last = Some((now, answer));
+                answer
+            }
+        }
     }
 
     /// The highest-indexed throughput channel of the session with the most throughput
