@@ -36,7 +36,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use netchannel::sys::SignalPolicy;
-use netchannel::{ReadinessObserver, VSocket};
+use netchannel::{ReadinessObserver, ThreadWake, VSocket};
 use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{RecvFlags, SendFlags};
@@ -139,6 +139,9 @@ pub(crate) struct Carried {
     /// What the relay and this process's own calls share while it is handed over.
     share: Mutex<Share>,
     closed: AtomicBool,
+    /// Threads in a `poll` over carried fds only (`waits::poll`), woken after each change is
+    /// mirrored into P (so the wait they sleep in, which is not P's, sees it when they look).
+    sleepers: Mutex<Vec<ThreadWake>>,
     /// This process closed its last fd for it while a copy of P lived elsewhere.
     orphaned: AtomicBool,
 }
@@ -251,6 +254,7 @@ impl Carried {
             handed_over: AtomicBool::new(false),
             share: Mutex::new(Share::default()),
             closed: AtomicBool::new(false),
+            sleepers: Mutex::new(Vec::new()),
             orphaned: AtomicBool::new(false),
         });
         REGISTRY.lock().get_or_insert_with(HashMap::new).insert(id, c.clone());
@@ -337,6 +341,26 @@ impl Carried {
         self.watched.store(true, Ordering::Release);
         self.sync(false);
         self.block_writes(fd);
+    }
+
+    /// `wake` is woken after each change mirrored from now on, until `remove_sleeper`.
+    pub(crate) fn add_sleeper(&self, wake: &ThreadWake) {
+        let mut s = self.sleepers.lock();
+        if !s.iter().any(|x| x.same(wake)) {
+            s.push(wake.clone());
+        }
+    }
+
+    pub(crate) fn remove_sleeper(&self, wake: &ThreadWake) {
+        self.sleepers.lock().retain(|x| !x.same(wake));
+    }
+
+    /// Wakes the threads in a wait over this connection (after its change was mirrored).
+    fn wake_sleepers(&self) {
+        let s = self.sleepers.lock();
+        for w in s.iter() {
+            w.wake();
+        }
     }
 
     pub(crate) fn watched(&self) -> bool {
@@ -739,8 +763,15 @@ impl Carried {
     // -----------------------------------------------------------------------------------------
     // Shutdown and close
 
-    /// `shutdown(how)`.
+    /// `shutdown(how)`; threads in a `poll` over it look again once P shows it, as TCP's
+    /// state change wakes its pollers.
     pub(crate) fn shutdown(&self, fd: BorrowedFd<'_>, how: c_int) -> Result<(), i32> {
+        let r = self.shutdown_mirrored(fd, how);
+        self.wake_sleepers();
+        r
+    }
+
+    fn shutdown_mirrored(&self, fd: BorrowedFd<'_>, how: c_int) -> Result<(), i32> {
         let (rd, wr) = match how {
             libc::SHUT_RD => (true, false),
             libc::SHUT_WR => (false, true),
@@ -850,6 +881,8 @@ impl Carried {
         self.handed_over.store(true, Ordering::Release);
         self.vs.deregister();
         REGISTRY.lock().get_or_insert_with(HashMap::new).remove(&self.id);
+        // A poll over it goes back to the kernel alone.
+        self.wake_sleepers();
     }
 
     /// The relay serves the taker through `link` (its end of the taker's connection).
@@ -876,6 +909,7 @@ impl Carried {
         self.handed_over.store(false, Ordering::Release);
         self.observe();
         self.sync(false);
+        self.wake_sleepers();
     }
 
     /// A read on a handed-over connection: if the taker has closed its end (the relay may not
@@ -1107,5 +1141,6 @@ impl ReadinessObserver for Observer {
         if c.watched() {
             c.sync(readable);
         }
+        c.wake_sleepers();
     }
 }

@@ -1294,7 +1294,9 @@ fn poll_common(
     if !waits::any_ours(set.iter().map(|p| p.fd)) {
         return None;
     }
-    let r = guard(|| waits::poll(set, timeout, &mut |f, t| kernel_ppoll(f, t, mask)));
+    // SAFETY: the program's sigmask, if any.
+    let sigmask = unsafe { mask.as_ref() };
+    let r = guard(|| waits::poll(set, timeout, sigmask, &mut |f, t| kernel_ppoll(f, t, mask)));
     Some(ret_int(r))
 }
 
@@ -1410,7 +1412,9 @@ fn select_common(
         }
     }
     let start = std::time::Instant::now();
-    let res = guard(|| waits::poll(&mut p, timeout, &mut |f, t| kernel_ppoll(f, t, mask)));
+    // SAFETY: the program's sigmask, if any.
+    let sigmask = unsafe { mask.as_ref() };
+    let res = guard(|| waits::poll(&mut p, timeout, sigmask, &mut |f, t| kernel_ppoll(f, t, mask)));
     let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
     let res = res.and_then(|_| {
         if p.iter().any(|x| x.revents & libc::POLLNVAL != 0) {

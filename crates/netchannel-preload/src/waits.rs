@@ -233,26 +233,41 @@ pub(crate) type KernelPoll<'a> =
     dyn FnMut(&mut [libc::pollfd], Option<Duration>) -> Result<usize, i32> + 'a;
 
 /// `poll`/`ppoll` (and `select` through it) over fds some of which are carried (or epoll sets
-/// holding carried fds). `real(fds, timeout)` is the kernel's ppoll with the program's mask.
+/// holding carried fds). `real(fds, timeout)` is the kernel's ppoll with the program's mask,
+/// `mask` that mask for the library's own sleep.
 pub(crate) fn poll(
     fds: &mut [libc::pollfd],
     timeout: Option<Duration>,
+    mask: Option<&libc::sigset_t>,
     real: &mut KernelPoll<'_>,
 ) -> Result<usize, i32> {
     let mut set = ServeSet::new();
     let mut ours = false;
+    // The served connections, while every fd of the set is one (`poll_carried`).
+    let mut carried: Option<Vec<Arc<Carried>>> = Some(Vec::new());
     for p in fds.iter() {
+        if p.fd < 0 {
+            continue; // poll ignores it
+        }
         let k = table::kind(p.fd);
         if k & (EPOLL | EPOLL_INSTANCE) != 0 && k & EPOLL_OBSERVED == 0 {
             observe_set(p.fd);
         }
+        let mut served_here = false;
         if k & (CARRIED | REMOTE) != 0 {
             if let Some(c) = served(p.fd) {
                 c.forbid_elision();
                 with_fd(p.fd, |app| c.arm(app, false));
                 set.add(&c.vs);
                 ours = true;
+                served_here = !c.handed_over.load(std::sync::atomic::Ordering::Acquire);
+                if let Some(v) = carried.as_mut() {
+                    v.push(c);
+                }
             }
+        }
+        if !served_here {
+            carried = None;
         }
         if k & EPOLL != 0 {
             if let Some(s) = serve_set(p.fd, 0) {
@@ -263,6 +278,9 @@ pub(crate) fn poll(
     }
     if !ours {
         return real(fds, timeout);
+    }
+    if let Some(carried) = carried {
+        return poll_carried(fds, &carried, &set, timeout, mask, real);
     }
     netchannel::flush_sends();
     let n = real(fds, Some(Duration::ZERO))?;
@@ -299,6 +317,68 @@ pub(crate) fn poll(
             return Ok(0);
         }
     }
+}
+
+/// `poll` over carried fds only: the thread sleeps in its own epoll set (serving the channels)
+/// and the connections wake it once a change shows in their placeholders, which the kernel's
+/// zero-timeout ppoll then reports exactly. Sleeping in a ppoll beside that epoll set instead
+/// (as a mixed set must) makes every thread polling a channel's connections wake for each of
+/// its events: an exclusive wake-up counts only for a thread in `epoll_wait`.
+fn poll_carried(
+    fds: &mut [libc::pollfd],
+    carried: &[Arc<Carried>],
+    set: &ServeSet,
+    timeout: Option<Duration>,
+    mask: Option<&libc::sigset_t>,
+    real: &mut KernelPoll<'_>,
+) -> Result<usize, i32> {
+    if timeout == Some(Duration::ZERO) {
+        netchannel::flush_sends();
+        return real(fds, timeout);
+    }
+    let Ok(wake) = netchannel::ThreadWake::current() else {
+        // No waiter for this thread (out of fds): the kernel alone.
+        netchannel::flush_sends();
+        return real(fds, timeout);
+    };
+    let deadline = timeout.map(|t| Instant::now() + t);
+    // The first round does not sleep: it serves what the channels already hold (a reply that
+    // came while this thread ran is usually there), as a kernel socket would have it queued.
+    let mut first = true;
+    let result = loop {
+        let mut found = Ok(0);
+        let signals = SignalPolicy { interruptible: true, mask };
+        let until = if first { Some(Instant::now()) } else { deadline };
+        first = false;
+        let slept = set.wait_until(until, signals, || {
+            for c in carried {
+                c.add_sleeper(&wake);
+            }
+            match real(fds, Some(Duration::ZERO)) {
+                Ok(0) => false,
+                r => {
+                    found = r;
+                    true
+                }
+            }
+        });
+        match slept {
+            Ok(true) => break found,
+            Ok(false) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => break Err(libc::EINTR),
+            Err(_) => {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                break real(fds, left);
+            }
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break real(fds, Some(Duration::ZERO));
+        }
+    };
+    for c in carried {
+        c.remove_sleeper(&wake);
+    }
+    result
 }
 
 /// Whether any fd of a poll set is the library's business.

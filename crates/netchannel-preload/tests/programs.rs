@@ -708,6 +708,11 @@ int main(void) {
 /// must count such reports), then a second set, nesting and a fork end that, and every line
 /// still matches kernel TCP.
 ///
+/// `conform herd` blocks 8 threads in `poll` on idle connections while a ninth exchanges 1,000
+/// messages on its own: they must wake fewer times than there are exchanges (kernel TCP: never).
+/// Sleeping beside the engine's epoll set, in a ppoll on its fd, they had woken for every
+/// channel event (about 8,000 times), an exclusive wake-up not counting for them.
+///
 /// `conform scm-nolib` passes a connection over SCM_RIGHTS to a process started without the
 /// library (`env -u LD_PRELOAD`). It runs on kernel TCP only: what it prints there is the
 /// contract, but a carried connection handed to a process without the library is outside what
@@ -745,6 +750,7 @@ fn conformance(hosts: Hosts) {
         if carried {
             assert!(stat(&p.client.stats, "elided") > 0, "{}", stats_text(&p.client.stats));
         }
+        out += &p.client.run(&bin, &["herd", &p.server.addr, &port.to_string()], T);
         // Last: the client ends the server ('q').
         out += &p.client.run(&bin, &["client", &p.server.addr, &port.to_string()], T);
         drop(server);

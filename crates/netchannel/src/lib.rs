@@ -57,6 +57,6 @@ pub use sys::{enter_netns, ThreadPolicy};
 pub use vns::poller::Poller;
 /// Serving channels from a program's own waits: for the interposition library.
 #[cfg(feature = "internals")]
-pub use vns::serve::ServeSet;
+pub use vns::serve::{ServeSet, ThreadWake};
 pub use vns::socket::{flush_sends, Listener, Readiness, VSocket};
 pub use wire::Class;

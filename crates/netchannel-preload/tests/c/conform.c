@@ -8,6 +8,7 @@
  *   conform unreachable HOST PORT
  *   conform scm-nolib HOST PORT      SCM_RIGHTS to a process without the library (kernel TCP)
  *   conform elide HOST PORT          one thread's level-triggered epoll loop (see elide())
+ *   conform herd HOST PORT           threads polling idle connections beside a busy one
  * Internal modes: exec-child FD, spawn-child, scm-recv UNIXFD. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -27,6 +28,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/select.h>
@@ -630,6 +632,21 @@ static void timeouts_and_signals(const char *host, int port) {
     r = res(recv(s, b, 10, 0));
     waited = now(CLOCK_MONOTONIC) - t0;
     printf("blocking recv, SA_RESTART, SO_RCVTIMEO 2 s: %s alarms=%d before_timeout=%d\n", r, alarms - a0, waited < 1.5);
+
+    /* poll is never restarted, SA_RESTART or not; ppoll's mask holds the signal off until it
+     * returns (timed out). */
+    a0 = alarms;
+    ualarm(100000, 0);
+    int pr = poll(&(struct pollfd){.fd = s, .events = POLLIN}, 1, 2000);
+    printf("poll, SA_RESTART, interrupted: %s alarms=%d\n", res(pr), alarms - a0);
+    sigset_t held;
+    sigemptyset(&held);
+    sigaddset(&held, SIGALRM);
+    a0 = alarms;
+    ualarm(100000, 0);
+    struct timespec ts = {0, 300000000};
+    pr = ppoll(&(struct pollfd){.fd = s, .events = POLLIN}, 1, &ts, &held);
+    printf("ppoll, SIGALRM held by its mask: %s alarms=%d\n", res(pr), alarms - a0);
     sigaction(SIGALRM, &plain, NULL);
     close(s);
 }
@@ -1197,6 +1214,69 @@ static void elide(const char *host, int port) {
     close(s1); close(s2); close(s3);
 }
 
+/* Threads blocked in poll(2) on connections that stay idle, beside a thread exchanging messages
+ * on its own connection to the same host: kernel TCP never wakes them. Carried, they share the
+ * engine's channels with the busy connection; a thread that sleeps serving those channels may
+ * wake for one of the busy connection's events (and hand it over), but not every sleeping
+ * thread for every event: their wake-ups stay below one per exchange. */
+#define HERD_IDLE 8
+#define HERD_ROUNDS 1000
+static long herd_wakes[HERD_IDLE];
+static int herd_fds[HERD_IDLE];
+static pthread_barrier_t herd_ready;
+
+static long voluntary_switches(void) {
+    struct rusage u;
+    getrusage(RUSAGE_THREAD, &u);
+    return u.ru_nvcsw;
+}
+
+static void *herd_idle(void *arg) {
+    long i = (long)arg;
+    int s = herd_fds[i];
+    long before = voluntary_switches();
+    pthread_barrier_wait(&herd_ready);
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    int n = poll(&p, 1, 30000);
+    /* One wake-up ends the wait: the 'd' the main thread sends when it is done. */
+    herd_wakes[i] = voluntary_switches() - before - 1;
+    char b[10];
+    if (n != 1 || read_full(s, b, 10) != 10) herd_wakes[i] = -1000000;
+    return NULL;
+}
+
+static void herd(const char *host, int port) {
+    pthread_t t[HERD_IDLE];
+    pthread_barrier_init(&herd_ready, NULL, HERD_IDLE + 1);
+    for (long i = 0; i < HERD_IDLE; i++) {
+        herd_fds[i] = dial(host, port, 0);
+        if (herd_fds[i] < 0) { errno = -herd_fds[i]; die("herd connect"); }
+        pthread_create(&t[i], NULL, herd_idle, (void *)i);
+    }
+    int s = dial(host, port, 0);
+    if (s < 0) { errno = -s; die("herd connect"); }
+    pthread_barrier_wait(&herd_ready);
+    usleep(100000); /* every idle thread is in poll */
+    int ok = 1;
+    for (int r = 0; r < HERD_ROUNDS && ok; r++) {
+        char b[4];
+        write(s, "eabcd", 5);
+        struct pollfd p = {.fd = s, .events = POLLIN};
+        ok = poll(&p, 1, 5000) == 1 && read_full(s, b, 4) == 4 && !memcmp(b, "abcd", 4);
+    }
+    for (int i = 0; i < HERD_IDLE; i++) write(herd_fds[i], "d", 1);
+    long total = 0;
+    for (int i = 0; i < HERD_IDLE; i++) {
+        pthread_join(t[i], NULL);
+        total += herd_wakes[i];
+        close(herd_fds[i]);
+    }
+    close(s);
+    fprintf(stderr, "herd: %d exchanges, idle pollers woke %ld times\n", HERD_ROUNDS, total);
+    printf("herd: exchanges done=%d idle pollers woke less than once per exchange=%d\n", ok,
+           total >= 0 && total < HERD_ROUNDS);
+}
+
 /* A non-blocking connect to an address nobody answers (no ARP reply) returns at once. */
 static void unreachable(const char *host, int port) {
     struct timespec t0, t1;
@@ -1216,6 +1296,7 @@ int main(int argc, char **argv) {
     else if (argc == 3 && !strcmp(argv[1], "exec-child")) exec_child(atoi(argv[2]));
     else if (argc == 4 && !strcmp(argv[1], "scm-nolib")) scm_nolib(argv[2], atoi(argv[3]));
     else if (argc == 4 && !strcmp(argv[1], "elide")) elide(argv[2], atoi(argv[3]));
+    else if (argc == 4 && !strcmp(argv[1], "herd")) herd(argv[2], atoi(argv[3]));
     else if (argc == 3 && !strcmp(argv[1], "scm-recv")) return scm_recv(atoi(argv[2]));
     else if (argc == 2 && !strcmp(argv[1], "spawn-child")) return spawn_child();
     else { fprintf(stderr, "usage: conform server PORT | client HOST PORT | scm-nolib HOST PORT\n"); return 2; }

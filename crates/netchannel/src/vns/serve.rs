@@ -114,6 +114,32 @@ impl ServeSet {
         r.map(|_| ())
     }
 
+    /// Sleeps until `check` (run once the thread is registered as waiting, so a [`ThreadWake`]
+    /// taken before it and woken after it is never lost) returns true, the thread is woken
+    /// through its [`ThreadWake`], a channel event was served, or `deadline`; serves the
+    /// channels meanwhile. Returns whether `check` held (then it did not sleep); `Interrupted`
+    /// on a signal under an interruptible policy. For a wait whose readiness the caller's own
+    /// objects report and which wakes it itself (a `poll` over carried fds only): the thread
+    /// sleeps in its epoll set, where an exclusive channel wake-up counts, whereas a `poll` on
+    /// that set's fd does not, so every thread sleeping beside it would wake for each event.
+    pub fn wait_until(
+        &self,
+        deadline: Option<Instant>,
+        signals: SignalPolicy<'_>,
+        check: impl FnOnce() -> bool,
+    ) -> io::Result<bool> {
+        let w = waiter::current()?;
+        w.begin();
+        if check() {
+            return Ok(true);
+        }
+        self.prepare(&w);
+        let mut events = Vec::new();
+        let r = w.sleep_signals(deadline, &mut events, signals);
+        serve(&mut events);
+        r.map(|_| false)
+    }
+
     /// Sleeps in `sleep_in`, given the fd of the thread's epoll set (readable while a channel
     /// of the set has an event), for a wait over the program's own fds (`poll`, `select`);
     /// serves the channel events it finds after. `None`: a wake-up was already pending (it did
@@ -126,6 +152,28 @@ impl ServeSet {
         let r = w.sleep_beside(&mut events, sleep_in);
         serve(&mut events);
         Ok(r)
+    }
+}
+
+/// Wakes a thread out of its `ServeSet::wait_until` (or makes its next one return at once),
+/// from any thread.
+#[derive(Clone)]
+pub struct ThreadWake(Arc<Waiter>);
+
+impl ThreadWake {
+    /// The calling thread's.
+    pub fn current() -> io::Result<ThreadWake> {
+        waiter::current().map(ThreadWake)
+    }
+
+    /// Wakes the thread (a system call only when it sleeps).
+    pub fn wake(&self) {
+        self.0.notify();
+    }
+
+    /// Whether both wake the same thread.
+    pub fn same(&self, other: &ThreadWake) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
