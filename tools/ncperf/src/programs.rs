@@ -325,10 +325,13 @@ fn redis_rps(out: &str, test: &str) -> Option<f64> {
         .ok()
 }
 
-/// memcslap: "Time to set 320000 keys by 16 threads: 1.234 seconds." (also "get").
-fn memcslap_rate(out: &str) -> Option<f64> {
-    let line =
-        out.lines().find(|l| l.starts_with("Time to set") || l.starts_with("Time to get"))?;
+/// memcslap: "Time to set 320000 keys by 16 threads: 1.234 seconds." (`test`: set or get).
+/// A get run first stores its keys from one connection ("Time to set 20000 keys: ...",
+/// without threads): that line is not the get's rate.
+fn memcslap_rate(out: &str, test: &str) -> Option<f64> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("Time to {test} ")) && l.contains(" threads:"))?;
     let keys: f64 = line.split_whitespace().nth(3)?.parse().ok()?;
     let secs: f64 = line.split(':').nth(1)?.split_whitespace().next()?.parse().ok()?;
     (secs > 0.0).then(|| keys / secs)
@@ -351,7 +354,7 @@ fn parse(p: Program, invocation: usize, out: &str) -> Result<Vec<Figure>, String
         ],
         Program::Memcached => {
             let metric = if invocation == 0 { "set" } else { "get" };
-            vec![fig(metric, "keys/s", true, memcslap_rate(out))?]
+            vec![fig(metric, "keys/s", true, memcslap_rate(out, metric))?]
         }
         Program::Iperf3 => {
             let v: Option<f64> = serde_json::from_str::<serde_json::Value>(out)
@@ -672,7 +675,11 @@ mod tests {
         assert_eq!((f[0].value, f[1].value), (412371.12, 500000.0));
         let slap = "Time to set           32000 keys by   16 threads:     0.800 seconds.\n";
         assert_eq!(parse(Program::Memcached, 0, slap).unwrap()[0].value, 40000.0);
-        assert_eq!(parse(Program::Memcached, 1, slap).unwrap()[0].metric, "get");
+        let get = "Time to set           20000 keys:                     1.499 seconds.\n\
+                   Time to get          315375 keys by   16 threads:     5.000 seconds.\n";
+        let f = parse(Program::Memcached, 1, get).unwrap();
+        assert_eq!((f[0].metric.as_str(), f[0].value), ("get", 63075.0));
+        assert!(parse(Program::Memcached, 1, slap).is_err(), "a set line is not a get's rate");
         let iperf = r#"{"end":{"sum_received":{"bits_per_second":2.5e9}}}"#;
         assert_eq!(parse(Program::Iperf3, 0, iperf).unwrap()[0].value, 2.5);
         let sp = "sockperf: ---> percentile 99.000 =   31.250\nsockperf: ---> percentile 50.000 =   12.500\n";
