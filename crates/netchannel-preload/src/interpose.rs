@@ -457,6 +457,7 @@ static INTERRUPTING: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
 thread_local! {
     // Plain thread-locals with constant initialisers: no lazy init, safe in a handler.
     static HANDLED_NO_RESTART: Cell<u32> = const { Cell::new(0) };
+    static HANDLED: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Per-thread count of handled signals without `SA_RESTART` (for `carried`).
@@ -473,6 +474,22 @@ pub(crate) mod signals {
     pub(crate) fn no_restart_since(s: Snapshot) -> bool {
         super::HANDLED_NO_RESTART.with(|c| c.get()) != s.0
     }
+
+    /// A point in a thread's history of handled signals, `SA_RESTART` or not (for the waits
+    /// the kernel never restarts: poll, select, epoll_wait).
+    #[derive(Clone, Copy)]
+    pub(crate) struct AnySnapshot(u32);
+
+    pub(crate) fn any_snapshot() -> AnySnapshot {
+        AnySnapshot(super::HANDLED.with(|c| c.get()))
+    }
+
+    /// Whether a handler ran in this thread since `s`: a wait the library made of several
+    /// system calls fails with EINTR then, as the kernel's single call would have, even when
+    /// the handler ran between two of them rather than during a sleep.
+    pub(crate) fn handled_since(s: AnySnapshot) -> bool {
+        super::HANDLED.with(|c| c.get()) != s.0
+    }
 }
 
 extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
@@ -488,6 +505,7 @@ extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_voi
     if h == 0 || h == libc::SIG_DFL || h == libc::SIG_IGN {
         return;
     }
+    HANDLED.with(|c| c.set(c.get().wrapping_add(1)));
     if flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed `h` as an SA_SIGINFO handler.
         let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =

@@ -19,7 +19,7 @@ use netchannel::ServeSet;
 use parking_lot::Mutex;
 
 use crate::carried::{Carried, Registration};
-use crate::interpose::with_fd;
+use crate::interpose::{signals, with_fd};
 use crate::process::pid;
 use crate::table::{self, CARRIED, EPOLL, EPOLL_INSTANCE, EPOLL_OBSERVED, REMOTE};
 
@@ -205,6 +205,12 @@ pub(crate) fn epoll_wait(
     netchannel::flush_sends();
     let deadline = timeout.map(|t| Instant::now() + t);
     let signals = SignalPolicy { interruptible: true, mask };
+    let handled = signals::any_snapshot();
+    // What the channels hold already is read here, before the program's events are reported:
+    // a busy loop whose set always has something ready would otherwise leave its channels to
+    // an engine worker (a wake-up, and the payloads handed across threads). Outside the
+    // program's mask: a signal it unblocks for the wait only is left for the sleep to take.
+    let _ = set.wait_until(Some(Instant::now()), SignalPolicy::default(), || false);
     let mut first = true;
     loop {
         // Read before the report inside `real`: an elided arrival after it keeps us awake.
@@ -212,6 +218,9 @@ pub(crate) fn epoll_wait(
         match real(&elision) {
             Ok(0) => {}
             r => return Some(r),
+        }
+        if signals::handled_since(handled) {
+            return Some(Err(libc::EINTR));
         }
         if timeout == Some(Duration::ZERO)
             || (!first && deadline.is_some_and(|d| Instant::now() >= d))
@@ -283,6 +292,7 @@ pub(crate) fn poll(
         return poll_carried(fds, &carried, &set, timeout, mask, real);
     }
     netchannel::flush_sends();
+    let handled = signals::any_snapshot();
     let n = real(fds, Some(Duration::ZERO))?;
     if n > 0 || timeout == Some(Duration::ZERO) {
         return Ok(n);
@@ -313,6 +323,9 @@ pub(crate) fn poll(
         if n > 0 {
             return Ok(n);
         }
+        if signals::handled_since(handled) {
+            return Err(libc::EINTR);
+        }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(0);
         }
@@ -342,26 +355,34 @@ fn poll_carried(
         return real(fds, timeout);
     };
     let deadline = timeout.map(|t| Instant::now() + t);
+    let handled = signals::any_snapshot();
     // The first round does not sleep: it serves what the channels already hold (a reply that
-    // came while this thread ran is usually there), as a kernel socket would have it queued.
+    // came while this thread ran is usually there), as a kernel socket would have it queued;
+    // outside the program's mask, which only the sleep takes.
     let mut first = true;
     let result = loop {
         let mut found = Ok(0);
-        let signals = SignalPolicy { interruptible: true, mask };
-        let until = if first { Some(Instant::now()) } else { deadline };
+        let (until, signals) = if first {
+            (Some(Instant::now()), SignalPolicy::default())
+        } else {
+            (deadline, SignalPolicy { interruptible: true, mask })
+        };
         first = false;
         let slept = set.wait_until(until, signals, || {
             for c in carried {
                 c.add_sleeper(&wake);
             }
             match real(fds, Some(Duration::ZERO)) {
-                Ok(0) => false,
+                Ok(0) => signals::handled_since(handled),
                 r => {
                     found = r;
                     true
                 }
             }
         });
+        if matches!(found, Ok(0)) && signals::handled_since(handled) {
+            break Err(libc::EINTR);
+        }
         match slept {
             Ok(true) => break found,
             Ok(false) => {}

@@ -647,6 +647,32 @@ static void timeouts_and_signals(const char *host, int port) {
     struct timespec ts = {0, 300000000};
     pr = ppoll(&(struct pollfd){.fd = s, .events = POLLIN}, 1, &ts, &held);
     printf("ppoll, SIGALRM held by its mask: %s alarms=%d\n", res(pr), alarms - a0);
+    int ep = epoll_create1(0);
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &(struct epoll_event){.events = EPOLLIN});
+    struct epoll_event got;
+    a0 = alarms;
+    ualarm(100000, 0);
+    pr = epoll_wait(ep, &got, 1, 2000);
+    printf("epoll_wait, SA_RESTART, interrupted: %s alarms=%d\n", res(pr), alarms - a0);
+    a0 = alarms;
+    ualarm(100000, 0);
+    pr = epoll_pwait(ep, &got, 1, 300, &held);
+    printf("epoll_pwait, SIGALRM held by its mask: %s alarms=%d\n", res(pr), alarms - a0);
+    /* A signal pending while blocked, which only the call's mask lets in: EINTR at once. */
+    sigset_t old, open;
+    sigprocmask(SIG_BLOCK, &held, &old);
+    sigemptyset(&open);
+    a0 = alarms;
+    raise(SIGALRM);
+    pr = epoll_pwait(ep, &got, 1, 2000, &open);
+    printf("epoll_pwait, pending signal its mask lets in: %s alarms=%d\n", res(pr), alarms - a0);
+    a0 = alarms;
+    raise(SIGALRM);
+    ts = (struct timespec){2, 0};
+    pr = ppoll(&(struct pollfd){.fd = s, .events = POLLIN}, 1, &ts, &open);
+    printf("ppoll, pending signal its mask lets in: %s alarms=%d\n", res(pr), alarms - a0);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(ep);
     sigaction(SIGALRM, &plain, NULL);
     close(s);
 }
