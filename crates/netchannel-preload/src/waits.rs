@@ -192,6 +192,11 @@ fn serve_set_and_elision(
     Some((set, elision))
 }
 
+thread_local! {
+    /// The thread's last `epoll_wait` over carried fds found events without sleeping.
+    static BUSY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// `epoll_wait`/`epoll_pwait`/`epoll_pwait2` on a set holding carried fds. `real(timeout)`
 /// makes the kernel call into the program's buffer (only ever with a zero timeout here).
 pub(crate) fn epoll_wait(
@@ -206,18 +211,25 @@ pub(crate) fn epoll_wait(
     let deadline = timeout.map(|t| Instant::now() + t);
     let signals = SignalPolicy { interruptible: true, mask };
     let handled = signals::any_snapshot();
-    // What the channels hold already is read here, before the program's events are reported:
-    // a busy loop whose set always has something ready would otherwise leave its channels to
-    // an engine worker (a wake-up, and the payloads handed across threads). Outside the
-    // program's mask: a signal it unblocks for the wait only is left for the sleep to take.
-    let _ = set.wait_until(Some(Instant::now()), SignalPolicy::default(), || false);
+    // What the channels hold already is read here, before the program's events are reported,
+    // by a loop so busy that its last wait did not sleep: its set always has something ready,
+    // so it would otherwise leave its channels to an engine worker (a wake-up, and the payloads
+    // handed across threads). A loop that sleeps serves them in its sleep, and a ping-pong
+    // would pay the extra system call in its latency. Outside the program's mask: a signal it
+    // unblocks for the wait only is left for the sleep to take.
+    if BUSY.with(|b| b.get()) {
+        let _ = set.wait_until(Some(Instant::now()), SignalPolicy::default(), || false);
+    }
     let mut first = true;
     loop {
         // Read before the report inside `real`: an elided arrival after it keeps us awake.
         let seen = elision.arrivals();
         match real(&elision) {
             Ok(0) => {}
-            r => return Some(r),
+            r => {
+                BUSY.with(|b| b.set(first));
+                return Some(r);
+            }
         }
         if signals::handled_since(handled) {
             return Some(Err(libc::EINTR));
