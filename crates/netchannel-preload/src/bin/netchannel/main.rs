@@ -200,14 +200,16 @@ fn main() {
 fn default_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    // Cargo puts the cdylib beside the binary, or (built for `cargo test`) in deps/.
-    for d in [dir.clone(), dir.join("deps"), dir.join("..")] {
-        let p = d.join("libnetchannel_preload.so");
-        if p.is_file() {
-            return p;
-        }
-    }
-    dir.join("libnetchannel_preload.so")
+    // Cargo puts the cdylib beside the binary (`cargo build`), or only in deps/ (`cargo test`,
+    // which leaves the copy beside the binary as the last `cargo build` made it): the newest
+    // is the one built with this launcher.
+    [dir.clone(), dir.join("deps"), dir.join("..")]
+        .into_iter()
+        .map(|d| d.join("libnetchannel_preload.so"))
+        .filter(|p| p.is_file())
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(modified, _)| *modified)
+        .map_or_else(|| dir.join("libnetchannel_preload.so"), |(_, p)| p)
 }
 
 fn resolve(cmd: &Path) -> Option<PathBuf> {
