@@ -200,10 +200,14 @@ fn main() {
 fn default_lib() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    // Cargo puts the cdylib beside the binary (`cargo build`), or only in deps/ (`cargo test`,
-    // which leaves the copy beside the binary as the last `cargo build` made it): the newest
-    // is the one built with this launcher.
-    [dir.clone(), dir.join("deps"), dir.join("..")]
+    newest_lib(&dir)
+}
+
+/// The library beside the launcher in `dir`. Cargo puts the cdylib beside the binary (`cargo
+/// build`), or only in deps/ (`cargo test`, which leaves the copy beside the binary as the last
+/// `cargo build` made it): the newest is the one built with this launcher.
+fn newest_lib(dir: &Path) -> PathBuf {
+    [dir.to_path_buf(), dir.join("deps"), dir.join("..")]
         .into_iter()
         .map(|d| d.join("libnetchannel_preload.so"))
         .filter(|p| p.is_file())
@@ -280,4 +284,25 @@ fn elf_interp(d: &[u8]) -> Option<bool> {
     };
     const PT_INTERP: usize = 3;
     Some((0..phnum).any(|i| u32_at(phoff + i * phentsize) == Some(PT_INTERP)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_library_beside_the_launcher_is_loaded() {
+        let dir = std::env::temp_dir().join(format!("nc-lib-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("deps")).unwrap();
+        assert_eq!(newest_lib(&dir), dir.join("libnetchannel_preload.so"), "none: the default");
+        let beside = dir.join("libnetchannel_preload.so");
+        let deps = dir.join("deps/libnetchannel_preload.so");
+        std::fs::write(&beside, b"old").unwrap();
+        assert_eq!(newest_lib(&dir), beside);
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options().write(true).open(&beside).unwrap().set_modified(old).unwrap();
+        std::fs::write(&deps, b"new").unwrap();
+        assert_eq!(newest_lib(&dir), deps, "cargo test rebuilt only the one in deps/");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
