@@ -4,6 +4,7 @@
 //! [`PollerShared`] is the engine's side of a `Poller` (in `vns`): its ready list and the
 //! thread waiting in it.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -103,7 +104,7 @@ pub(crate) struct PollerShared {
     /// `fd()` was handed out: keep it readable while tokens are pending.
     fd_used: AtomicBool,
     /// Sessions (and classes) of registered sockets: whose channels `wait` serves.
-    sessions: Mutex<Vec<(Weak<SessionRt>, Class)>>,
+    sessions: Mutex<WatchedSessions>,
     /// A kernel fd whose events also end `wait` (`wake_on`), with a key unique to this call.
     companion: Mutex<Option<(RawFd, u64)>>,
     /// When a thread last came to `wait` (`clock_ns`), shared with the sessions it waits on
@@ -115,6 +116,16 @@ pub(crate) struct PollerShared {
     /// `channels_epoch` and `sessions_added`. While all hold, the sessions' channels are
     /// registered in that thread's epoll set already.
     looked: Mutex<Option<(usize, u64, u64)>>,
+}
+
+/// A poller's sessions by address and class. Registering a socket costs O(1), not a walk over
+/// the poller's sessions (quadratic when a poller takes thousands of peers' sockets); a
+/// session's `Weak` keeps its address from being reused, so a key never names a newer session.
+#[derive(Default)]
+struct WatchedSessions {
+    by_key: HashMap<(usize, usize), (Weak<SessionRt>, Class)>,
+    /// Registrations since gone sessions were last swept out (once per as many as there are).
+    since_sweep: usize,
 }
 
 /// Told when a virtual socket's readiness may have changed: an interposition layer mirrors it
@@ -214,7 +225,7 @@ impl PollerShared {
             waiter: Mutex::new(None),
             fd: EventFd::new()?,
             fd_used: AtomicBool::new(false),
-            sessions: Mutex::new(Vec::new()),
+            sessions: Mutex::default(),
             companion: Mutex::new(None),
             stamp: Arc::new(AtomicU64::new(0)),
             sessions_added: AtomicU64::new(0),
@@ -225,11 +236,16 @@ impl PollerShared {
     /// A registered socket's session: `wait` serves its channels of `class`.
     pub fn watch(&self, session: &Arc<SessionRt>, class: Class) {
         let mut s = self.sessions.lock();
-        s.retain(|(w, _)| w.strong_count() > 0);
-        let known = s.iter().any(|(w, c)| *c == class && w.as_ptr() == Arc::as_ptr(session));
-        if !known {
-            s.push((Arc::downgrade(session), class));
-            self.sessions_added.fetch_add(1, Ordering::AcqRel);
+        let key = (Arc::as_ptr(session) as usize, class.index());
+        if s.by_key.contains_key(&key) {
+            return;
+        }
+        s.by_key.insert(key, (Arc::downgrade(session), class));
+        self.sessions_added.fetch_add(1, Ordering::AcqRel);
+        s.since_sweep += 1;
+        if s.since_sweep >= s.by_key.len().max(64) {
+            s.since_sweep = 0;
+            s.by_key.retain(|_, (w, _)| w.strong_count() > 0);
         }
     }
 
@@ -273,7 +289,8 @@ impl PollerShared {
                 let sessions: Vec<(Arc<SessionRt>, Class)> = self
                     .sessions
                     .lock()
-                    .iter()
+                    .by_key
+                    .values()
                     .filter_map(|(s, c)| s.upgrade().map(|s| (s, *c)))
                     .collect();
                 for (s, c) in &sessions {
