@@ -218,7 +218,7 @@ pub(crate) fn epoll_wait(
     // would pay the extra system call in its latency. Outside the program's mask: a signal it
     // unblocks for the wait only is left for the sleep to take.
     if BUSY.with(|b| b.get()) {
-        let _ = set.wait_until(Some(Instant::now()), SignalPolicy::default(), || false);
+        let _ = set.wait_until(Some(Instant::now()), SignalPolicy::default(), false, || false);
     }
     let mut first = true;
     loop {
@@ -368,19 +368,13 @@ fn poll_carried(
     };
     let deadline = timeout.map(|t| Instant::now() + t);
     let handled = signals::any_snapshot();
-    // The first round does not sleep: it serves what the channels already hold (a reply that
-    // came while this thread ran is usually there), as a kernel socket would have it queued;
-    // outside the program's mask, which only the sleep takes.
+    // The first round serves what the channels already hold before it sleeps (`serve_first`).
     let mut first = true;
     let result = loop {
         let mut found = Ok(0);
-        let (until, signals) = if first {
-            (Some(Instant::now()), SignalPolicy::default())
-        } else {
-            (deadline, SignalPolicy { interruptible: true, mask })
-        };
-        first = false;
-        let slept = set.wait_until(until, signals, || {
+        let signals = SignalPolicy { interruptible: true, mask };
+        let serve_first = std::mem::take(&mut first);
+        let slept = set.wait_until(deadline, signals, serve_first, || {
             for c in carried {
                 c.add_sleeper(&wake);
             }

@@ -188,6 +188,16 @@ impl Waiter {
         Some(r)
     }
 
+    /// Collects the channel events already queued in the thread's epoll set, without sleeping
+    /// and without touching the wake-up state (a notification since `begin` still ends the
+    /// next sleep at once).
+    pub fn collect_now(&self, out: &mut Vec<ChannelEvent>) {
+        let mut raw = Vec::new();
+        if self.epoll.wait(&mut raw, 64, Some(Duration::ZERO)).is_ok() {
+            self.collect(raw, out);
+        }
+    }
+
     /// Sleeps until notified or `deadline` without serving channels: for waits no channel
     /// event can satisfy (accept), so that the channels this thread once watched go to the
     /// threads that wait on them (an epoll set nobody sleeps in is skipped by exclusive

@@ -122,10 +122,15 @@ impl ServeSet {
     /// objects report and which wakes it itself (a `poll` over carried fds only): the thread
     /// sleeps in its epoll set, where an exclusive channel wake-up counts, whereas a `poll` on
     /// that set's fd does not, so every thread sleeping beside it would wake for each event.
+    /// `serve_first`: before sleeping, serve what the channels hold already, and return (to
+    /// look again) only if there was any; a reply that came while the thread ran is usually
+    /// there, as a kernel socket would have it queued, and otherwise the sleep follows in the
+    /// same round, without a second `check`.
     pub fn wait_until(
         &self,
         deadline: Option<Instant>,
         signals: SignalPolicy<'_>,
+        serve_first: bool,
         check: impl FnOnce() -> bool,
     ) -> io::Result<bool> {
         let w = waiter::current()?;
@@ -135,6 +140,13 @@ impl ServeSet {
         }
         self.prepare(&w);
         let mut events = Vec::new();
+        if serve_first {
+            w.collect_now(&mut events);
+            if !events.is_empty() {
+                serve(&mut events);
+                return Ok(false);
+            }
+        }
         let r = w.sleep_signals(deadline, &mut events, signals);
         serve(&mut events);
         r.map(|_| false)
