@@ -698,7 +698,7 @@ int main(void) {
 /// by a dup, an epoll fd in poll and select, poll/select over a socket, a pipe and a UDP
 /// socket; poll/epoll masks, recv, SO_ERROR and send after the peer's FIN and after its RST;
 /// SO_RCVTIMEO, SO_SNDTIMEO, MSG_WAITALL and SA_RESTART against signals; SHUT_RD, also waking a
-/// blocked reader; O_NONBLOCK shared by dups; a full window's EPOLLOUT waiter using no CPU;
+/// blocked reader; O_NONBLOCK shared by dups; a full window's EPOLLOUT and POLLOUT waiters using no CPU;
 /// sendfile, splice both ways, IOV_MAX writev/readv; a forked child using the socket, a server
 /// forking a child per connection, posix_spawn with the socket as stdin/stdout, SCM_RIGHTS to
 /// an exec'd process) prints the same lines carried and on kernel TCP.

@@ -356,6 +356,16 @@ static void *wait_out(void *arg) {
     return NULL;
 }
 
+/* The same wait in poll(2): `ep` holds the socket. */
+static void *poll_out(void *arg) {
+    struct waiter *w = arg;
+    struct pollfd p = {.fd = w->ep, .events = POLLOUT};
+    w->n = poll(&p, 1, 10000);
+    w->events = w->n == 1 ? (unsigned)p.revents : 0;
+    __atomic_store_n(&w->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
 /* A full window: a blocking send with SO_SNDTIMEO gives up with EAGAIN after the timeout;
  * a thread waiting for EPOLLOUT sleeps (uses no CPU) until the peer reads, then wakes. */
 static void full_window(const char *host, int port) {
@@ -385,22 +395,29 @@ static void full_window(const char *host, int port) {
     int ep = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLOUT, .data.fd = s};
     epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
-    struct waiter w = {.ep = ep};
-    pthread_t t;
+    struct waiter w = {.ep = ep}, pw = {.ep = s};
+    pthread_t t, pt;
     pthread_create(&t, NULL, wait_out, &w);
-    clockid_t cid;
+    pthread_create(&pt, NULL, poll_out, &pw);
+    clockid_t cid, pcid;
     pthread_getcpuclockid(t, &cid);
+    pthread_getcpuclockid(pt, &pcid);
     usleep(20000);
-    double c0 = now(cid), p0 = now(CLOCK_PROCESS_CPUTIME_ID);
+    double c0 = now(cid), pc0 = now(pcid), p0 = now(CLOCK_PROCESS_CPUTIME_ID);
     usleep(300000);
-    double c1 = now(cid), p1 = now(CLOCK_PROCESS_CPUTIME_ID);
+    double c1 = now(cid), pc1 = now(pcid), p1 = now(CLOCK_PROCESS_CPUTIME_ID);
     int still = !__atomic_load_n(&w.done, __ATOMIC_SEQ_CST);
+    int pstill = !__atomic_load_n(&pw.done, __ATOMIC_SEQ_CST);
     printf("EPOLLOUT waiter over 300 ms of full window: still_waiting=%d cpu_low=%d process_cpu_low=%d\n",
            still, c1 - c0 < 0.05, p1 - p0 < 0.1);
+    printf("POLLOUT waiter over 300 ms of full window: still_waiting=%d cpu_low=%d\n", pstill,
+           pc1 - pc0 < 0.05);
     int g = dial(host, port, 0);
     cmd(g, "g");
     pthread_join(t, NULL);
-    printf("after the peer reads: epoll_wait=%d EPOLLOUT=%d\n", w.n, !!(w.events & EPOLLOUT));
+    pthread_join(pt, NULL);
+    printf("after the peer reads: epoll_wait=%d EPOLLOUT=%d poll=%d POLLOUT=%d\n", w.n,
+           !!(w.events & EPOLLOUT), pw.n, !!(pw.events & POLLOUT));
     close(g); close(ep); close(s);
 }
 
