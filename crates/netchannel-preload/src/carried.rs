@@ -280,11 +280,10 @@ impl Carried {
 
     /// Mirrors the virtual socket's state into the placeholder, from any thread (only L is
     /// touched). `new_data`: an arrival, which makes a new edge for edge-triggered waiters.
-    fn sync(&self, new_data: bool) {
+    /// Returns the writability it read (`None` once L is closed), for `arm`.
+    fn sync(&self, new_data: bool) -> Option<bool> {
         let mut m = self.mirror.lock();
-        if m.l.is_none() {
-            return;
-        }
+        m.l.as_ref()?;
         // Read under the mirror lock: a reader that drained the stream meanwhile takes the
         // same lock to drain P's tokens, so a token is never written for data already gone
         // (a stale POLLIN makes programs such as wrk count a read error on EAGAIN).
@@ -296,7 +295,7 @@ impl Carried {
             m.l = None;
             drop(m);
             self.l_closed();
-            return;
+            return None;
         }
         if r.peer_finished && !m.eof {
             m.eof = true;
@@ -304,7 +303,7 @@ impl Carried {
                 close_clean(&mut m);
                 drop(m);
                 self.l_closed();
-                return;
+                return None;
             }
             if let Some(l) = &m.l {
                 let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Write);
@@ -330,6 +329,7 @@ impl Carried {
         if m.ballast > 0 && r.writable {
             drain_ballast(&mut m);
         }
+        Some(r.writable)
     }
 
     /// The program put P in a kernel wait: from now on readiness is mirrored. Called in the
@@ -339,8 +339,9 @@ impl Carried {
             self.edge.store(true, Ordering::Relaxed);
         }
         self.watched.store(true, Ordering::Release);
-        self.sync(false);
-        self.block_writes(fd);
+        // One look at the virtual socket serves both (each takes its session's lock).
+        let writable = self.sync(false);
+        self.block_writes(fd, writable);
     }
 
     /// `wake` is woken after each change mirrored from now on, until `remove_sleeper`.
@@ -370,8 +371,9 @@ impl Carried {
     /// P unwritable while the virtual socket is: ballast from P into L until P's send buffer
     /// is past the writable mark. Checked again after, since credit may have come meanwhile
     /// (the observer found no ballast to take then).
-    fn block_writes(&self, fd: BorrowedFd<'_>) {
-        if self.vs.readiness().writable {
+    /// `writable`: what the caller just read, if it did.
+    fn block_writes(&self, fd: BorrowedFd<'_>, writable: Option<bool>) {
+        if writable.unwrap_or_else(|| self.vs.readiness().writable) {
             return;
         }
         let mut m = self.mirror.lock();
@@ -729,7 +731,7 @@ impl Carried {
             COUNTERS.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
         }
         if self.watched() {
-            self.block_writes(fd);
+            self.block_writes(fd, None);
         }
         result
     }
