@@ -54,7 +54,8 @@ struct Run {
     /// Append the summary to PATH instead.
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
-    /// The interposition library (default: libnetchannel_preload.so beside this binary).
+    /// The interposition library (default: the newest libnetchannel_preload.so beside this
+    /// binary or in its deps/ folder).
     #[arg(long, value_name = "PATH")]
     lib: Option<PathBuf>,
     /// Run a program linked with liburing anyway (sockets it drives through io_uring stay on
