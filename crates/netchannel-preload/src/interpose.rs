@@ -460,35 +460,33 @@ thread_local! {
     static HANDLED: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Per-thread count of handled signals without `SA_RESTART` (for `carried`).
+/// Per-thread counts of handled signals: without `SA_RESTART` (for `carried`'s blocking calls)
+/// and all of them (for the waits the kernel never restarts: poll, select, epoll_wait).
 pub(crate) mod signals {
     /// A point in a thread's signal history.
     #[derive(Clone, Copy)]
-    pub(crate) struct Snapshot(u32);
+    pub(crate) struct Snapshot {
+        no_restart: u32,
+        handled: u32,
+    }
 
     pub(crate) fn snapshot() -> Snapshot {
-        Snapshot(super::HANDLED_NO_RESTART.with(|c| c.get()))
+        Snapshot {
+            no_restart: super::HANDLED_NO_RESTART.with(|c| c.get()),
+            handled: super::HANDLED.with(|c| c.get()),
+        }
     }
 
     /// Whether a handler without `SA_RESTART` ran in this thread since `s`.
     pub(crate) fn no_restart_since(s: Snapshot) -> bool {
-        super::HANDLED_NO_RESTART.with(|c| c.get()) != s.0
+        super::HANDLED_NO_RESTART.with(|c| c.get()) != s.no_restart
     }
 
-    /// A point in a thread's history of handled signals, `SA_RESTART` or not (for the waits
-    /// the kernel never restarts: poll, select, epoll_wait).
-    #[derive(Clone, Copy)]
-    pub(crate) struct AnySnapshot(u32);
-
-    pub(crate) fn any_snapshot() -> AnySnapshot {
-        AnySnapshot(super::HANDLED.with(|c| c.get()))
-    }
-
-    /// Whether a handler ran in this thread since `s`: a wait the library made of several
+    /// Whether any handler ran in this thread since `s`: a wait the library made of several
     /// system calls fails with EINTR then, as the kernel's single call would have, even when
     /// the handler ran between two of them rather than during a sleep.
-    pub(crate) fn handled_since(s: AnySnapshot) -> bool {
-        super::HANDLED.with(|c| c.get()) != s.0
+    pub(crate) fn handled_since(s: Snapshot) -> bool {
+        super::HANDLED.with(|c| c.get()) != s.handled
     }
 }
 

@@ -210,7 +210,7 @@ pub(crate) fn epoll_wait(
     netchannel::flush_sends();
     let deadline = timeout.map(|t| Instant::now() + t);
     let signals = SignalPolicy { interruptible: true, mask };
-    let handled = signals::any_snapshot();
+    let handled = signals::snapshot();
     // What the channels hold already is read here, before the program's events are reported,
     // by a loop so busy that its last wait did not sleep: its set always has something ready,
     // so it would otherwise leave its channels to an engine worker (a wake-up, and the payloads
@@ -304,7 +304,7 @@ pub(crate) fn poll(
         return poll_carried(fds, &carried, &set, timeout, mask, real);
     }
     netchannel::flush_sends();
-    let handled = signals::any_snapshot();
+    let handled = signals::snapshot();
     let n = real(fds, Some(Duration::ZERO))?;
     if n > 0 || timeout == Some(Duration::ZERO) {
         return Ok(n);
@@ -367,7 +367,7 @@ fn poll_carried(
         return real(fds, timeout);
     };
     let deadline = timeout.map(|t| Instant::now() + t);
-    let handled = signals::any_snapshot();
+    let handled = signals::snapshot();
     // The first round serves what the channels already hold before it sleeps (`serve_first`).
     let mut first = true;
     let result = loop {
