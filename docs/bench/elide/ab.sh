@@ -1,16 +1,7 @@
 #!/usr/bin/env bash
-# Interleaved A/B of two builds of the interposition library (`netchannel` launcher and
-# libnetchannel_preload.so side by side in each directory): before and after elided readiness.
+# Interleaved A/B of two builds of the interposition library: before and after elided readiness.
 # Usage: docs/bench/elide/ab.sh OLD_DIR NEW_DIR ROUNDS
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
-old=$1 new=$2 rounds=${3:-2}
-out=docs/bench/elide
-for r in $(seq 1 "$rounds"); do
-  for v in old new; do
-    dir=$old; [ "$v" = new ] && dir=$new
-    ./target/release/ncperf programs --netchannel "$dir/netchannel" \
-      --only redis16,redis4k,memcached,iperf3,sockperf --repetitions 1 --scale 0.5 \
-      --json "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1
-  done
-done
+here="$(dirname "$0")"
+"$here/../programs-ab.sh" "$1" "$2" "${3:-2}" docs/bench/elide \
+  redis16,redis4k,memcached,iperf3,sockperf 0.5

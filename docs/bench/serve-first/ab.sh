@@ -1,17 +1,8 @@
 #!/usr/bin/env bash
-# Interleaved A/B of two builds of the interposition library (`netchannel` launcher and
-# libnetchannel_preload.so side by side in each directory): before and after an epoll_wait
+# Interleaved A/B of two builds of the interposition library: before and after an epoll_wait
 # over carried fds first reads what the channels hold (the event-loop programs).
 # Usage: docs/bench/serve-first/ab.sh OLD_DIR NEW_DIR ROUNDS
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
-old=$1 new=$2 rounds=${3:-3}
-out=docs/bench/serve-first
-for r in $(seq 1 "$rounds"); do
-  for v in old new; do
-    dir=$old; [ "$v" = new ] && dir=$new
-    ./target/release/ncperf programs --netchannel "$dir/netchannel" \
-      --only redis16,redis4k,memcached,sockperf --repetitions 1 --scale 1 \
-      --json "$out/$v-$r.json" >"$out/$v-$r.txt" 2>&1
-  done
-done
+here="$(dirname "$0")"
+"$here/../programs-ab.sh" "$1" "$2" "${3:-3}" docs/bench/serve-first \
+  redis16,redis4k,memcached,sockperf 1
