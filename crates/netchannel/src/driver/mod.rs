@@ -153,7 +153,13 @@ pub struct TxState {
     pub frames: VecDeque<OutFrame>,
     /// Bytes of the front frame already written.
     pub written: usize,
+    /// Frames just pulled from the session, on their way to `frames` (kept for its capacity).
+    pub pulled: Vec<OutFrame>,
 }
+
+/// Slices one channel write hands the kernel at most (below `IOV_MAX`, 1024; a header and a
+/// payload per frame).
+const WRITE_IOV: usize = 512;
 
 #[derive(Default)]
 struct Counters {
@@ -286,26 +292,30 @@ impl Channel {
 
     /// Writes as much of the pulled frames as the socket takes, in one send.
     pub fn write(&self, st: &mut TxState) -> io::Result<Written> {
-        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(st.frames.len() * 2);
+        // On the stack: a vector per write was an allocation beyond the allocator's per-thread
+        // cache (8 KiB for 256 frames).
+        let mut iov = [IoSlice::new(&[]); WRITE_IOV];
+        let mut used = 0;
         let mut skip = st.written;
-        for f in &st.frames {
+        'frames: for f in &st.frames {
             let header = &f.header[..f.header_len as usize];
             for part in [header, &f.payload[..]] {
                 if skip >= part.len() {
                     skip -= part.len();
                     continue;
                 }
-                iov.push(IoSlice::new(&part[skip..]));
+                if used == WRITE_IOV {
+                    break 'frames;
+                }
+                iov[used] = IoSlice::new(&part[skip..]);
+                used += 1;
                 skip = 0;
             }
-            if iov.len() >= 1022 {
-                break;
-            }
         }
-        if iov.is_empty() {
+        if used == 0 {
             return Ok(Written { bytes: 0, blocked: false });
         }
-        let n = match sys::send_vectored(self.transport.fd(), &iov) {
+        let n = match sys::send_vectored(self.transport.fd(), &iov[..used]) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 return Ok(Written { bytes: 0, blocked: true });
@@ -315,7 +325,6 @@ impl Channel {
             }
             Err(e) => return Err(e),
         };
-        drop(iov);
         self.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
         self.counters.queued.fetch_sub(n as u64, Ordering::Relaxed);
         let mut left = st.written + n;

@@ -4,6 +4,7 @@
 //! [`PollerShared`] is the engine's side of a `Poller` (in `vns`): its ready list and the
 //! thread waiting in it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::RawFd;
@@ -80,7 +81,32 @@ pub(crate) struct Wakes {
     pub listeners: Vec<Arc<ListenerShared>>,
 }
 
+thread_local! {
+    /// A thread's `Wakes` between two holds of a session lock, emptied: the lists keep their
+    /// capacity, so collecting wake-ups does not allocate on every hold.
+    static SPARE_WAKES: Cell<Wakes> = const {
+        Cell::new(Wakes { threads: Vec::new(), polls: Vec::new(), listeners: Vec::new() })
+    };
+}
+
 impl Wakes {
+    /// Empty lists, with the capacity this thread's last `recycle` left (a guard taken while
+    /// another is held gets new ones).
+    pub fn reuse() -> Wakes {
+        SPARE_WAKES.try_with(Cell::take).unwrap_or_default()
+    }
+
+    /// Gives fired (empty) lists back for the thread's next `reuse`.
+    pub fn recycle(self) {
+        debug_assert!(
+            self.threads.is_empty() && self.polls.is_empty() && self.listeners.is_empty()
+        );
+        // Lists a burst made long are let go: a thread keeps little between holds.
+        if self.threads.capacity() + self.polls.capacity() + self.listeners.capacity() <= 1024 {
+            let _exiting = SPARE_WAKES.try_with(|c| c.set(self));
+        }
+    }
+
     pub fn fire(&mut self) {
         for w in self.threads.drain(..) {
             w.notify();

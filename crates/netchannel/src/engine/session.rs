@@ -22,7 +22,7 @@ use super::readiness::{StreamUser, Wakes};
 use super::EngineCtx;
 use crate::driver::{Channel, ChannelError};
 use crate::proto::framing::Verdict;
-use crate::proto::{ChannelId, OutFrame, Session, StreamId};
+use crate::proto::{ChannelId, Session, StreamId};
 use crate::sys::{HANGUP, READABLE, WRITABLE};
 use crate::wire::{Class, RstReason};
 
@@ -81,6 +81,7 @@ impl Drop for CoreGuard<'_> {
         self.settle();
         drop(self.core.take());
         self.wakes.fire();
+        std::mem::take(&mut self.wakes).recycle();
     }
 }
 
@@ -201,7 +202,7 @@ impl SessionRt {
 
     /// The core, locked (see [`CoreGuard`]).
     pub fn core(self: &Arc<Self>) -> CoreGuard<'_> {
-        CoreGuard { rt: self, core: Some(self.core.lock()), wakes: Wakes::default() }
+        CoreGuard { rt: self, core: Some(self.core.lock()), wakes: Wakes::reuse() }
     }
 
     /// Runs `f` on the core; its events are settled and the wake-ups fired after the lock.
@@ -538,26 +539,26 @@ impl SessionRt {
         let mut st = ch.tx.lock();
         let budget = self.ctx.config.tx_batch_bytes;
         let mut written = 0;
-        let mut pulled: Vec<OutFrame> = Vec::new();
         loop {
             if st.frames.is_empty() {
                 if written >= budget {
                     return Ok(self.core().has_transmit(ch.meta.index));
                 }
                 let mut core = self.core();
+                let tx = &mut *st;
                 let n = core.poll_transmit(
                     ch.meta.index,
                     budget - written,
                     MAX_FRAMES,
                     force_ack,
-                    &mut pulled,
+                    &mut tx.pulled,
                 );
                 drop(core);
                 if n == 0 {
                     return Ok(false);
                 }
                 ch.count_queued(n);
-                st.frames.extend(pulled.drain(..));
+                tx.frames.extend(tx.pulled.drain(..));
             }
             let w = ch.write(&mut st)?;
             if w.blocked {

@@ -2,7 +2,8 @@
 //! room, so many small messages leave as one frame; large writes arrive as their own chunk.
 //! Bytes leave the buffer when a channel pulls them (`take`): the frame then shares the chunk's
 //! memory (reference counted) until the peer acknowledges it, so memory follows the bytes held,
-//! never the number of writes or frames.
+//! never the number of writes or frames. A chunk whose frames were all acknowledged goes back to
+//! the session's `SpareChunks` for the next chunk of any of its streams.
 
 use std::collections::VecDeque;
 
@@ -38,6 +39,89 @@ impl Chunk {
     }
 }
 
+/// Chunk buffers whose frames the peer acknowledged, kept for the next chunks of a session's
+/// streams. Without them every write that starts a chunk (with many streams, every write) is a
+/// fresh allocation, freed by whichever thread handles the acknowledgement: glibc's slow path,
+/// about 10% of the CPU with 10,000 streams of 4 KiB writes. Bounded by the caller's `limit`
+/// at each `give` (the session keeps spares within what it has in flight, and trims them when
+/// it has nothing in flight).
+#[derive(Default)]
+pub struct SpareChunks {
+    /// By size class: `free[i]` holds capacities in `[FIRST_CHUNK << i, FIRST_CHUNK << (i + 1))`,
+    /// so a lookup is O(1) and buffers of one size never hide behind another's.
+    free: [Vec<BytesMut>; SIZE_CLASSES],
+    /// Sum of the capacities in `free`.
+    bytes: usize,
+}
+
+/// Chunk capacities run from `FIRST_CHUNK` to `COALESCE_CHUNK`, doubling.
+const SIZE_CLASSES: usize =
+    (COALESCE_CHUNK.trailing_zeros() - FIRST_CHUNK.trailing_zeros()) as usize + 1;
+
+/// The size class of capacity `cap` (at least `FIRST_CHUNK`, at most `COALESCE_CHUNK`).
+fn size_class(cap: usize) -> usize {
+    (cap.ilog2() - FIRST_CHUNK.ilog2()) as usize
+}
+
+/// The newest spare of `class` if it holds at least `min` bytes.
+fn pop_if_fits(class: &mut Vec<BytesMut>, min: usize) -> Option<BytesMut> {
+    class.last().is_some_and(|b| b.capacity() >= min).then(|| class.pop()).flatten()
+}
+
+impl SpareChunks {
+    /// An empty chunk for a write of `min` bytes that would like room for `want` (`min` or
+    /// more: room for later small writes to join it). A spare from one of the two classes that
+    /// hold only capacities of `want` to four times that, else one of `want`'s own class that
+    /// is large enough, else one of at least `min` from the class below (half the room: a
+    /// smaller frame, no allocation), else a new allocation of `want`.
+    fn take(&mut self, min: usize, want: usize) -> BytesMut {
+        if (FIRST_CHUNK..=COALESCE_CHUNK).contains(&want) {
+            let own = size_class(want);
+            let above = own + usize::from(!want.is_power_of_two());
+            let found = (above..SIZE_CLASSES.min(above + 2))
+                .find_map(|c| self.free[c].pop())
+                .or_else(|| pop_if_fits(&mut self.free[own], want))
+                .or_else(|| pop_if_fits(&mut self.free[own.checked_sub(1)?], min));
+            if let Some(b) = found {
+                self.bytes -= b.capacity();
+                return b;
+            }
+        }
+        BytesMut::with_capacity(want)
+    }
+
+    /// Keeps `frame`'s buffer for reuse when `frame` was its last reference, it is a chunk's
+    /// size, and the spares stay within `limit` bytes; otherwise drops it.
+    pub fn give(&mut self, frame: Bytes, limit: usize) {
+        // Pooled, static or still shared buffers are not ours to keep: dropped as before.
+        let Ok(mut b) = frame.try_into_mut() else { return };
+        b.clear();
+        // A frame cut from the middle of its chunk sees only the tail of the buffer; asking for
+        // one byte more than that takes the whole buffer back (no allocation, nothing copied).
+        let _whole = b.try_reclaim(b.capacity() + 1);
+        let cap = b.capacity();
+        if (FIRST_CHUNK..=COALESCE_CHUNK).contains(&cap) && self.bytes + cap <= limit {
+            self.bytes += cap;
+            self.free[size_class(cap)].push(b);
+        }
+    }
+
+    /// Drops spares beyond `limit` bytes, the largest first.
+    pub fn trim(&mut self, limit: usize) {
+        for class in self.free.iter_mut().rev() {
+            while self.bytes > limit {
+                let Some(b) = class.pop() else { break };
+                self.bytes -= b.capacity();
+            }
+        }
+    }
+
+    /// Bytes held in spares.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 #[derive(Default)]
 pub struct SendBuf {
     /// Not yet sent, in offset order of arrival.
@@ -60,8 +144,9 @@ impl SendBuf {
         self.bytes == 0
     }
 
-    /// Copies `data` (stream bytes starting at `offset`) into the buffer.
-    pub fn push_copy(&mut self, offset: u64, data: &[u8]) {
+    /// Copies `data` (stream bytes starting at `offset`) into the buffer; a new chunk comes
+    /// from `spares` when one fits.
+    pub fn push_copy(&mut self, offset: u64, data: &[u8], spares: &mut SpareChunks) {
         if data.is_empty() {
             return;
         }
@@ -75,7 +160,7 @@ impl SendBuf {
         }
         let grow = (self.next_chunk as usize).max(FIRST_CHUNK);
         self.next_chunk = (grow * 2).min(COALESCE_CHUNK) as u32;
-        let mut chunk = BytesMut::with_capacity(data.len().max(grow));
+        let mut chunk = spares.take(data.len(), data.len().max(grow));
         chunk.extend_from_slice(data);
         self.chunks.push_back((offset, Chunk::Open(chunk)));
     }
@@ -151,8 +236,9 @@ mod tests {
     #[test]
     fn small_writes_coalesce_into_one_frame() {
         let mut b = SendBuf::default();
+        let s = &mut SpareChunks::default();
         for i in 0..100u64 {
-            b.push_copy(i * 64, &[i as u8; 64]);
+            b.push_copy(i * 64, &[i as u8; 64], s);
         }
         assert_eq!(b.bytes(), 6400);
         let mut got = Vec::new();
@@ -164,17 +250,17 @@ mod tests {
         assert_eq!(got[64 * 7], 7);
         assert!(b.chunks.len() <= 1);
         for i in 0..2000u64 {
-            b.push_copy(6400 + i * 64, &[1; 64]);
+            b.push_copy(6400 + i * 64, &[1; 64], s);
         }
         let (_, first) = b.take(1 << 20).unwrap();
         assert!(first.len() >= 1024, "chunks grow during a burst: {}", first.len());
         while b.take(1 << 20).is_some() {}
         assert!(b.chunks.is_empty(), "an emptied buffer holds no chunk");
-        b.push_copy(6400 + 2000 * 64, b"x");
+        b.push_copy(6400 + 2000 * 64, b"x", s);
         let (_, x) = b.take(1).unwrap();
         assert_eq!(&x[..], b"x");
         assert!(b.take(10).is_none());
-        b.push_copy(200_000, b"tail");
+        b.push_copy(200_000, b"tail", s);
         assert_eq!(b.take(2).unwrap(), (200_000, Bytes::from_static(b"ta")));
         assert_eq!(b.take(9).unwrap(), (200_002, Bytes::from_static(b"il")));
     }
@@ -188,5 +274,60 @@ mod tests {
         assert_eq!(b.take(30).unwrap(), (13, Bytes::from_static(b"in")));
         assert_eq!(b.take(30).unwrap(), (100, Bytes::from_static(b"new")));
         assert_eq!(b.bytes(), 0);
+    }
+
+    #[test]
+    fn acknowledged_chunks_are_reused_within_the_limit() {
+        let mut b = SendBuf::default();
+        let s = &mut SpareChunks::default();
+        b.push_copy(0, &[7; 4096], s);
+        let (_, frame) = b.take(1 << 20).unwrap();
+        let ptr = frame.as_ptr();
+        s.give(frame, 64 * 1024);
+        assert_eq!(s.bytes(), 4096);
+        b.push_copy(4096, &[8; 4000], s);
+        let (off, again) = b.take(1 << 20).unwrap();
+        assert_eq!((off, again.len(), again[0]), (4096, 4000, 8));
+        assert_eq!(again.as_ptr(), ptr, "the acknowledged chunk's memory, reused");
+        assert_eq!(s.bytes(), 0);
+
+        // Frames cut from one chunk: only the last reference gives the buffer back, whole.
+        b.push_copy(8096, &[9; 4096], s);
+        let (_, first) = b.take(1000).unwrap();
+        let (_, rest) = b.take(1 << 20).unwrap();
+        let start = first.as_ptr();
+        s.give(first, 64 * 1024);
+        assert_eq!(s.bytes(), 0, "a buffer still shared is not kept");
+        s.give(rest, 64 * 1024);
+        assert_eq!(s.bytes(), 4096);
+        b.push_copy(12_192, &[1; 4096], s);
+        assert_eq!(b.take(1 << 20).unwrap().1.as_ptr(), start);
+        // A spare serves a need of its own class, not one far smaller.
+        b.push_copy(16_288, &[1; 4096], s);
+        let (_, f) = b.take(1 << 20).unwrap();
+        s.give(f, 64 * 1024);
+        b.push_copy(20_384, &[1; 10], s);
+        assert_eq!(b.take(100).unwrap().1.len(), 10);
+        assert_eq!(s.bytes(), 4096, "a 4 KiB spare left for a 10-byte write");
+        b.push_copy(20_394, &[1; 3000], s);
+        assert_eq!(b.take(1 << 20).unwrap().1.len(), 3000);
+        assert_eq!(s.bytes(), 0, "taken for a 3,000-byte write");
+
+        // The limit holds, and buffers not made by push_copy are never kept.
+        let big: Vec<Bytes> = (0..8)
+            .map(|i| {
+                b.push_copy(30_000 + i * 4096, &[1; 4096], s);
+                b.take(1 << 20).unwrap().1
+            })
+            .collect();
+        for f in big {
+            s.give(f, 16 * 1024);
+        }
+        assert_eq!(s.bytes(), 16 * 1024);
+        s.give(Bytes::from_static(b"static"), 1 << 20);
+        s.give(Bytes::from(vec![0u8; COALESCE_CHUNK + 1]), 1 << 20);
+        assert_eq!(s.bytes(), 16 * 1024);
+        s.trim(4096);
+        assert_eq!(s.bytes(), 4096);
     }
 }

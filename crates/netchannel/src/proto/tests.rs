@@ -433,11 +433,16 @@ fn many_streams_share_channels_fairly_and_intact() {
         .collect();
     let mut sendbuf = vec![0u8; 70_000];
     let mut recvbuf = vec![0u8; 70_000];
+    let mut most_spare = 0;
     for _ in 0..200_000 {
         for t in ts.iter_mut().filter(|t| !t.done()) {
             t.drive(&mut p, &mut sendbuf, &mut recvbuf, 70_000);
         }
+        let spare = p.sides[0].stats().spare_bytes;
+        assert!(spare <= config().tx_budget, "{spare} bytes of spare chunks");
+        most_spare = most_spare.max(spare);
         if ts.iter().all(Transfer::done) {
+            assert!(most_spare > 0, "acknowledged chunks were never kept for reuse");
             return;
         }
         p.step();
@@ -715,6 +720,10 @@ fn an_idle_session_falls_silent() {
         }
     }
     assert!(out.is_empty(), "an idle session sent {} frames", out.len());
+    for side in 0..2 {
+        let spare = p.sides[side].stats().spare_bytes;
+        assert!(spare <= 8192, "side {side} keeps {spare} bytes of spare chunks while idle");
+    }
 }
 
 /// Reads side `side`'s stream `id` until end of stream, stepping the pair; returns the bytes.

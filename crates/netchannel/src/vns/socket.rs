@@ -12,6 +12,7 @@
 //! the channel was read into; large payloads are read by the kernel straight into the caller's
 //! buffer (direct placement: no user-space copy).
 
+use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -55,15 +56,26 @@ fn reset_error(cause: ResetCause) -> io::Error {
     io::Error::new(kind, msg)
 }
 
+thread_local! {
+    /// `recv`'s list of the slices it copies out, kept between calls: one allocation per
+    /// thread, not one per read.
+    static RECV_SLICES: Cell<Vec<Bytes>> = const { Cell::new(Vec::new()) };
+}
+
+/// `WouldBlock`, without a message: a non-blocking socket returns it on every empty read or
+/// full write, and an error with a message is an allocation (two) each time.
+fn would_block() -> io::Error {
+    io::ErrorKind::WouldBlock.into()
+}
+
 fn send_error(e: SendError) -> io::Error {
     match e {
         SendError::Reset(cause) => reset_error(cause),
         SendError::WriteClosed => {
             io::Error::new(io::ErrorKind::BrokenPipe, "the write half is shut down")
         }
-        SendError::NoCredit | SendError::NoSpace => {
-            io::Error::new(io::ErrorKind::WouldBlock, "the peer's window or the channels are full")
-        }
+        // The peer's window or the channels are full: as from a TCP socket.
+        SendError::NoCredit | SendError::NoSpace => would_block(),
         SendError::NotOpen => io::Error::new(io::ErrorKind::WouldBlock, "still connecting"),
         SendError::Closed => io::Error::new(io::ErrorKind::NotConnected, "the socket is closed"),
     }
@@ -379,11 +391,7 @@ impl VSocket {
                 Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
             }
             if self.is_nonblocking() {
-                return if sent > 0 {
-                    Ok(sent)
-                } else {
-                    Err(io::Error::new(io::ErrorKind::WouldBlock, "send would block"))
-                };
+                return if sent > 0 { Ok(sent) } else { Err(would_block()) };
             }
             let id = self.id;
             let r = self
@@ -469,7 +477,7 @@ impl VSocket {
                 if moved < 4 && self.observed.load(Ordering::Relaxed) && self.settle_front() {
                     continue;
                 }
-                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
+                return Err(would_block());
             }
             let id = self.id;
             self.wait_for(EV_READ, deadline, |core| core.handle(id).readable().then_some(Ok(())))?;
@@ -502,7 +510,7 @@ impl VSocket {
         if buf.is_empty() {
             return Ok(Some(0));
         }
-        let mut slices: Vec<Bytes> = Vec::new();
+        let mut slices = RECV_SLICES.try_with(Cell::take).unwrap_or_default();
         let (r, owes, class) = {
             let mut core = self.session.core();
             let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
@@ -518,6 +526,10 @@ impl VSocket {
                     at += s.len();
                 }
                 debug_assert_eq!(at as u64, n);
+                slices.clear();
+                if slices.capacity() <= 256 {
+                    let _exiting = RECV_SLICES.try_with(|c| c.set(slices));
+                }
                 Some(n as usize)
             }
             Recv::Deferred { channel, max } => {
@@ -605,7 +617,7 @@ impl VSocket {
                 continue;
             }
             if self.is_nonblocking() {
-                return Err(io::Error::new(io::ErrorKind::WouldBlock, "no data"));
+                return Err(would_block());
             }
             let id = self.id;
             self.wait_for(EV_READ, deadline, |core| core.handle(id).readable().then_some(Ok(())))?;
@@ -990,7 +1002,7 @@ impl Listener {
                 break Err(io::Error::new(io::ErrorKind::ConnectionAborted, "listener closed"));
             }
             if self.nonblocking.load(Ordering::Relaxed) {
-                break Err(io::Error::new(io::ErrorKind::WouldBlock, "no pending connection"));
+                break Err(would_block());
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break Err(io::Error::new(io::ErrorKind::TimedOut, "accept timed out"));

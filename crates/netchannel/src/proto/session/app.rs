@@ -111,7 +111,7 @@ impl<U: Default> Session<U> {
         let (offset, n) = self.send_checks(id, data.len())?;
         let s = self.streams.get_mut(id).expect("checked");
         s.send_next += n as u64;
-        s.tx.push_copy(offset, &data[..n]);
+        s.tx.push_copy(offset, &data[..n], &mut self.spares);
         let class = s.class;
         self.classes[class.index()].unsent += n as u64;
         self.activate(id);

@@ -9,6 +9,10 @@ use bytes::Bytes;
 use super::*;
 use crate::wire::RstReason;
 
+/// Spare chunks a session keeps when it has less than this in flight (one RPC message's chunk
+/// survives between messages; an idle session holds no more).
+const SPARE_FLOOR: usize = 8 * 1024;
+
 /// A frame pulled onto a channel, kept until the peer acknowledges the position it ends at.
 pub(super) enum Retained {
     Data { stream: StreamId, offset: u64, bytes: Bytes },
@@ -204,7 +208,17 @@ impl<U: Default> Session<U> {
         now: Instant,
     ) -> Result<(), Violation> {
         let (max_bytes, max_frames) = (self.cfg.max_retained_bytes, self.cfg.max_retained_frames);
-        let Some(st) = self.channel_mut(channel) else {
+        // Acknowledged chunks are kept for reuse within what the session has in flight. Less
+        // was tried: one acknowledgement frees `ack_threshold` bytes or more at once, and with
+        // 10,000 streams a cap of four times that still dropped a third of them.
+        let spare_limit = self.spare_limit();
+        // The field, not `channel_mut`: the loop gives buffers to `self.spares` beside it.
+        let Some(st) = self
+            .channels
+            .get_mut(channel.slot())
+            .and_then(|c| c.as_mut())
+            .filter(|st| st.id == channel)
+        else {
             // A channel already lost here (its frames were queued again), or an earlier
             // incarnation of one that was dialed again.
             return Ok(());
@@ -219,7 +233,7 @@ impl<U: Default> Session<U> {
             |st: &ChannelState| st.retained_bytes >= max_bytes || st.retained.len() >= max_frames;
         let was_full = full(st);
         st.acked = position;
-        let mut done = Vec::new();
+        let mut done = std::mem::take(&mut self.acked_streams);
         let mut freed = 0;
         while st.retained.front().is_some_and(|(end, _)| *end <= position) {
             let (_, r) = st.retained.pop_front().expect("front exists");
@@ -228,6 +242,7 @@ impl<U: Default> Session<U> {
                     st.retained_bytes -= bytes.len() as u64;
                     freed += bytes.len() as u64;
                     done.push(stream);
+                    self.spares.give(bytes, spare_limit);
                 }
                 Retained::Control { stream, .. } => done.push(stream),
                 Retained::Rst { .. } => st.retained_rsts -= 1,
@@ -241,10 +256,14 @@ impl<U: Default> Session<U> {
         if freed > 0 {
             // The send budget has room again: senders waiting for it may go on.
             self.retained_total -= freed;
+            if self.in_flight() == 0 {
+                // Idle: keep what the next message needs, not what the last burst used.
+                self.spares.trim(SPARE_FLOOR);
+            }
             self.wake_space_waiters(Class::Throughput);
             self.wake_space_waiters(Class::Latency);
         }
-        for id in done {
+        for &id in &done {
             if let Some(s) = self.streams.get_mut(id) {
                 s.unacked_frames -= 1;
                 if s.unacked_frames == 0 {
@@ -252,7 +271,15 @@ impl<U: Default> Session<U> {
                 }
             }
         }
+        done.clear();
+        self.acked_streams = done;
         Ok(())
+    }
+
+    /// The most the session keeps in spare chunks now: what it has in flight (so spares never
+    /// outgrow `tx_budget`, which bounds those bytes).
+    pub(super) fn spare_limit(&self) -> usize {
+        self.in_flight().max(SPARE_FLOOR)
     }
 
     /// Whether acknowledgements are owed on their own (without other frames to carry them):

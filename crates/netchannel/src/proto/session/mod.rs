@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::ids::{ChannelId, PeerStreamId, StreamId};
+use super::sendbuf::SpareChunks;
 use super::stream::*;
 use super::table::Table;
 use crate::scheduler::{ActiveQueues, Policy};
@@ -168,6 +169,8 @@ pub struct CoreStats {
     pub held_bytes: u64,
     /// Bytes copied out of channel read buffers so that unread slices do not pin them.
     pub compacted_bytes: u64,
+    /// Acknowledged send-buffer chunks kept for reuse (bytes of capacity).
+    pub spare_bytes: u64,
 }
 
 /// The protocol state of one session (see the module doc).
@@ -213,6 +216,10 @@ pub struct Session<U> {
     retained_total: u64,
     /// Streams that want more credit than the receive budget had room for, in order.
     starved: VecDeque<StreamId>,
+    /// Acknowledged send-buffer chunks kept for the next writes (see `SpareChunks`).
+    spares: SpareChunks,
+    /// `on_ack`'s list of the streams whose frames were acknowledged (kept for its capacity).
+    acked_streams: Vec<StreamId>,
 }
 
 impl<U: Default> Session<U> {
@@ -240,7 +247,16 @@ impl<U: Default> Session<U> {
             rx_granted: 0,
             retained_total: 0,
             starved: VecDeque::new(),
+            spares: SpareChunks::default(),
+            acked_streams: Vec::new(),
         }
+    }
+
+    /// Bytes the session holds for sending: unsent in stream buffers, and sent but not yet
+    /// acknowledged.
+    pub(super) fn in_flight(&self) -> usize {
+        let unsent: u64 = self.classes.iter().map(|c| c.unsent).sum();
+        (unsent + self.retained_total) as usize
     }
 
     /// Entries of the peer-id-to-stream map (tests: it holds one per stream, whatever ids the
@@ -345,6 +361,7 @@ impl<U: Default> Session<U> {
         let mut st = self.stats.clone();
         st.streams = self.streams.live();
         st.unsent_bytes = self.classes.iter().map(|c| c.unsent).sum();
+        st.spare_bytes = self.spares.bytes() as u64;
         st.retained_bytes = self.retained_bytes();
         st.held_bytes = self.rx_held;
         debug_assert_eq!(

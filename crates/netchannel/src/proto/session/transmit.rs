@@ -25,9 +25,30 @@ pub(super) struct ClassTx {
     pub(super) congested: bool,
 }
 
+/// The classes whose frames a channel of one class carries (its own, and the other when that
+/// has no channel): at most two, kept inline (asked on every pull).
+pub(super) struct ServedClasses {
+    list: [Class; 2],
+    len: usize,
+}
+
+impl std::ops::Deref for ServedClasses {
+    type Target = [Class];
+    fn deref(&self) -> &[Class] {
+        &self.list[..self.len]
+    }
+}
+
 impl<U: Default> Session<U> {
-    pub(super) fn served_by(&self, class: Class) -> Vec<Class> {
-        [class, other(class)].into_iter().filter(|&k| self.serving(k) == class).collect()
+    pub(super) fn served_by(&self, class: Class) -> ServedClasses {
+        let mut served = ServedClasses { list: [class; 2], len: 0 };
+        for k in [class, other(class)] {
+            if self.serving(k) == class {
+                served.list[served.len] = k;
+                served.len += 1;
+            }
+        }
+        served
     }
 
     /// Whether channel `ch` has frames to pull (acknowledgements aside). A channel at its
@@ -68,7 +89,7 @@ impl<U: Default> Session<U> {
         let start = out.len();
         let mut bytes = 0usize;
         let served = self.served_by(class);
-        for &k in &served {
+        for &k in served.iter() {
             while out.len() - start < max_frames {
                 let Some((peer, reason)) = self.classes[k.index()].rsts.pop_front() else {
                     break;
@@ -282,13 +303,9 @@ impl<U: Default> Session<U> {
         // nothing left to pull no later pull comes, so everyone still waiting is woken: one
         // woken earlier may not have written (an event loop told EPOLLOUT with nothing to say).
         let mut wake = if c.unsent == 0 { u64::MAX } else { room.div_ceil(SPACE_WAKE_QUANTUM) };
-        let mut woken = Vec::new();
         while wake > 0 {
-            let Some(id) = c.space_waiters.pop_front() else { break };
-            woken.push(id);
+            let Some(id) = self.classes[class.index()].space_waiters.pop_front() else { break };
             wake -= 1;
-        }
-        for id in woken {
             if let Some(s) = self.streams.get_mut(id) {
                 s.flags &= !F_SPACE_WAIT;
                 self.emit(id, EV_WRITE);
