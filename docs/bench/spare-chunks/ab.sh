@@ -2,7 +2,7 @@
 # Interleaved A/B of two ncperf builds on the rows where every write starts a send-buffer
 # chunk: 10,000 flows of 4 KiB writes, 4 KiB RPCs over 1,000 flows, and one stream of 4 KiB
 # writes.
-# Usage: ab.sh OLD_NCPERF NEW_NCPERF ROUNDS OUTDIR
+# Usage: ab.sh OLD_NCPERF NEW_NCPERF ROUNDS OUTDIR (then: docs/bench/ab-summary.py OUTDIR KEYS...)
 set -euo pipefail
 old=$1 new=$2 rounds=$3 out=$4
 mkdir -p "$out"
