@@ -168,6 +168,14 @@ impl<B: Buffers> FrameReader<B> {
 
     /// The buffer to read into, with room for at least `want` bytes.
     pub fn buffer(&mut self, want: usize) -> &mut BytesMut {
+        if self.buf.is_empty() {
+            // Everything read so far is parsed: once no slice of the buffer is left unread,
+            // reads start again at its front (asking one byte more than the room left takes the
+            // whole buffer back, with nothing to copy). A channel of small messages then
+            // touches only the first pages of its 256 KiB (measured: about 200 KB resident
+            // per channel of 4 KiB RPCs without this), and a busy one reuses warm memory.
+            let _whole = self.buf.try_reclaim(self.buf.capacity() + 1);
+        }
         let room = self.buf.capacity() - self.buf.len();
         if room < want.min(MIN_ROOM) {
             self.buf.reserve(want);
@@ -319,6 +327,27 @@ mod tests {
 
     fn feed(r: &mut FrameReader, bytes: &[u8]) {
         r.buffer(bytes.len()).extend_from_slice(bytes);
+    }
+
+    #[test]
+    fn reads_start_at_the_front_once_every_slice_is_read() {
+        let mut frame = Vec::new();
+        Frame::Data { stream: 1, offset: 0, payload: &[5u8; 4000] }.encode(&mut frame);
+        let mut r = FrameReader::new(1 << 20, Heap(1000));
+        let front = r.buffer(READ_SIZE).as_ptr();
+        let mut out = Vec::new();
+        for round in 0..3 {
+            feed(&mut r, &frame);
+            r.parse(&mut out, usize::MAX).unwrap();
+            assert_eq!(out.len(), 1, "round {round}");
+            // The payload is still held: the next read goes after it, not over it.
+            let b = r.buffer(READ_SIZE);
+            assert_eq!(b.as_ptr(), front.wrapping_add(frame.len()), "round {round}");
+            out.clear();
+            // Read: the next read starts at the front again (a channel of small messages
+            // keeps touching the same first pages).
+            assert_eq!(r.buffer(READ_SIZE).as_ptr(), front, "round {round}");
+        }
     }
 
     #[test]
