@@ -198,6 +198,9 @@ enum Cmd {
         /// netchannel: `Config::max_sessions` (default: the engine's).
         #[arg(long)]
         max_sessions: Option<usize>,
+        /// netchannel: `Config::max_peer_buffered`, bytes (default: the engine's).
+        #[arg(long)]
+        max_peer_buffered: Option<u64>,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -302,6 +305,10 @@ pub struct RunArgs {
     /// netchannel: the server engine's `Config::max_sessions` (default: the engine's).
     #[arg(long)]
     pub max_sessions: Option<usize>,
+    /// netchannel: every engine's `Config::max_peer_buffered`, the receive credit one peer may
+    /// be granted beyond its streams' minimum windows, in bytes (default: the engine's).
+    #[arg(long)]
+    pub max_peer_buffered: Option<u64>,
 }
 
 fn main() {
@@ -435,6 +442,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             max_streams,
             apps,
             max_sessions,
+            max_peer_buffered,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
@@ -457,6 +465,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 peers: 1,
                 first_peer: 0,
                 max_sessions,
+                max_peer_buffered,
             };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
@@ -502,6 +511,7 @@ fn client(
             peers: run.peers,
             first_peer: run.first_peer,
             max_sessions: None,
+            max_peer_buffered: run.max_peer_buffered,
         },
         plan,
         rate: run.rate,

@@ -210,6 +210,8 @@ pub struct EngineOpts {
     pub first_peer: usize,
     /// Server: `Config::max_sessions` (`None`: the engine's default).
     pub max_sessions: Option<usize>,
+    /// `Config::max_peer_buffered` (`None`: the engine's default).
+    pub max_peer_buffered: Option<u64>,
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -255,6 +257,9 @@ fn engine(bind: SocketAddr, opts: EngineOpts) -> io::Result<Engine> {
 fn engine_with(mut config: Config, opts: EngineOpts) -> io::Result<Engine> {
     if let Some(n) = opts.max_sessions {
         config.max_sessions = n;
+    }
+    if let Some(n) = opts.max_peer_buffered {
+        config.max_peer_buffered = n;
     }
     config.channels = opts.channels;
     config.max_channels = opts.channels; // measured at a fixed channel count

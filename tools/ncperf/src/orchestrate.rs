@@ -297,6 +297,9 @@ pub fn run_with(
         if args.host_congestion {
             v.push("--host-congestion".into());
         }
+        if let Some(n) = args.max_peer_buffered {
+            v.extend(["--max-peer-buffered".into(), n.to_string()]);
+        }
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

@@ -47,6 +47,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         peers: 1,
         first_peer: 0,
         max_sessions: None,
+        max_peer_buffered: None,
     }
 }
 
