@@ -44,7 +44,7 @@ impl Chunk {
 /// fresh allocation, freed by whichever thread handles the acknowledgement: glibc's slow path,
 /// about 10% of the CPU with 10,000 streams of 4 KiB writes. Bounded by the caller's `limit`
 /// at each `give` (the session keeps spares within what it has in flight, and trims them when
-/// it has nothing in flight).
+/// an acknowledgement leaves nothing in flight).
 #[derive(Default)]
 pub struct SpareChunks {
     /// By size class: `free[i]` holds capacities in `[FIRST_CHUNK << i, FIRST_CHUNK << (i + 1))`,
@@ -70,10 +70,11 @@ fn pop_if_fits(class: &mut Vec<BytesMut>, min: usize) -> Option<BytesMut> {
 
 impl SpareChunks {
     /// An empty chunk for a write of `min` bytes that would like room for `want` (`min` or
-    /// more: room for later small writes to join it). A spare from one of the two classes that
-    /// hold only capacities of `want` to four times that, else one of `want`'s own class that
-    /// is large enough, else one of at least `min` from the class below (half the room: a
-    /// smaller frame, no allocation), else a new allocation of `want`.
+    /// more: room for later small writes to join it). A spare from one of the two classes above
+    /// `want` (every capacity there is at least `want` and below eight times it, four for a
+    /// power of two), else one of `want`'s own class that is large enough, else one of at
+    /// least `min` from the class below (less room: a smaller frame, no allocation), else a new
+    /// allocation of `want`.
     fn take(&mut self, min: usize, want: usize) -> BytesMut {
         if (FIRST_CHUNK..=COALESCE_CHUNK).contains(&want) {
             let own = size_class(want);
