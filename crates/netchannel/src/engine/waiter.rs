@@ -395,6 +395,19 @@ pub(crate) fn send_now(
     })
 }
 
+/// A control frame of `session` that may wait (a CREDIT the peer does not wait for): it leaves
+/// with this thread's next frames out on the session, at the latest when the thread waits, and
+/// the worker writes it after a tick if neither comes.
+pub(crate) fn defer_control(session: &Arc<SessionRt>) {
+    let _exiting = THREAD.try_with(|t| {
+        let mut t = t.borrow_mut();
+        if !t.dirty.iter().any(|s| Arc::ptr_eq(s, session)) {
+            t.dirty.push(session.clone());
+        }
+    });
+    session.defer_flush();
+}
+
 /// Writes now the sends this thread deferred, without waiting (`VSocket`'s `Write::flush`):
 /// for a loop that sleeps somewhere the engine does not see, such as its own epoll set.
 pub(crate) fn flush_deferred() {

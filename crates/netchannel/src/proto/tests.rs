@@ -422,6 +422,57 @@ fn small_writes_coalesce_and_arrive_intact() {
     assert!(frames < (4 << 20) / 64 / 8, "64 B writes left in {frames} frames");
 }
 
+/// Steps the pair until side 1 has read `len` bytes of stream `b` (in one or more reads).
+fn read_exactly(p: &mut Pair, b: StreamId, len: usize) {
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    for _ in 0..1000 {
+        if let Recv::Data(n) = p.recv(1, b, &mut buf[got..]) {
+            got += n as usize;
+            if got == len {
+                return;
+            }
+            continue;
+        }
+        p.step();
+    }
+    panic!("{got} of {len} bytes arrived");
+}
+
+#[test]
+fn a_credit_may_wait_only_while_the_sender_has_credit_left() {
+    // No budget beyond the 16 KiB floor: a CREDIT is due after every 8 KiB read.
+    let cfg = CoreConfig { rx_budget: 0, min_window: 16 * 1024, ..config() };
+    let mut p = Pair::new(21, &[Class::Throughput], cfg);
+    let msg = [3u8; 4096];
+
+    // Request-sized messages, each read before the next is sent: the sender never used more
+    // than half of its credit, so the CREDIT may ride with the next frames out.
+    let (a, b) = p.open(80, Class::Throughput);
+    for _ in 0..2 {
+        assert_eq!(p.sides[0].handle(a).send(&msg), Ok(4096));
+        read_exactly(&mut p, b, 4096);
+    }
+    assert!(p.sides[1].handle(b).owes_control(), "8 KiB read: a CREDIT is due");
+    assert!(p.sides[1].handle(b).control_can_wait(), "the sender still has 8 KiB of credit");
+
+    // A sender that used its whole window: the CREDIT it waits for may not wait.
+    let (a, b) = p.open(81, Class::Throughput);
+    assert_eq!(p.sides[0].handle(a).send(&msg), Ok(4096));
+    read_exactly(&mut p, b, 4096);
+    assert!(!p.sides[1].handle(b).owes_control());
+    let rest = [4u8; 12 * 1024];
+    assert_eq!(p.sides[0].handle(a).send(&rest), Ok(12 * 1024), "the window's last 12 KiB");
+    assert_eq!(p.sides[0].handle(a).send(&msg), Err(SendError::NoCredit));
+    for _ in 0..50 {
+        p.step(); // all of it arrives; nothing is owed yet, so no CREDIT leaves meanwhile
+    }
+    assert_eq!(p.sides[1].stream(b).map(|s| s.rx.high()), Some(16 * 1024));
+    read_exactly(&mut p, b, 4096);
+    assert!(p.sides[1].handle(b).owes_control());
+    assert!(!p.sides[1].handle(b).control_can_wait(), "the sender is out of credit");
+}
+
 #[test]
 fn many_streams_share_channels_fairly_and_intact() {
     let mut p = Pair::new(11, &[Class::Throughput; 3], config());

@@ -511,12 +511,13 @@ impl VSocket {
             return Ok(Some(0));
         }
         let mut slices = RECV_SLICES.try_with(Cell::take).unwrap_or_default();
-        let (r, owes, class) = {
+        let (r, owes, can_wait, class) = {
             let mut core = self.session.core();
             let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
             let owes = core.handle(self.id).owes_control();
+            let can_wait = owes && core.handle(self.id).control_can_wait();
             let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
-            (r, owes, class)
+            (r, owes, can_wait, class)
         };
         let n = match r {
             Recv::Data(n) => {
@@ -541,7 +542,10 @@ impl VSocket {
             Recv::Reset(cause) => return Err(reset_error(cause)),
             Recv::Closed => return Err(closed()),
         };
-        if owes {
+        if can_wait {
+            // A CREDIT the sender does not wait for: it rides with the next frames out.
+            waiter::defer_control(&self.session);
+        } else if owes {
             // A CREDIT is due: the sender may be waiting for it.
             self.session.transmit(class);
         }

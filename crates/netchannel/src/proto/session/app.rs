@@ -419,4 +419,9 @@ impl<U: Default> StreamHandle<'_, U> {
     pub fn owes_control(&self) -> bool {
         self.session.owes_control(self.id)
     }
+
+    /// What the stream owes may wait for the next frames out (see `Session::control_can_wait`).
+    pub fn control_can_wait(&self) -> bool {
+        self.session.control_can_wait(self.id)
+    }
 }

@@ -287,6 +287,17 @@ impl<U: Default> Session<U> {
         self.streams.get(id).is_some_and(|s| s.owe != 0)
     }
 
+    /// Whether what stream `id` owes may wait for the next frames out (an answer the
+    /// application is about to send, or the worker's tick): it owes only a CREDIT, and the peer
+    /// still has half a minimum window of credit it has not used, so no sender waits for it.
+    /// As TCP delays a window update it can carry on data, this saves a packet (and a wake-up
+    /// of the peer's reader) per CREDIT of a stream whose reads answer requests.
+    pub(super) fn control_can_wait(&self, id: StreamId) -> bool {
+        let Some(s) = self.streams.get(id) else { return false };
+        let min = s.window.min(self.cfg.min_window) as u64;
+        s.owe == OWE_CREDIT && s.granted.saturating_sub(s.rx.high()) >= min / 2
+    }
+
     /// RSTs and control frames queued and not yet pulled (a peer that does not read them
     /// should be slowed: stop reading its frames).
     pub fn control_backlog(&self) -> usize {
