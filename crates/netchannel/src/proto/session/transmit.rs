@@ -289,13 +289,17 @@ impl<U: Default> Session<U> {
 
     /// Whether what stream `id` owes may wait for the next frames out (an answer the
     /// application is about to send, or the worker's tick): it owes only a CREDIT, and the peer
-    /// still has half a minimum window of credit it has not used, so no sender waits for it.
-    /// As TCP delays a window update it can carry on data, this saves a packet (and a wake-up
-    /// of the peer's reader) per CREDIT of a stream whose reads answer requests.
+    /// has not used half of the credit it holds beyond what was read (half a minimum window at
+    /// least), so no sender waits for it soon. As TCP delays a window update it can carry on
+    /// data, this saves a packet (and a wake-up of the peer's reader) per CREDIT of a stream
+    /// whose reads answer requests; a bulk sender, which keeps its credit nearly used up, is
+    /// answered at once (a tick is a long time at tens of Gbit/s).
     pub(super) fn control_can_wait(&self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return false };
         let min = s.window.min(self.cfg.min_window) as u64;
-        s.owe == OWE_CREDIT && s.granted.saturating_sub(s.rx.high()) >= min / 2
+        let ahead = s.granted.saturating_sub(s.rx.consumed());
+        let unused = s.granted.saturating_sub(s.rx.high());
+        s.owe == OWE_CREDIT && unused >= (min / 2).max(ahead / 2)
     }
 
     /// RSTs and control frames queued and not yet pulled (a peer that does not read them
