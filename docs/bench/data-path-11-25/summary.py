@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The rows of run.sh: per stack the median and range of the 3 repetitions, and the ratio."""
+"""The rows of run.sh (or of the directory given): per stack the median and range of the 3
+repetitions, and the ratio."""
 import json, statistics, sys, os
-here = os.path.dirname(os.path.abspath(__file__))
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 rows = [("rr-4k", ["latency_us.p50", "latency_us.p99"]), ("rr-4k-1000", ["rps"]),
         ("flows-10k-4k", ["gbps_per_core", "goodput_gbps"]), ("incast-64", ["goodput_gbps", "gbps_per_core"]),
         ("all-to-all-64", ["goodput_gbps", "gbps_per_core"]),
