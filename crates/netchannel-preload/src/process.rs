@@ -259,6 +259,16 @@ pub(crate) fn server_engine() -> Option<&'static Engine> {
                     Engine::new(c)
                 };
                 let e = new(v6).or_else(|_| new(v4));
+                if e.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::AddrInUse) {
+                    // One process per host owns the channel port: say so once, rather than
+                    // leave the user to find "listeners without engine" in the stats.
+                    eprintln!(
+                        "netchannel: pid {}: channel port {port} is taken (another program under \
+                         netchannel run on this host owns it): this program's listeners stay on \
+                         kernel TCP",
+                        pid()
+                    );
+                }
                 crate::relay::loops();
                 e
             })

@@ -197,6 +197,36 @@ fn fallback(hosts: Hosts) {
     assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
     server.stop();
     assert_eq!(stat(&p.server.stats, "virtual sockets"), 0, "{}", stats_text(&p.server.stats));
+
+    // A second wrapped server on a host whose channel port another one owns: its listener
+    // stays on kernel TCP, works, and the program is told so on stderr.
+    let p = Pair::new(p.tb, &format!("fallback3-{hosts:?}"), false, true);
+    let owner = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
+    p.server.wait_listening(port.parse().unwrap());
+    let port2 = ports(1).to_string();
+    let second = {
+        let (server, h, port2) = (p.server.clone(), h.clone(), port2.clone());
+        std::thread::spawn(move || {
+            server.output("iperf3", &["-s", "-p", &port2, "-B", &h, "-1"], T)
+        })
+    };
+    // Not `wait_listening`: its probe would be the one test `-1` serves. Connects are refused
+    // until the second server listens, which leaves its one test for the client.
+    let mut out = String::new();
+    for _ in 0..100 {
+        let got = p.client.output("iperf3", &["-c", &h, "-p", &port2, "-t", "1", "--json"], T);
+        out = String::from_utf8_lossy(&got.stdout).into_owned();
+        // iperf3 --json exits 0 on a refused connect too; the JSON says so.
+        if got.status.success() && !out.contains("\"error\"") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
+    let second = second.join().unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(said.contains("channel port") && said.contains("stay on kernel TCP"), "{said}");
+    drop(owner);
 }
 
 /// `netchannel run --psk-file`: a server whose engine requires the key carries the clients
