@@ -341,6 +341,15 @@ struct ThreadTx {
     several_streams: bool,
 }
 
+impl ThreadTx {
+    /// `session` holds frames this thread left for its next flush.
+    fn mark_dirty(&mut self, session: &Arc<SessionRt>) {
+        if !self.dirty.iter().any(|s| Arc::ptr_eq(s, session)) {
+            self.dirty.push(session.clone());
+        }
+    }
+}
+
 /// Sends closer together than this, with no wait in between, are a burst: they coalesce.
 const BURST_GAP: Duration = Duration::from_micros(20);
 /// A thread that deferred this many bytes writes them now: large batches, bounded delay.
@@ -375,9 +384,7 @@ pub(crate) fn send_now(
             return true;
         }
         t.deferred += bytes;
-        if !t.dirty.iter().any(|s| Arc::ptr_eq(s, session)) {
-            t.dirty.push(session.clone());
-        }
+        t.mark_dirty(session);
         match t.first_stream {
             None => t.first_stream = Some(stream),
             Some(first) if first != stream && observed => t.several_streams = true,
@@ -399,12 +406,7 @@ pub(crate) fn send_now(
 /// with this thread's next frames out on the session, at the latest when the thread waits, and
 /// the worker writes it after a tick if neither comes.
 pub(crate) fn defer_control(session: &Arc<SessionRt>) {
-    let _exiting = THREAD.try_with(|t| {
-        let mut t = t.borrow_mut();
-        if !t.dirty.iter().any(|s| Arc::ptr_eq(s, session)) {
-            t.dirty.push(session.clone());
-        }
-    });
+    let _exiting = THREAD.try_with(|t| t.borrow_mut().mark_dirty(session));
     session.defer_flush();
 }
 

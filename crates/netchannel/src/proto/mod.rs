@@ -24,6 +24,14 @@ pub mod table;
 #[cfg(test)]
 mod tests;
 
+/// Points `buf` (emptied, or cut from a larger buffer) back at the whole of its allocation when
+/// no other handle shares it: asking for one byte more than the room it sees makes `bytes`
+/// reclaim the allocation from its start, with nothing to copy or allocate. False (and `buf`
+/// unchanged) while another handle still shares the allocation.
+pub(crate) fn reclaim_whole(buf: &mut bytes::BytesMut) -> bool {
+    buf.try_reclaim(buf.capacity() - buf.len() + 1)
+}
+
 pub use ids::{ChannelId, StreamId};
 pub use session::{CoreConfig, OpenError, OutFrame, Recv, Session, EV_READ, EV_WRITE};
 pub use stream::{Phase, ResetCause, SendError, Stream};

@@ -97,9 +97,8 @@ impl SpareChunks {
         // Pooled, static or still shared buffers are not ours to keep: dropped as before.
         let Ok(mut b) = frame.try_into_mut() else { return };
         b.clear();
-        // A frame cut from the middle of its chunk sees only the tail of the buffer; asking for
-        // one byte more than that takes the whole buffer back (no allocation, nothing copied).
-        let _whole = b.try_reclaim(b.capacity() + 1);
+        // A frame cut from the middle of its chunk sees only the tail of the buffer.
+        let _whole = super::reclaim_whole(&mut b);
         let cap = b.capacity();
         if (FIRST_CHUNK..=COALESCE_CHUNK).contains(&cap) && self.bytes + cap <= limit {
             self.bytes += cap;

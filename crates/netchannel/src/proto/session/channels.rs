@@ -13,6 +13,9 @@ use crate::wire::RstReason;
 /// survives between messages; an idle session holds no more).
 const SPARE_FLOOR: usize = 8 * 1024;
 
+/// Capacity of `on_ack`'s stream list a session keeps between acknowledgements.
+const ACKED_STREAMS_KEPT: usize = 1024;
+
 /// A frame pulled onto a channel, kept until the peer acknowledges the position it ends at.
 pub(super) enum Retained {
     Data { stream: StreamId, offset: u64, bytes: Bytes },
@@ -272,7 +275,11 @@ impl<U: Default> Session<U> {
             }
         }
         done.clear();
-        self.acked_streams = done;
+        // One acknowledgement can cover many frames (up to `max_retained_frames`): a list a
+        // burst made long is let go rather than kept by every session.
+        if done.capacity() <= ACKED_STREAMS_KEPT {
+            self.acked_streams = done;
+        }
         Ok(())
     }
 
