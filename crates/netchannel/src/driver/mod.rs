@@ -16,7 +16,7 @@ pub mod tcp;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
@@ -196,6 +196,9 @@ pub struct Channel {
     pub tx_blocked: AtomicBool,
     /// On its worker's list of channels with lazy duties (`Worker::demand_tick`): listed once.
     pub tick_listed: AtomicBool,
+    /// Application threads' epoll sets it is registered in (`engine/waiter.rs`): while none,
+    /// only its worker is woken for it, which must then not sleep through its events.
+    pub app_watchers: AtomicU32,
     /// The peer shut down or the connection failed: the receive half reads until the end (a
     /// short read no longer means nothing more will come: end of stream may follow the data
     /// in the same edge).
@@ -231,6 +234,7 @@ impl Channel {
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),
             tick_listed: AtomicBool::new(false),
+            app_watchers: AtomicU32::new(0),
             hung_up: AtomicBool::new(false),
             open: AtomicBool::new(true),
             _hold: hold,

@@ -320,7 +320,8 @@ impl PollerShared {
                     .filter_map(|(s, c)| s.upgrade().map(|s| (s, *c)))
                     .collect();
                 for (s, c) in &sessions {
-                    let served = w.watch(s, *c);
+                    // The thread registers its streams' channels as it uses them.
+                    let served = w.watch(s, *c, waiter::Watch::Learned);
                     s.add_app_watcher(served, &self.stamp);
                 }
                 *self.looked.lock() = Some(me);

@@ -425,6 +425,11 @@ impl SessionRt {
             let control_due = core.has_transmit(index) || core.ack_due(None);
             // Channels the peer's acknowledgements let take frames again.
             let freed = core.take_tx_ready();
+            // Frames queued for channels of their streams' own (a CREDIT let a sender go on).
+            let mut kicked = core.take_kicked();
+            if control_due {
+                kicked &= !(1 << (index.index & 63));
+            }
             if core.owes_ack() {
                 // Carried by the next frames out; if none go, the worker's tick sends it.
                 self.ctx.workers[ch.worker].demand_tick(ch);
@@ -442,6 +447,7 @@ impl SessionRt {
                     self.transmit_channel(&other);
                 }
             }
+            self.kick(kicked);
             if st.reader.want() == 0 || st.reader.is_deferred() {
                 return Ok(());
             }
@@ -515,8 +521,9 @@ impl SessionRt {
             return false;
         }
         let mut more;
+        let mut kicked = 0;
         loop {
-            match self.tx_run(ch, force_ack) {
+            match self.tx_run(ch, force_ack, &mut kicked) {
                 Ok(m) => more = m,
                 Err(e) => {
                     self.channel_failed(ch, ChannelError::Io(e));
@@ -528,14 +535,34 @@ impl SessionRt {
                 break;
             }
         }
+        self.kick(kicked & !(1 << (ch.meta.index.index & 63)));
         more
+    }
+
+    /// Makes the channels named (bits by index, `Session::take_kicked`) write what only they
+    /// may carry.
+    fn kick(self: &Arc<Self>, mut kicked: u64) {
+        while kicked != 0 {
+            let index = kicked.trailing_zeros() as u16;
+            kicked &= kicked - 1;
+            // Looked up one at a time: no list to allocate, and no lock held while writing.
+            let ch = self.channels.read().iter().find(|c| c.meta.index.index == index).cloned();
+            if let Some(ch) = ch {
+                self.transmit_channel(&ch);
+            }
+        }
     }
 
     /// Pulls and writes until the core has nothing for the channel, the socket is full, or the
     /// batch budget is spent. Frames already pulled are always written before the run ends
     /// unless the socket is full (then EPOLLOUT resumes them): pulled frames never wait for a
     /// trigger that might not come. Returns whether the core still has bytes for the channel.
-    fn tx_run(self: &Arc<Self>, ch: &Arc<Channel>, force_ack: bool) -> io::Result<bool> {
+    fn tx_run(
+        self: &Arc<Self>,
+        ch: &Arc<Channel>,
+        force_ack: bool,
+        kicked: &mut u64,
+    ) -> io::Result<bool> {
         let mut st = ch.tx.lock();
         let budget = self.ctx.config.tx_batch_bytes;
         let mut written = 0;
@@ -553,6 +580,7 @@ impl SessionRt {
                     force_ack,
                     &mut tx.pulled,
                 );
+                *kicked |= core.take_kicked();
                 drop(core);
                 if n == 0 {
                     return Ok(false);
@@ -579,6 +607,14 @@ impl SessionRt {
     /// Writes the class's queued frames now, on the channels that carry it and have room,
     /// starting with the next one in turn (so one stream's chunks spread over channels).
     pub fn transmit(self: &Arc<Self>, class: Class) {
+        let (shared, own) = self.core().transmit_work(class);
+        if !shared {
+            // Only frames of streams homed on their channels: write on those.
+            if own != 0 {
+                self.kick(own);
+            }
+            return;
+        }
         let channels = self.serving_channels(class);
         if channels.is_empty() {
             return;

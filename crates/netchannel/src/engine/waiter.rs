@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 
 use super::session::SessionRt;
 use crate::driver::Channel;
+use crate::proto::ChannelId;
 use crate::sys::{Epoll, EventFd, SignalPolicy, EDGE, EXCLUSIVE, READABLE, WRITABLE};
 use crate::wire::Class;
 
@@ -217,15 +218,17 @@ impl Waiter {
     }
 
     /// Makes sure this thread's epoll set holds the open channels of `session` that carry
-    /// `class`, ahead of the workers' registrations.
-    /// Returns the class whose channels serve `class`.
-    pub fn watch(&self, session: &Arc<SessionRt>, class: Class) -> Class {
+    /// `class`, ahead of the workers' registrations, or only those `Watch::Channels` names,
+    /// or none beyond those it holds (`Watch::Learned`: an event loop's
+    /// wait, whose thread registers the channels of the streams it uses as it uses them,
+    /// `learn`). Returns the class whose channels serve `class`.
+    pub fn watch(&self, session: &Arc<SessionRt>, class: Class, which: Watch) -> Class {
         let key = (Arc::as_ptr(session) as usize, class.index());
         let generation = session.channels_generation();
         let mut w = self.watched.lock();
         w.since_sweep += 1;
         if let Some(&(_, seen, served)) = w.seen.get(&key) {
-            if seen == generation {
+            if seen == generation || which == Watch::Learned {
                 // Registered already, and the session's channels are the same.
                 session.note_app_wait(served);
                 w.sweep_now();
@@ -236,28 +239,23 @@ impl Waiter {
         // The channels of the other class serve `class` when it has none of its own.
         let served = channels.first().map_or(class, |c| c.meta.class);
         session.note_app_wait(served);
-        let mut complete = true;
-        for ch in channels {
-            if w.by_uid.contains_key(&ch.uid) {
-                continue;
-            }
-            let token = match w.free.pop() {
-                Some(t) => t,
-                None => {
-                    w.slots.push(None);
-                    w.slots.len() as u64
+        if let Watch::Channels(ids) = which {
+            if ids.iter().any(Option::is_some) {
+                for ch in channels.iter().filter(|c| ids.contains(&Some(c.meta.index))) {
+                    self.register(&mut w, session, ch);
                 }
-            };
-            let flags = READABLE | WRITABLE | EDGE | EXCLUSIVE;
-            if self.epoll.add(ch.fd(), flags, token).is_err() {
-                w.free.push(token);
-                complete = false; // tried again on the next call
-                continue;
+                w.sweep_now();
+                return served;
             }
-            w.slots[token as usize - 1] = Some((Arc::downgrade(&ch), Arc::downgrade(session)));
-            w.by_uid.insert(ch.uid, token);
-            // Behind us in the socket's wait queue from now on.
-            session.ctx.workers[ch.worker].reregister(&ch);
+        }
+        if which == Watch::Learned {
+            w.seen.insert(key, (Arc::downgrade(session), 0, served));
+            w.sweep_now();
+            return served;
+        }
+        let mut complete = true;
+        for ch in &channels {
+            complete &= self.register(&mut w, session, ch);
         }
         if complete {
             w.seen.insert(key, (Arc::downgrade(session), generation, served));
@@ -266,6 +264,107 @@ impl Waiter {
         }
         w.sweep_now();
         served
+    }
+
+    /// Puts `ch` in this thread's epoll set (once), ahead of its worker's registration; false
+    /// when the kernel refused (tried again on a later call).
+    fn register(&self, w: &mut Watched, session: &Arc<SessionRt>, ch: &Arc<Channel>) -> bool {
+        if w.by_uid.contains_key(&ch.uid) {
+            return true;
+        }
+        let token = match w.free.pop() {
+            Some(t) => t,
+            None => {
+                w.slots.push(None);
+                w.slots.len() as u64
+            }
+        };
+        let flags = READABLE | WRITABLE | EDGE | EXCLUSIVE;
+        if self.epoll.add(ch.fd(), flags, token).is_err() {
+            w.free.push(token);
+            return false;
+        }
+        w.slots[token as usize - 1] = Some((Arc::downgrade(ch), Arc::downgrade(session)));
+        w.by_uid.insert(ch.uid, token);
+        ch.app_watchers.fetch_add(1, Ordering::AcqRel);
+        // Behind us in the socket's wait queue from now on.
+        session.ctx.workers[ch.worker].reregister(ch);
+        true
+    }
+
+    /// This thread used a stream whose frames come on `channels` of `session`: they join its
+    /// epoll set, so that the kernel wakes this thread for them (see `Session::home`).
+    pub fn learn(&self, session: &Arc<SessionRt>, channels: [Option<ChannelId>; 2]) {
+        let known = LEARNED.with(|l| l.borrow().knows(session, channels));
+        if known {
+            return;
+        }
+        let mut w = self.watched.lock();
+        for id in channels.into_iter().flatten() {
+            if let Some(ch) = session.channel(id) {
+                self.register(&mut w, session, &ch);
+            }
+        }
+        drop(w);
+        LEARNED.with(|l| l.borrow_mut().note(session, channels));
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        // The thread is gone: its registrations no longer serve the channels.
+        for (ch, _) in self.watched.get_mut().slots.iter().flatten() {
+            if let Some(ch) = ch.upgrade() {
+                ch.app_watchers.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Which channels of a session a waiting thread registers (`Waiter::watch`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// These (a blocking call's stream's `Session::wait_channels`); every one when none is
+    /// known.
+    Channels([Option<ChannelId>; 2]),
+    /// Those the thread registered already (an event loop learns its channels as it uses its
+    /// streams).
+    Learned,
+}
+
+/// Per thread: the channels of recently used sessions this thread registered (by session
+/// address and channel set), so that `Waiter::learn` costs a look-up per call.
+#[derive(Default)]
+struct Learned {
+    entries: Vec<(usize, u64, u64)>,
+}
+
+/// Sessions a thread remembers its channels of (a thread of an event loop over more peers
+/// takes the waiter's lock for those it forgot).
+const LEARNED_SESSIONS: usize = 8;
+
+impl Learned {
+    fn bits(channels: [Option<ChannelId>; 2]) -> u64 {
+        channels.into_iter().flatten().fold(0, |m, c| m | 1u64 << (c.index & 63))
+    }
+
+    fn knows(&self, session: &Arc<SessionRt>, channels: [Option<ChannelId>; 2]) -> bool {
+        let (key, generation) = (Arc::as_ptr(session) as usize, session.channels_generation());
+        let want = Self::bits(channels);
+        self.entries.iter().any(|&(k, g, m)| k == key && g == generation && m & want == want)
+    }
+
+    fn note(&mut self, session: &Arc<SessionRt>, channels: [Option<ChannelId>; 2]) {
+        let (key, generation) = (Arc::as_ptr(session) as usize, session.channels_generation());
+        let bits = Self::bits(channels);
+        if let Some(i) = self.entries.iter().position(|&(k, _, _)| k == key) {
+            let (_, g, m) = self.entries.remove(i);
+            let m = if g == generation { m | bits } else { bits };
+            self.entries.insert(0, (key, generation, m));
+            return;
+        }
+        self.entries.truncate(LEARNED_SESSIONS - 1);
+        self.entries.insert(0, (key, generation, bits));
     }
 }
 
@@ -299,6 +398,25 @@ thread_local! {
     static THREAD: RefCell<ThreadTx> = RefCell::new(ThreadTx::default());
     /// The poller this thread is serving channels for, while it does (its address).
     static POLLING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static LEARNED: RefCell<Learned> = RefCell::new(Learned::default());
+    /// The thread's number (`thread_number`), once it has one.
+    static NUMBER: std::cell::Cell<Option<u16>> = const { std::cell::Cell::new(None) };
+}
+
+/// A number of the calling thread, given in order of first use (wrapping): the thread's
+/// channel among a session's (`Session::set_thread`).
+pub(crate) fn thread_number() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    NUMBER
+        .try_with(|n| match n.get() {
+            Some(v) => v,
+            None => {
+                let v = NEXT.fetch_add(1, Ordering::Relaxed);
+                n.set(Some(v));
+                v
+            }
+        })
+        .unwrap_or(0)
 }
 
 /// The poller the calling thread is handling channel events for (0: none).

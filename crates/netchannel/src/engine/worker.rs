@@ -275,6 +275,7 @@ impl Worker {
             let served_by_apps = !channels.is_empty()
                 && channels.values().all(|(ch, s)| {
                     s.app_waited_after(ch.meta.class, tick_ago)
+                        && ch.app_watchers.load(Ordering::Acquire) > 0
                         && !ch.tx_blocked.load(Ordering::Acquire)
                 });
             if served_by_apps {

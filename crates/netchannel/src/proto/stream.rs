@@ -101,6 +101,7 @@ pub(crate) const F_PINNED: u16 = 64; // listed in the current compaction window 
 pub(crate) const F_WRITE_LOST: u16 = 128; // every channel is gone; only reading goes on
 pub(crate) const F_STARVED: u16 = 256; // wants more credit than the receive budget has room for
 pub(crate) const F_READ_SHUT: u16 = 512; // the application shut the read half down (SHUT_RD)
+pub(crate) const F_LOCAL: u16 = 1024; // opened here: this side picks its home channel
 
 pub struct Stream<U> {
     /// What the runtime keeps with the stream (wakers, poller registration).
@@ -127,6 +128,15 @@ pub struct Stream<U> {
     pub frames_sent: u32,
     pub frames_received: u32,
     pub protocol_errors: u16,
+    /// For a stream opened here, the channel (index + 1; 0: none) its frames keep to while it
+    /// sends little, as last picked (see `Session::home`).
+    pub(crate) home: u8,
+    /// The channel the peer's last DATA (or its SYN) came on (index + 1; 0: none): the home of
+    /// a stream the peer opened.
+    pub(crate) rx_channel: u8,
+    /// For a stream opened here: the application thread that last used it (its number + 1,
+    /// 0: none), which picks the home among the class's channels.
+    pub(crate) thread: u16,
 
     // send half
     pub(crate) send_next: u64,
@@ -169,6 +179,9 @@ impl<U> Stream<U> {
             frames_sent: 0,
             frames_received: 0,
             protocol_errors: 0,
+            home: 0,
+            rx_channel: 0,
+            thread: 0,
             send_next: 0,
             send_limit: 0,
             peer_consumed: 0,

@@ -9,6 +9,11 @@
 //! - `Sticky`: a stream id hashes to one channel (its *home*), so its bytes never need
 //!   reordering.
 //!
+//! Under `RoundRobin` a stream that sends little at a time (messages, not a backlog) keeps to
+//! a home channel of its own too, when the session gives it one (`push`'s `home`): the
+//! channel its application thread serves, so that the answer comes back where that thread
+//! waits and wakes it, not a thread that then hands the answer over (`Session::home`).
+//!
 //! A channel whose kernel socket is full simply does not pull (backpressure); the class's unsent
 //! bytes are bounded by `channel_queue_threshold` per channel, and senders wait beyond that.
 
@@ -74,14 +79,20 @@ impl<S: Copy + Into<u64>, C: Copy + Into<usize>> ActiveQueues<S, C> {
         }
     }
 
-    /// A stream of `class` got unsent bytes; `serving` are the channels that carry its class.
-    pub fn push(&mut self, id: S, class: Class, serving: &[C]) {
-        if self.policy == Policy::Sticky && !serving.is_empty() {
-            let ch = serving[home_channel(id.into(), serving.len())];
-            self.by_channel[ch.into()].push_back(id);
+    /// A stream of `class` got unsent bytes; `serving` are the channels that carry its class,
+    /// `home` the one it keeps to for now, if any (round-robin only). Returns the one channel
+    /// that may carry it, if only one may (the runtime must make that channel write).
+    pub fn push(&mut self, id: S, class: Class, serving: &[C], home: Option<C>) -> Option<C> {
+        let ch = if self.policy == Policy::Sticky && !serving.is_empty() {
+            serving[home_channel(id.into(), serving.len())]
+        } else if let Some(ch) = home {
+            ch
         } else {
             self.by_class[class.index()].push_back(id);
-        }
+            return None;
+        };
+        self.by_channel[ch.into()].push_back(id);
+        Some(ch)
     }
 
     /// The next stream channel `ch` should carry a chunk of, among the classes it serves.
@@ -92,17 +103,34 @@ impl<S: Copy + Into<u64>, C: Copy + Into<usize>> ActiveQueues<S, C> {
         served.iter().find_map(|k| self.by_class[k.index()].pop_front())
     }
 
-    /// A stream that got a chunk on `ch` and has more: to the back of its queue.
-    pub fn requeue(&mut self, id: S, ch: C, class: Class) {
-        match self.policy {
-            Policy::Sticky => self.by_channel[ch.into()].push_back(id),
-            Policy::RoundRobin => self.by_class[class.index()].push_back(id),
-        }
+    /// A stream that got a chunk on `ch` and has more: to the back of its queue (`home`: as
+    /// in `push`).
+    pub fn requeue(&mut self, id: S, ch: C, class: Class, home: Option<C>) -> Option<C> {
+        let ch = match (self.policy, home) {
+            (Policy::Sticky, _) => ch,
+            (Policy::RoundRobin, Some(h)) => h,
+            (Policy::RoundRobin, None) => {
+                self.by_class[class.index()].push_back(id);
+                return None;
+            }
+        };
+        self.by_channel[ch.into()].push_back(id);
+        Some(ch)
     }
 
     /// Channel `ch` is gone: the streams homed on it, to be pushed again.
     pub fn take_channel(&mut self, ch: C) -> Vec<S> {
         self.by_channel[ch.into()].drain(..).collect()
+    }
+
+    /// Whether streams wait that only channel `ch` may carry.
+    pub fn has_own_work(&self, ch: C) -> bool {
+        !self.by_channel[ch.into()].is_empty()
+    }
+
+    /// Whether streams of `class` wait that any of its channels may carry.
+    pub fn has_shared_work(&self, class: Class) -> bool {
+        !self.by_class[class.index()].is_empty()
     }
 
     pub fn has_work(&self, ch: C, served: &[Class]) -> bool {
@@ -118,11 +146,11 @@ mod tests {
     #[test]
     fn round_robin_shares_one_queue_per_class() {
         let mut q = ActiveQueues::<u64, usize>::new(Policy::RoundRobin, 4);
-        q.push(1, Class::Throughput, &[0usize, 1]);
-        q.push(2, Class::Throughput, &[0, 1]);
-        q.push(3, Class::Latency, &[2]);
+        q.push(1, Class::Throughput, &[0usize, 1], None);
+        q.push(2, Class::Throughput, &[0, 1], None);
+        q.push(3, Class::Latency, &[2], None);
         assert_eq!(q.pop(1, &[Class::Throughput]), Some(1));
-        q.requeue(1, 1, Class::Throughput);
+        q.requeue(1, 1, Class::Throughput, None);
         assert_eq!(q.pop(0, &[Class::Throughput]), Some(2));
         assert_eq!(q.pop(0, &[Class::Throughput]), Some(1), "back of the queue, any channel");
         assert_eq!(q.pop(0, &[Class::Throughput]), None, "never another class's streams");
@@ -132,14 +160,29 @@ mod tests {
     #[test]
     fn sticky_keeps_a_stream_on_its_home_channel() {
         let mut q = ActiveQueues::<u64, usize>::new(Policy::Sticky, 4);
-        q.push(42, Class::Throughput, &[0usize, 1, 3]);
+        q.push(42, Class::Throughput, &[0usize, 1, 3], None);
         let home = [0usize, 1, 3][home_channel(42, 3)];
         for ch in [0usize, 1, 3].into_iter().filter(|&c| c != home) {
             assert_eq!(q.pop(ch, &[Class::Throughput]), None);
         }
         assert_eq!(q.pop(home, &[Class::Throughput]), Some(42));
-        q.requeue(42, home, Class::Throughput);
+        q.requeue(42, home, Class::Throughput, None);
         assert_eq!(q.take_channel(home), vec![42]);
+    }
+
+    #[test]
+    fn round_robin_keeps_a_homed_stream_to_its_home() {
+        let mut q = ActiveQueues::<u64, usize>::new(Policy::RoundRobin, 4);
+        q.push(7, Class::Throughput, &[0usize, 1, 2], Some(2));
+        q.push(8, Class::Throughput, &[0usize, 1, 2], None);
+        assert_eq!(q.pop(0, &[Class::Throughput]), Some(8), "only unhomed streams elsewhere");
+        assert_eq!(q.pop(0, &[Class::Throughput]), None);
+        assert_eq!(q.pop(2, &[Class::Throughput]), Some(7));
+        q.requeue(7, 2, Class::Throughput, Some(1));
+        assert!(!q.has_work(2, &[Class::Throughput]));
+        assert_eq!(q.pop(1, &[Class::Throughput]), Some(7), "a new home takes it");
+        q.requeue(7, 1, Class::Throughput, None);
+        assert_eq!(q.pop(0, &[Class::Throughput]), Some(7), "a backlog goes to any channel");
     }
 
     #[test]

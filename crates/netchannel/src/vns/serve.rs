@@ -16,7 +16,7 @@ use std::time::Instant;
 use super::socket::VSocket;
 use crate::engine::readiness::SERVING_OBSERVED;
 use crate::engine::session::SessionRt;
-use crate::engine::waiter::{self, Waiter};
+use crate::engine::waiter::{self, Waiter, Watch};
 use crate::sys::SignalPolicy;
 use crate::wire::Class;
 
@@ -84,8 +84,9 @@ impl ServeSet {
         waiter::before_wait(true);
         for (s, _) in &self.sessions {
             if let Some(s) = s.upgrade() {
-                w.watch(&s, Class::Throughput);
-                w.watch(&s, Class::Latency);
+                // The thread registers its streams' channels as it uses them (`Waiter::learn`).
+                w.watch(&s, Class::Throughput, Watch::Learned);
+                w.watch(&s, Class::Latency, Watch::Learned);
             }
         }
     }

@@ -26,7 +26,7 @@ use super::poller::Poller;
 use crate::engine::listener::ListenerShared;
 use crate::engine::readiness::{PollEntry, ReadinessObserver, StreamUser};
 use crate::engine::session::{Core, SessionRt};
-use crate::engine::waiter;
+use crate::engine::waiter::{self, Watch};
 use crate::engine::{EngineCtx, SocketStats};
 use crate::proto::{
     ChannelId, OpenError, Phase, Recv, ResetCause, SendError, StreamId, EV_READ, EV_WRITE,
@@ -195,17 +195,20 @@ impl VSocket {
         let now = Instant::now();
         let id = {
             let mut core = session.core();
-            core.open(port, class, StreamUser::default(), now).map_err(|e| match e {
-                OpenError::Limit => io::Error::other(format!(
-                    "virtual socket limit reached ({} open to {})",
-                    core.stream_count(),
-                    session.peer_addr
-                )),
-                OpenError::NoChannels => io::Error::new(
-                    io::ErrorKind::ConnectionReset,
-                    format!("every channel to {} is lost", session.peer_addr),
-                ),
-            })?
+            let thread = Some(waiter::thread_number());
+            core.open_from(port, class, StreamUser::default(), now, thread).map_err(
+                |e| match e {
+                    OpenError::Limit => io::Error::other(format!(
+                        "virtual socket limit reached ({} open to {})",
+                        core.stream_count(),
+                        session.peer_addr
+                    )),
+                    OpenError::NoChannels => io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        format!("every channel to {} is lost", session.peer_addr),
+                    ),
+                },
+            )?
         };
         session.timers_changed();
         let sock = VSocket::wrap(session, id, class);
@@ -330,23 +333,26 @@ impl VSocket {
         let _demoted = self.session.ctx.demote_for(class);
         let result = loop {
             w.begin();
-            let class = {
+            let (class, channels) = {
                 let mut core = self.session.core();
                 if let Some(r) = check(&mut core) {
                     break r;
                 }
+                let channels = core.wait_channels(self.id);
                 let Some(s) = core.stream_mut(self.id) else { break Err(closed()) };
                 if !registered {
                     s.user.add_waiter(&w, interest);
                     registered = true;
                 }
-                s.class
+                (s.class, channels)
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 break Err(io::Error::new(io::ErrorKind::TimedOut, "operation timed out"));
             }
             waiter::before_wait(false);
-            w.watch(&self.session, class);
+            // The channels this stream's frames come on (all of the class when none is known
+            // yet): the kernel wakes this thread for them, not for other threads' streams.
+            w.watch(&self.session, class, Watch::Channels(channels));
             let slept = w.sleep_signals(deadline, &mut events, signals);
             waiter::handle(&mut events);
             if let Err(e) = slept {
@@ -409,8 +415,9 @@ impl VSocket {
     /// One attempt: queues what credit and space allow and writes it now or soon.
     fn try_send(&self, data: &[u8]) -> io::Result<usize> {
         let s = &self.session;
-        let (n, class, congested) = {
+        let (n, class, congested, channels) = {
             let mut core = s.core();
+            core.set_thread(self.id, waiter::thread_number());
             let r = if data.len() < COPY_OUTSIDE_LOCK {
                 core.handle(self.id).send(data)
             } else {
@@ -439,9 +446,10 @@ impl VSocket {
             };
             let class = core.stream(self.id).map_or(Class::Throughput, |st| st.class);
             let congested = core.take_congestion(class);
+            let channels = core.wait_channels(self.id);
             drop(core);
             match r {
-                Ok(n) => (n, class, congested),
+                Ok(n) => (n, class, congested, channels),
                 Err(e) => {
                     if congested {
                         s.ctx.grow(s);
@@ -453,6 +461,7 @@ impl VSocket {
         if congested {
             s.ctx.grow(s);
         }
+        learn(s, channels);
         if waiter::send_now(s, self.id.0, n, self.observed.load(Ordering::Relaxed)) {
             let _demoted = s.ctx.demote_for(class);
             s.transmit(class);
@@ -511,14 +520,18 @@ impl VSocket {
             return Ok(Some(0));
         }
         let mut slices = RECV_SLICES.try_with(Cell::take).unwrap_or_default();
-        let (r, owes, can_wait, class) = {
+        let (r, owes, can_wait, class, channels) = {
             let mut core = self.session.core();
             let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
             let owes = core.handle(self.id).owes_control();
             let can_wait = owes && core.handle(self.id).control_can_wait();
             let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
-            (r, owes, can_wait, class)
+            let channels = core.wait_channels(self.id);
+            (r, owes, can_wait, class, channels)
         };
+        if !matches!(r, Recv::Empty) {
+            learn(&self.session, channels);
+        }
         let n = match r {
             Recv::Data(n) => {
                 let mut at = 0;
@@ -922,6 +935,14 @@ impl io::Write for &VSocket {
     fn flush(&mut self) -> io::Result<()> {
         flush_sends();
         Ok(())
+    }
+}
+
+/// The calling thread uses a stream whose frames come on `channels`: they join the thread's
+/// epoll set (see `Waiter::learn`).
+fn learn(session: &Arc<SessionRt>, channels: [Option<ChannelId>; 2]) {
+    if let Ok(w) = waiter::current() {
+        w.learn(session, channels);
     }
 }
 

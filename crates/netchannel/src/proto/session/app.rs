@@ -10,12 +10,26 @@ use crate::wire::RstReason;
 impl<U: Default> Session<U> {
     /// Opens a stream to `port` at the peer: queues its SYN. `Writable` fires once the peer
     /// answered (or refused: the stream is then reset).
+    #[cfg(test)]
     pub fn open(
         &mut self,
         port: u16,
         class: Class,
         user: U,
         now: Instant,
+    ) -> Result<StreamId, OpenError> {
+        self.open_from(port, class, user, now, None)
+    }
+
+    /// `open` by application thread `thread` (see `set_thread`): the SYN already leaves on
+    /// that thread's channel, so the peer answers there.
+    pub fn open_from(
+        &mut self,
+        port: u16,
+        class: Class,
+        user: U,
+        now: Instant,
+        thread: Option<u16>,
     ) -> Result<StreamId, OpenError> {
         self.observe(now);
         if self.dead || self.channel_count() == 0 {
@@ -24,7 +38,12 @@ impl<U: Default> Session<U> {
         let window = self.cfg.window;
         let id = self
             .streams
-            .insert_with(|_| Stream::new(user, port, class, Phase::Connecting, window))
+            .insert_with(|_| {
+                let mut s = Stream::new(user, port, class, Phase::Connecting, window);
+                s.flags |= F_LOCAL;
+                s.thread = thread.map_or(0, |t| t.wrapping_add(1));
+                s
+            })
             .ok_or(OpenError::Limit)?;
         // The SYN grants the peer what the receive budget has room for.
         self.grant(id);
@@ -289,7 +308,7 @@ impl<U: Default> Session<U> {
                 .classes
                 .iter()
                 .all(|c| c.unsent == 0 && c.control.is_empty() && c.rsts.is_empty())
-                && self.open_channels().all(|c| c.retained.is_empty()))
+                && self.open_channels().all(|c| c.retained.is_empty() && c.control.is_empty()))
     }
 
     /// Resets every stream (engine shutdown).

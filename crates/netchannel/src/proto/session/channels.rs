@@ -48,6 +48,8 @@ pub(super) struct ChannelState {
     /// now by every acknowledgement that makes progress): the peer's liveness.
     pub(super) unacked_since: Option<Instant>,
     pub(super) deferred: Option<DeferredRx>,
+    /// Streams homed on this channel that owe control frames (see `Session::queue_control`).
+    pub(super) control: VecDeque<StreamId>,
 }
 
 impl ChannelState {
@@ -80,6 +82,7 @@ impl<U: Default> Session<U> {
             ack_since: None,
             unacked_since: None,
             deferred: None,
+            control: VecDeque::new(),
         });
         self.classes[class.index()].channels.push(index);
         self.dead = false;
@@ -141,6 +144,15 @@ impl<U: Default> Session<U> {
             }
             self.classes = [ClassTx::default(), ClassTx::default()];
             return;
+        }
+        // Control frames owed on it go on another channel.
+        for id in state.control {
+            if let Some(s) = self.streams.get_mut(id) {
+                if s.flags & F_CONTROL != 0 {
+                    s.flags &= !F_CONTROL;
+                    self.queue_control(id);
+                }
+            }
         }
         if let Some(d) = state.deferred {
             if let Some(s) = self.streams.get_mut(d.stream) {

@@ -222,10 +222,10 @@ impl<U: Default> Session<U> {
         }
         match frame {
             Frame::Data { stream, offset, .. } => {
-                self.on_data(stream, offset, payload.expect("DATA comes with its payload"))
+                self.on_data(ch, stream, offset, payload.expect("DATA comes with its payload"))
             }
             Frame::Syn { src, port, class, window } => {
-                self.on_syn(PeerStreamId(src), port, class, window);
+                self.on_syn(ch, PeerStreamId(src), port, class, window);
                 Ok(())
             }
             Frame::SynAck { dst, src, window } => {
@@ -298,7 +298,14 @@ impl<U: Default> Session<U> {
         Some(id)
     }
 
-    pub(super) fn on_syn(&mut self, src: PeerStreamId, port: u16, class: Class, window: u32) {
+    pub(super) fn on_syn(
+        &mut self,
+        ch: ChannelId,
+        src: PeerStreamId,
+        port: u16,
+        class: Class,
+        window: u32,
+    ) {
         if let Some(id) = self.opened_from(src) {
             // Sent again after a channel loss: answer again if we already answered.
             if self.streams.get(id).is_some_and(|s| s.phase == Phase::Open) {
@@ -310,6 +317,7 @@ impl<U: Default> Session<U> {
         let Some(id) = self.streams.insert_with(|_| {
             let mut s = Stream::new_incoming(port, class, my_window, src, window);
             s.frames_received = 1;
+            s.rx_channel = ch.index as u8 + 1;
             s
         }) else {
             return self.queue_rst(class, src, RstReason::Refused);
@@ -321,6 +329,7 @@ impl<U: Default> Session<U> {
 
     pub(super) fn on_data(
         &mut self,
+        ch: ChannelId,
         stream: u64,
         offset: u64,
         payload: Bytes,
@@ -329,6 +338,7 @@ impl<U: Default> Session<U> {
         let len = payload.len() as u64;
         let s = self.streams.get_mut(id).expect("live");
         s.frames_received += 1;
+        s.follow(ch);
         if s.phase == Phase::Incoming {
             return Err(self.violated(id, Violation::UnexpectedFrame("DATA before SYN_ACK")));
         }
@@ -380,6 +390,7 @@ impl<U: Default> Session<U> {
         let max_ooo = self.cfg.max_out_of_order;
         let s = self.streams.get_mut(id).expect("live");
         s.frames_received += 1;
+        s.follow(ch);
         if s.phase == Phase::Incoming {
             return Err(self.violated(id, Violation::UnexpectedFrame("DATA before SYN_ACK")));
         }
@@ -460,6 +471,11 @@ impl<U: Default> Session<U> {
 }
 
 impl<U> Stream<U> {
+    /// The peer's DATA came on `ch` (a stream the peer opened answers there: `Session::home`).
+    fn follow(&mut self, ch: ChannelId) {
+        self.rx_channel = ch.index as u8 + 1;
+    }
+
     fn new_incoming(
         port: u16,
         class: Class,

@@ -220,6 +220,9 @@ pub struct Session<U> {
     spares: SpareChunks,
     /// `on_ack`'s list of the streams whose frames were acknowledged (kept for its capacity).
     acked_streams: Vec<StreamId>,
+    /// Channels (bits by index) frames were queued for that only they may carry
+    /// (`take_kicked`).
+    kicked: u64,
 }
 
 impl<U: Default> Session<U> {
@@ -249,6 +252,7 @@ impl<U: Default> Session<U> {
             starved: VecDeque::new(),
             spares: SpareChunks::default(),
             acked_streams: Vec::new(),
+            kicked: 0,
         }
     }
 

@@ -10,6 +10,10 @@ use crate::wire::RstReason;
 /// Senders woken per this many bytes of class space freed (each may write about that much).
 const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 
+/// A stream with at most this many unsent bytes keeps to its home channel (`Session::home`);
+/// beyond, its chunks go to whichever channel has room.
+const AFFINE_BYTES: u64 = 64 * 1024;
+
 /// Per class: its channels and what waits for them.
 #[derive(Default)]
 pub(super) struct ClassTx {
@@ -63,7 +67,29 @@ impl<U: Default> Session<U> {
             return rsts;
         }
         rsts || self.active.has_work(ch, &served)
+            || !st.control.is_empty()
             || served.iter().any(|k| !self.classes[k.index()].control.is_empty())
+    }
+
+    /// What the channels carrying `class` have to send: whether frames wait that any of them
+    /// may carry, and which (bits by index) hold frames only they may carry (their streams'
+    /// homes). A sender writes on those alone when nothing else waits, instead of trying
+    /// every channel in turn.
+    pub fn transmit_work(&self, class: Class) -> (bool, u64) {
+        let serving = self.serving(class);
+        let served = self.served_by(serving);
+        let shared = served.iter().any(|&k| {
+            let c = &self.classes[k.index()];
+            self.active.has_shared_work(k) || !c.control.is_empty() || !c.rsts.is_empty()
+        });
+        let mut own = 0u64;
+        for &ch in &self.classes[serving.index()].channels {
+            let queued = self.channel(ch).is_some_and(|st| !st.control.is_empty());
+            if queued || self.active.has_own_work(ch) {
+                own |= 1 << (ch.index & 63);
+            }
+        }
+        (shared, own)
     }
 
     /// Channels that were held at their retention limit and may pull frames again (the peer
@@ -112,6 +138,13 @@ impl<U: Default> Session<U> {
                 let Some(id) = self.classes[k.index()].control.pop_front() else { break };
                 bytes += self.emit_control(ch, id, out);
             }
+        }
+        // Those of the streams homed here.
+        while out.len() - start < max_frames && self.may_retain(ch) {
+            let Some(id) = self.channel_mut(ch).and_then(|st| st.control.pop_front()) else {
+                break;
+            };
+            bytes += self.emit_control(ch, id, out);
         }
         while bytes < budget && out.len() - start + 2 <= max_frames && self.may_retain(ch) {
             let Some(id) = self.next_active(ch, &served) else { break };
@@ -245,11 +278,27 @@ impl<U: Default> Session<U> {
     }
 
     pub(super) fn requeue_active(&mut self, id: StreamId, ch: ChannelId) {
+        let home = self.data_home(id);
         let Some(s) = self.streams.get(id) else { return };
-        self.active.requeue(id, ch, s.class);
+        if let Some(h) = self.active.requeue(id, ch, s.class, home).filter(|&h| h != ch) {
+            self.kick(h);
+        }
+    }
+
+    /// Channel `ch` alone may carry frames just queued (a stream's home): the runtime makes it
+    /// write (`take_kicked`), whichever channel's work queued them.
+    fn kick(&mut self, ch: ChannelId) {
+        self.kicked |= 1 << (ch.index & 63);
+    }
+
+    /// The channels (bits by index) frames were queued for since the last call, that no other
+    /// channel may carry: the runtime writes on them.
+    pub fn take_kicked(&mut self) -> u64 {
+        std::mem::take(&mut self.kicked)
     }
 
     pub(super) fn activate(&mut self, id: StreamId) {
+        let home = self.data_home(id);
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.flags & F_ACTIVE != 0 || s.tx.is_empty() || s.reset.is_some() {
             return;
@@ -257,7 +306,73 @@ impl<U: Default> Session<U> {
         s.flags |= F_ACTIVE;
         let class = s.class;
         let serving = &self.classes[self.serving(class).index()].channels;
-        self.active.push(id, class, serving);
+        if let Some(ch) = self.active.push(id, class, serving, home) {
+            self.kick(ch);
+        }
+    }
+
+    /// The home channel stream `id`'s next chunks keep to: none while it holds a backlog
+    /// (a bulk stream's chunks spread over every channel with room).
+    fn data_home(&mut self, id: StreamId) -> Option<ChannelId> {
+        let backlog = self.streams.get(id)?.tx.bytes() > AFFINE_BYTES;
+        if backlog {
+            None
+        } else {
+            self.home(id)
+        }
+    }
+
+    /// The channel stream `id` keeps to, among the open channels that carry its class (round-
+    /// robin policy; `None` when it has none). For a stream opened here, the channel of the
+    /// application thread that last used it (`set_thread`): each thread of a process that
+    /// talks to one peer gets a channel of its own while there are as many. For a stream the
+    /// peer opened, the channel its last DATA (or its SYN) came on: the answer goes back on
+    /// the channel the question came on. Both ends thus agree without telling each other, and
+    /// a thread that waits on its streams' homes alone (`engine/waiter.rs`) is the one the
+    /// kernel wakes for their frames. Where they disagree (the peer's choice changed) nothing
+    /// breaks: any thread reading a channel hands each frame to its stream.
+    pub fn home(&mut self, id: StreamId) -> Option<ChannelId> {
+        if self.cfg.policy == Policy::Sticky {
+            return None;
+        }
+        let s = self.streams.get(id)?;
+        let serving = &self.classes[self.serving(s.class).index()].channels;
+        if serving.is_empty() {
+            return None;
+        }
+        if s.flags & F_LOCAL != 0 {
+            if s.thread == 0 {
+                return None;
+            }
+            let ch = serving[(s.thread as usize - 1) % serving.len()];
+            self.streams.get_mut(id).expect("live").home = ch.index as u8 + 1;
+            return Some(ch);
+        }
+        let index = (s.rx_channel as u16).checked_sub(1)?;
+        serving.iter().copied().find(|c| c.index == index)
+    }
+
+    /// The channels an application thread that uses stream `id` should wait on: its home
+    /// (where answers to what it sends come) and the channel its last DATA came on (a bulk
+    /// stream's spread over several), when open.
+    pub fn wait_channels(&mut self, id: StreamId) -> [Option<ChannelId>; 2] {
+        let home = self.home(id);
+        let rx = self.streams.get(id).and_then(|s| {
+            let index = (s.rx_channel as u16).checked_sub(1)?;
+            self.channels.get(index as usize)?.as_ref().map(|st| st.id)
+        });
+        [home, rx.filter(|&r| Some(r) != home)]
+    }
+
+    /// Application thread `thread` uses stream `id` (a number the runtime gives each thread):
+    /// for a stream opened here, its frames keep to that thread's channel (see `home`).
+    pub fn set_thread(&mut self, id: StreamId, thread: u16) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.flags & F_LOCAL == 0 || s.thread == thread.wrapping_add(1) {
+            return;
+        }
+        s.thread = thread.wrapping_add(1);
+        // What it owes goes to the new home when next queued; nothing queued moves.
     }
 
     pub(super) fn owe(&mut self, id: StreamId, bits: u8) {
@@ -267,9 +382,24 @@ impl<U: Default> Session<U> {
         }
         s.owe |= bits;
         if s.flags & F_CONTROL == 0 {
-            s.flags |= F_CONTROL;
-            let class = s.class;
-            self.classes[class.index()].control.push_back(id);
+            self.queue_control(id);
+        }
+    }
+
+    /// Queues stream `id` for its control frames: on its home channel when it has one (a
+    /// CREDIT or FIN wakes the thread that waits there), else on any of its class.
+    pub(super) fn queue_control(&mut self, id: StreamId) {
+        let home = self.home(id);
+        let Some(s) = self.streams.get_mut(id) else { return };
+        s.flags |= F_CONTROL;
+        let class = s.class;
+        match home.and_then(|h| self.channel_mut(h)) {
+            Some(st) => {
+                st.control.push_back(id);
+                let h = st.id;
+                self.kick(h);
+            }
+            None => self.classes[class.index()].control.push_back(id),
         }
     }
 
@@ -305,7 +435,8 @@ impl<U: Default> Session<U> {
     /// RSTs and control frames queued and not yet pulled (a peer that does not read them
     /// should be slowed: stop reading its frames).
     pub fn control_backlog(&self) -> usize {
-        self.classes.iter().map(|c| c.rsts.len() + c.control.len()).sum()
+        self.classes.iter().map(|c| c.rsts.len() + c.control.len()).sum::<usize>()
+            + self.open_channels().map(|st| st.control.len()).sum::<usize>()
     }
 
     pub(super) fn wake_space_waiters(&mut self, class: Class) {
