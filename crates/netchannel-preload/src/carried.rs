@@ -364,6 +364,40 @@ impl Carried {
         }
     }
 
+    /// What `poll` reports for this connection given `events`, when it is plainly open
+    /// (connected, no error, no end of stream either way, no shutdown, no bytes given back by
+    /// a relay): readable and writable as its virtual socket is, as kernel TCP sets
+    /// `POLLIN | POLLRDNORM` and `POLLOUT | POLLWRNORM`. `None` in any other state.
+    pub(crate) fn plain_revents(&self, events: i16) -> Option<i16> {
+        if self.handed_over.load(Ordering::Acquire) {
+            return None;
+        }
+        let r = self.vs.readiness();
+        let plain = r.connected
+            && r.error.is_none()
+            && !r.peer_finished
+            && !r.write_closed
+            && !r.read_closed
+            && !self.has_returned();
+        if !plain {
+            return None;
+        }
+        {
+            let m = self.mirror.lock();
+            if m.l.is_none() || m.eof || m.wr_shut || m.rd_shut {
+                return None;
+            }
+        }
+        let mut ready = 0;
+        if r.readable {
+            ready |= libc::POLLIN | libc::POLLRDNORM;
+        }
+        if r.writable {
+            ready |= libc::POLLOUT | libc::POLLWRNORM;
+        }
+        Some(events & ready)
+    }
+
     pub(crate) fn watched(&self) -> bool {
         self.watched.load(Ordering::Acquire)
     }

@@ -264,8 +264,10 @@ pub(crate) fn poll(
 ) -> Result<usize, i32> {
     let mut set = ServeSet::new();
     let mut ours = false;
-    // The served connections, while every fd of the set is one (`poll_carried`).
-    let mut carried: Option<Vec<Arc<Carried>>> = Some(Vec::new());
+    // The served connections, in the order of their fds; whether every fd is one of them
+    // (`poll_carried`).
+    let mut found: Vec<Arc<Carried>> = Vec::new();
+    let mut carried = true;
     for p in fds.iter() {
         if p.fd < 0 {
             continue; // poll ignores it
@@ -277,18 +279,14 @@ pub(crate) fn poll(
         let mut served_here = false;
         if k & (CARRIED | REMOTE) != 0 {
             if let Some(c) = served(p.fd) {
-                c.forbid_elision();
-                with_fd(p.fd, |app| c.arm(app, false));
                 set.add(&c.vs);
                 ours = true;
                 served_here = !c.handed_over.load(std::sync::atomic::Ordering::Acquire);
-                if let Some(v) = carried.as_mut() {
-                    v.push(c);
-                }
+                found.push(c);
             }
         }
         if !served_here {
-            carried = None;
+            carried = false;
         }
         if k & EPOLL != 0 {
             if let Some(s) = serve_set(p.fd, 0) {
@@ -300,9 +298,11 @@ pub(crate) fn poll(
     if !ours {
         return real(fds, timeout);
     }
-    if let Some(carried) = carried {
-        return poll_carried(fds, &carried, &set, timeout, mask, real);
+    if carried {
+        return poll_carried(fds, &found, &set, timeout, mask, real);
     }
+    // The kernel reports them beside the program's other fds: their placeholders mirror them.
+    arm_for_poll(fds, &found);
     netchannel::flush_sends();
     let handled = signals::snapshot();
     let n = real(fds, Some(Duration::ZERO))?;
@@ -357,12 +357,29 @@ fn poll_carried(
     mask: Option<&libc::sigset_t>,
     real: &mut KernelPoll<'_>,
 ) -> Result<usize, i32> {
+    // While every connection is plainly open, what poll reports is its virtual socket's
+    // readability and writability, read here: no token written into a placeholder per arrival
+    // and drained per read, no ppoll (three system calls per message of a thread that polls
+    // one connection before each read). Any other state (end of stream, an error, a shutdown,
+    // still connecting) has the kernel report the placeholders, which mirror it exactly.
+    let mut plain = true;
+    let mut look = |fds: &mut [libc::pollfd], real: &mut KernelPoll<'_>| {
+        if plain {
+            if let Some(n) = plain_poll(fds, carried) {
+                return Ok(n);
+            }
+            plain = false;
+            arm_for_poll(fds, carried);
+        }
+        real(fds, Some(Duration::ZERO))
+    };
     if timeout == Some(Duration::ZERO) {
         netchannel::flush_sends();
-        return real(fds, timeout);
+        return look(fds, real);
     }
     let Ok(wake) = netchannel::ThreadWake::current() else {
         // No waiter for this thread (out of fds): the kernel alone.
+        arm_for_poll(fds, carried);
         netchannel::flush_sends();
         return real(fds, timeout);
     };
@@ -378,7 +395,7 @@ fn poll_carried(
             for c in carried {
                 c.add_sleeper(&wake);
             }
-            match real(fds, Some(Duration::ZERO)) {
+            match look(fds, real) {
                 Ok(0) => signals::handled_since(handled),
                 r => {
                     found = r;
@@ -395,17 +412,51 @@ fn poll_carried(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => break Err(libc::EINTR),
             Err(_) => {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                arm_for_poll(fds, carried);
                 break real(fds, left);
             }
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            break real(fds, Some(Duration::ZERO));
+            break look(fds, real);
         }
     };
     for c in carried {
         c.remove_sleeper(&wake);
     }
     result
+}
+
+/// `carried` (one per non-negative fd of `fds`, in order) go into a wait the kernel answers:
+/// their placeholders mirror them from now on.
+fn arm_for_poll(fds: &[libc::pollfd], carried: &[Arc<Carried>]) {
+    for (p, c) in fds.iter().filter(|p| p.fd >= 0).zip(carried) {
+        c.forbid_elision();
+        with_fd(p.fd, |app| c.arm(app, false));
+    }
+}
+
+/// `poll`'s answer from the virtual sockets themselves (`carried`: one per non-negative fd, in
+/// order), when each is plainly open; `None` otherwise.
+fn plain_poll(fds: &mut [libc::pollfd], carried: &[Arc<Carried>]) -> Option<usize> {
+    // Every answer is known before any is written: a set that is not plain is left as it was.
+    let mut revents = [0i16; 8];
+    if carried.len() > revents.len() {
+        return None;
+    }
+    for (i, (p, c)) in fds.iter().filter(|p| p.fd >= 0).zip(carried).enumerate() {
+        revents[i] = c.plain_revents(p.events)?;
+    }
+    let mut n = 0;
+    let mut i = 0;
+    for p in fds.iter_mut() {
+        p.revents = 0;
+        if p.fd >= 0 {
+            p.revents = revents[i];
+            n += usize::from(p.revents != 0);
+            i += 1;
+        }
+    }
+    Some(n)
 }
 
 /// Whether any fd of a poll set is the library's business.
