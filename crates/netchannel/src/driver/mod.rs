@@ -197,8 +197,10 @@ pub struct Channel {
     /// On its worker's list of channels with lazy duties (`Worker::demand_tick`): listed once.
     pub tick_listed: AtomicBool,
     /// Application threads' epoll sets it is registered in (`engine/waiter.rs`): while none,
-    /// only its worker is woken for it, which must then not sleep through its events.
+    /// only its worker is woken for it, which must then not sleep through its traffic.
     pub app_watchers: AtomicU32,
+    /// Bytes read from it when its worker last looked (`quiet_since_last_look`).
+    worker_seen_rx: AtomicU64,
     /// The peer shut down or the connection failed: the receive half reads until the end (a
     /// short read no longer means nothing more will come: end of stream may follow the data
     /// in the same edge).
@@ -235,6 +237,7 @@ impl Channel {
             tx_blocked: AtomicBool::new(false),
             tick_listed: AtomicBool::new(false),
             app_watchers: AtomicU32::new(0),
+            worker_seen_rx: AtomicU64::new(0),
             hung_up: AtomicBool::new(false),
             open: AtomicBool::new(true),
             _hold: hold,
@@ -288,6 +291,12 @@ impl Channel {
     pub fn bytes_waiting(&self) -> bool {
         self.hung_up.load(Ordering::Acquire)
             || rustix::io::ioctl_fionread(self.transport.fd()).map_or(true, |n| n > 0)
+    }
+
+    /// Whether nothing was read from the channel since the last call (its worker's look).
+    pub fn quiet_since_last_look(&self) -> bool {
+        let rx = self.counters.rx_bytes.load(Ordering::Relaxed);
+        self.worker_seen_rx.swap(rx, Ordering::Relaxed) == rx
     }
 
     pub fn count_rx_frames(&self, n: usize) {

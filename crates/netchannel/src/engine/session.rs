@@ -426,7 +426,7 @@ impl SessionRt {
             // Channels the peer's acknowledgements let take frames again.
             let freed = core.take_tx_ready();
             // Frames queued for channels of their streams' own (a CREDIT let a sender go on).
-            let mut kicked = core.take_kicked();
+            let mut kicked = core.take_kicked(ch.meta.class);
             if control_due {
                 kicked &= !(1 << (index.index & 63));
             }
@@ -580,7 +580,7 @@ impl SessionRt {
                     force_ack,
                     &mut tx.pulled,
                 );
-                *kicked |= core.take_kicked();
+                *kicked |= core.take_kicked(ch.meta.class);
                 drop(core);
                 if n == 0 {
                     return Ok(false);
@@ -607,7 +607,13 @@ impl SessionRt {
     /// Writes the class's queued frames now, on the channels that carry it and have room,
     /// starting with the next one in turn (so one stream's chunks spread over channels).
     pub fn transmit(self: &Arc<Self>, class: Class) {
-        let (shared, own) = self.core().transmit_work(class);
+        let work = self.core().transmit_work(class);
+        self.transmit_known(class, work);
+    }
+
+    /// `transmit`, given what the core said it has to send (`Core::transmit_work`, read by a
+    /// caller that held the lock anyway: one acquisition fewer per send).
+    pub fn transmit_known(self: &Arc<Self>, class: Class, (shared, own): (bool, u64)) {
         if !shared {
             // Only frames of streams homed on their channels: write on those.
             if own != 0 {

@@ -270,12 +270,17 @@ impl Worker {
             // on the channels meanwhile, so a program that stops coming back is covered within
             // a tick, as the lazy duties are.
             // Not while a channel waits for room in its socket: the worker writes the moment
-            // there is some, so a bulk sender's program is not left to find it later.
+            // there is some, so a bulk sender's program is not left to find it later. Nor while
+            // a channel that no application thread registered (threads register their streams'
+            // channels, `Session::home`) carries traffic: only the worker is woken for it. A
+            // quiet one that gets some is read within a tick, and keeps the worker attentive
+            // from then on.
             let tick_ago = super::session::clock_ns().saturating_sub(TICK.as_nanos() as u64);
             let served_by_apps = !channels.is_empty()
                 && channels.values().all(|(ch, s)| {
                     s.app_waited_after(ch.meta.class, tick_ago)
-                        && ch.app_watchers.load(Ordering::Acquire) > 0
+                        && (ch.app_watchers.load(Ordering::Acquire) > 0
+                            || ch.quiet_since_last_look())
                         && !ch.tx_blocked.load(Ordering::Acquire)
                 });
             if served_by_apps {

@@ -134,9 +134,11 @@ pub struct Stream<U> {
     /// The channel the peer's last DATA (or its SYN) came on (index + 1; 0: none): the home of
     /// a stream the peer opened.
     pub(crate) rx_channel: u8,
-    /// For a stream opened here: the application thread that last used it (its number + 1,
-    /// 0: none), which picks the home among the class's channels.
+    /// For a stream opened here: the turn of the application thread that last used it (+ 1,
+    /// 0: none; `Session::thread_turn`), which picks the home among the class's channels.
     pub(crate) thread: u16,
+    /// That thread's number.
+    pub(crate) thread_number: u16,
 
     // send half
     pub(crate) send_next: u64,
@@ -182,6 +184,7 @@ impl<U> Stream<U> {
             home: 0,
             rx_channel: 0,
             thread: 0,
+            thread_number: 0,
             send_next: 0,
             send_limit: 0,
             peer_consumed: 0,

@@ -415,7 +415,7 @@ impl VSocket {
     /// One attempt: queues what credit and space allow and writes it now or soon.
     fn try_send(&self, data: &[u8]) -> io::Result<usize> {
         let s = &self.session;
-        let (n, class, congested, channels) = {
+        let (n, class, congested, channels, work) = {
             let mut core = s.core();
             core.set_thread(self.id, waiter::thread_number());
             let r = if data.len() < COPY_OUTSIDE_LOCK {
@@ -447,9 +447,10 @@ impl VSocket {
             let class = core.stream(self.id).map_or(Class::Throughput, |st| st.class);
             let congested = core.take_congestion(class);
             let channels = core.wait_channels(self.id);
+            let work = core.transmit_work(class);
             drop(core);
             match r {
-                Ok(n) => (n, class, congested, channels),
+                Ok(n) => (n, class, congested, channels, work),
                 Err(e) => {
                     if congested {
                         s.ctx.grow(s);
@@ -464,7 +465,7 @@ impl VSocket {
         learn(s, channels);
         if waiter::send_now(s, self.id.0, n, self.observed.load(Ordering::Relaxed)) {
             let _demoted = s.ctx.demote_for(class);
-            s.transmit(class);
+            s.transmit_known(class, work);
         } else {
             s.defer_flush();
         }
@@ -520,14 +521,15 @@ impl VSocket {
             return Ok(Some(0));
         }
         let mut slices = RECV_SLICES.try_with(Cell::take).unwrap_or_default();
-        let (r, owes, can_wait, class, channels) = {
+        let (r, _, can_wait, class, channels, work) = {
             let mut core = self.session.core();
             let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
             let owes = core.handle(self.id).owes_control();
             let can_wait = owes && core.handle(self.id).control_can_wait();
             let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
             let channels = core.wait_channels(self.id);
-            (r, owes, can_wait, class, channels)
+            let work = (owes && !can_wait).then(|| core.transmit_work(class));
+            (r, owes, can_wait, class, channels, work)
         };
         if !matches!(r, Recv::Empty) {
             learn(&self.session, channels);
@@ -558,9 +560,9 @@ impl VSocket {
         if can_wait {
             // A CREDIT the sender does not wait for: it rides with the next frames out.
             waiter::defer_control(&self.session);
-        } else if owes {
+        } else if let Some(work) = work {
             // A CREDIT is due: the sender may be waiting for it.
-            self.session.transmit(class);
+            self.session.transmit_known(class, work);
         }
         Ok(n)
     }

@@ -36,12 +36,16 @@ impl<U: Default> Session<U> {
             return Err(OpenError::NoChannels);
         }
         let window = self.cfg.window;
+        let turn = thread.map(|t| (t, self.thread_turn(t)));
         let id = self
             .streams
             .insert_with(|_| {
                 let mut s = Stream::new(user, port, class, Phase::Connecting, window);
                 s.flags |= F_LOCAL;
-                s.thread = thread.map_or(0, |t| t.wrapping_add(1));
+                if let Some((number, turn)) = turn {
+                    s.thread_number = number;
+                    s.thread = turn.wrapping_add(1);
+                }
                 s
             })
             .ok_or(OpenError::Limit)?;

@@ -223,6 +223,8 @@ pub struct Session<U> {
     /// Channels (bits by index) frames were queued for that only they may carry
     /// (`take_kicked`).
     kicked: u64,
+    /// Application threads that used the session's streams, with their turn (`thread_turn`).
+    thread_turns: Vec<(u16, u16)>,
 }
 
 impl<U: Default> Session<U> {
@@ -253,6 +255,7 @@ impl<U: Default> Session<U> {
             spares: SpareChunks::default(),
             acked_streams: Vec::new(),
             kicked: 0,
+            thread_turns: Vec::new(),
         }
     }
 

@@ -10,6 +10,9 @@ use crate::wire::RstReason;
 /// Senders woken per this many bytes of class space freed (each may write about that much).
 const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 
+/// Application threads a session tells apart for homes (`Session::thread_turn`).
+const MAX_THREAD_TURNS: usize = 256;
+
 /// A stream with at most this many unsent bytes keeps to its home channel (`Session::home`);
 /// beyond, its chunks go to whichever channel has room.
 const AFFINE_BYTES: u64 = 64 * 1024;
@@ -291,10 +294,16 @@ impl<U: Default> Session<U> {
         self.kicked |= 1 << (ch.index & 63);
     }
 
-    /// The channels (bits by index) frames were queued for since the last call, that no other
-    /// channel may carry: the runtime writes on them.
-    pub fn take_kicked(&mut self) -> u64 {
-        std::mem::take(&mut self.kicked)
+    /// The channels of `class` (bits by index) frames were queued for since the last call,
+    /// that no other channel may carry: the runtime writes on them. Per class, so that a thread
+    /// serving one class (a latency worker, an application's latency thread) never writes the
+    /// other's frames on its way.
+    pub fn take_kicked(&mut self, class: Class) -> u64 {
+        let mask =
+            self.classes[class.index()].channels.iter().fold(0u64, |m, c| m | 1 << (c.index & 63));
+        let taken = self.kicked & mask;
+        self.kicked &= !mask;
+        taken
     }
 
     pub(super) fn activate(&mut self, id: StreamId) {
@@ -367,12 +376,31 @@ impl<U: Default> Session<U> {
     /// Application thread `thread` uses stream `id` (a number the runtime gives each thread):
     /// for a stream opened here, its frames keep to that thread's channel (see `home`).
     pub fn set_thread(&mut self, id: StreamId, thread: u16) {
-        let Some(s) = self.streams.get_mut(id) else { return };
-        if s.flags & F_LOCAL == 0 || s.thread == thread.wrapping_add(1) {
+        let Some(s) = self.streams.get(id) else { return };
+        if s.flags & F_LOCAL == 0 || s.thread_number == thread {
             return;
         }
-        s.thread = thread.wrapping_add(1);
+        let turn = self.thread_turn(thread);
+        let s = self.streams.get_mut(id).expect("live");
+        s.thread_number = thread;
+        s.thread = turn.wrapping_add(1);
         // What it owes goes to the new home when next queued; nothing queued moves.
+    }
+
+    /// The place of application thread `thread` among those that used this session's streams
+    /// (in order of first use): the `k`-th thread's streams keep to the `k`-th channel (modulo
+    /// the channels), so threads spread evenly over the channels whatever numbers the process
+    /// gave them. Remembers `MAX_THREAD_TURNS` threads; later ones take their number's turn.
+    pub(super) fn thread_turn(&mut self, thread: u16) -> u16 {
+        if let Some(&(_, turn)) = self.thread_turns.iter().find(|(t, _)| *t == thread) {
+            return turn;
+        }
+        if self.thread_turns.len() >= MAX_THREAD_TURNS {
+            return thread;
+        }
+        let turn = self.thread_turns.len() as u16;
+        self.thread_turns.push((thread, turn));
+        turn
     }
 
     pub(super) fn owe(&mut self, id: StreamId, bits: u8) {
