@@ -385,13 +385,12 @@ fn poll_carried(
     };
     let deadline = timeout.map(|t| Instant::now() + t);
     let handled = signals::snapshot();
-    // The first round serves what the channels already hold before it sleeps (`serve_first`).
-    let mut first = true;
+    // No round serves first (`serve_first`): a sleep with channel events queued returns at
+    // once with them, and one with none saves the look that would have found nothing.
     let result = loop {
         let mut found = Ok(0);
         let signals = SignalPolicy { interruptible: true, mask };
-        let serve_first = std::mem::take(&mut first);
-        let slept = set.wait_until(deadline, signals, serve_first, || {
+        let slept = set.wait_until(deadline, signals, false, || {
             for c in carried {
                 c.add_sleeper(&wake);
             }

@@ -88,6 +88,10 @@ struct Run {
     /// Virtual sockets per peer.
     #[arg(long, value_name = "N")]
     max_streams: Option<u32>,
+    /// Throughput channels (kernel TCP connections) to each peer engine, 1 to 63 (default 4):
+    /// each application thread that talks to a peer keeps its messages to one of them.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=63))]
+    channels: Option<u16>,
     /// How the program's own calls reach a carried connection: `direct` serves them from the
     /// virtual socket in the calling thread; `relay` moves the bytes through a loopback TCP
     /// connection and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
@@ -167,6 +171,7 @@ fn main() {
     limit("NETCHANNEL_MAX_CHANNELS_TOTAL", run.max_channels_total.map(|v| v.to_string()));
     limit("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", run.max_channels_per_source.map(|v| v.to_string()));
     limit("NETCHANNEL_MAX_STREAMS", run.max_streams.map(|v| v.to_string()));
+    limit("NETCHANNEL_CHANNELS", run.channels.map(|v| v.to_string()));
     let command = run.command;
     let lib = run.lib.unwrap_or_else(default_lib);
     if !lib.is_file() {
