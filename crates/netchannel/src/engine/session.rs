@@ -428,7 +428,7 @@ impl SessionRt {
             // Frames queued for channels of their streams' own (a CREDIT let a sender go on).
             let mut kicked = core.take_kicked(ch.meta.class);
             if control_due {
-                kicked &= !(1 << (index.index & 63));
+                kicked &= !index.bit();
             }
             if core.owes_ack() {
                 // Carried by the next frames out; if none go, the worker's tick sends it.
@@ -535,7 +535,7 @@ impl SessionRt {
                 break;
             }
         }
-        self.kick(kicked & !(1 << (ch.meta.index.index & 63)));
+        self.kick(kicked & !ch.meta.index.bit());
         more
     }
 

@@ -345,7 +345,7 @@ const LEARNED_SESSIONS: usize = 8;
 
 impl Learned {
     fn bits(channels: [Option<ChannelId>; 2]) -> u64 {
-        channels.into_iter().flatten().fold(0, |m, c| m | 1u64 << (c.index & 63))
+        channels.into_iter().flatten().fold(0, |m, c| m | c.bit())
     }
 
     fn knows(&self, session: &Arc<SessionRt>, channels: [Option<ChannelId>; 2]) -> bool {

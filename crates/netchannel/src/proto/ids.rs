@@ -60,6 +60,12 @@ impl ChannelId {
     pub(crate) fn slot(self) -> usize {
         self.index as usize
     }
+
+    /// Its bit in a set of a session's channels by index (at most 64:
+    /// `wire::handshake::MAX_CHANNEL_INDEX`).
+    pub(crate) fn bit(self) -> u64 {
+        1 << (self.index & 63)
+    }
 }
 
 impl std::fmt::Display for ChannelId {

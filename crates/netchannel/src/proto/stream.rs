@@ -128,9 +128,6 @@ pub struct Stream<U> {
     pub frames_sent: u32,
     pub frames_received: u32,
     pub protocol_errors: u16,
-    /// For a stream opened here, the channel (index + 1; 0: none) its frames keep to while it
-    /// sends little, as last picked (see `Session::home`).
-    pub(crate) home: u8,
     /// The channel the peer's last DATA (or its SYN) came on (index + 1; 0: none): the home of
     /// a stream the peer opened.
     pub(crate) rx_channel: u8,
@@ -181,7 +178,6 @@ impl<U> Stream<U> {
             frames_sent: 0,
             frames_received: 0,
             protocol_errors: 0,
-            home: 0,
             rx_channel: 0,
             thread: 0,
             thread_number: 0,

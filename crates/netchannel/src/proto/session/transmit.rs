@@ -89,7 +89,7 @@ impl<U: Default> Session<U> {
         for &ch in &self.classes[serving.index()].channels {
             let queued = self.channel(ch).is_some_and(|st| !st.control.is_empty());
             if queued || self.active.has_own_work(ch) {
-                own |= 1 << (ch.index & 63);
+                own |= ch.bit();
             }
         }
         (shared, own)
@@ -291,7 +291,7 @@ impl<U: Default> Session<U> {
     /// Channel `ch` alone may carry frames just queued (a stream's home): the runtime makes it
     /// write (`take_kicked`), whichever channel's work queued them.
     fn kick(&mut self, ch: ChannelId) {
-        self.kicked |= 1 << (ch.index & 63);
+        self.kicked |= ch.bit();
     }
 
     /// The channels of `class` (bits by index) frames were queued for since the last call,
@@ -299,8 +299,7 @@ impl<U: Default> Session<U> {
     /// serving one class (a latency worker, an application's latency thread) never writes the
     /// other's frames on its way.
     pub fn take_kicked(&mut self, class: Class) -> u64 {
-        let mask =
-            self.classes[class.index()].channels.iter().fold(0u64, |m, c| m | 1 << (c.index & 63));
+        let mask = self.classes[class.index()].channels.iter().fold(0, |m, c| m | c.bit());
         let taken = self.kicked & mask;
         self.kicked &= !mask;
         taken
@@ -322,7 +321,7 @@ impl<U: Default> Session<U> {
 
     /// The home channel stream `id`'s next chunks keep to: none while it holds a backlog
     /// (a bulk stream's chunks spread over every channel with room).
-    fn data_home(&mut self, id: StreamId) -> Option<ChannelId> {
+    fn data_home(&self, id: StreamId) -> Option<ChannelId> {
         let backlog = self.streams.get(id)?.tx.bytes() > AFFINE_BYTES;
         if backlog {
             None
@@ -340,7 +339,7 @@ impl<U: Default> Session<U> {
     /// a thread that waits on its streams' homes alone (`engine/waiter.rs`) is the one the
     /// kernel wakes for their frames. Where they disagree (the peer's choice changed) nothing
     /// breaks: any thread reading a channel hands each frame to its stream.
-    pub fn home(&mut self, id: StreamId) -> Option<ChannelId> {
+    pub fn home(&self, id: StreamId) -> Option<ChannelId> {
         if self.cfg.policy == Policy::Sticky {
             return None;
         }
@@ -353,9 +352,7 @@ impl<U: Default> Session<U> {
             if s.thread == 0 {
                 return None;
             }
-            let ch = serving[(s.thread as usize - 1) % serving.len()];
-            self.streams.get_mut(id).expect("live").home = ch.index as u8 + 1;
-            return Some(ch);
+            return Some(serving[(s.thread as usize - 1) % serving.len()]);
         }
         let index = (s.rx_channel as u16).checked_sub(1)?;
         serving.iter().copied().find(|c| c.index == index)
@@ -364,7 +361,7 @@ impl<U: Default> Session<U> {
     /// The channels an application thread that uses stream `id` should wait on: its home
     /// (where answers to what it sends come) and the channel its last DATA came on (a bulk
     /// stream's spread over several), when open.
-    pub fn wait_channels(&mut self, id: StreamId) -> [Option<ChannelId>; 2] {
+    pub fn wait_channels(&self, id: StreamId) -> [Option<ChannelId>; 2] {
         let home = self.home(id);
         let rx = self.streams.get(id).and_then(|s| {
             let index = (s.rx_channel as u16).checked_sub(1)?;
