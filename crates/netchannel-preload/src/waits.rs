@@ -434,11 +434,15 @@ fn arm_for_poll(fds: &[libc::pollfd], carried: &[Arc<Carried>]) {
     }
 }
 
+/// The most connections a `poll` answered from the virtual sockets may hold: the answers are
+/// gathered on the stack before any is written. Larger sets take the placeholders' path.
+const PLAIN_POLL_FDS: usize = 8;
+
 /// `poll`'s answer from the virtual sockets themselves (`carried`: one per non-negative fd, in
-/// order), when each is plainly open; `None` otherwise.
+/// order), when each is plainly open and they are at most `PLAIN_POLL_FDS`; `None` otherwise.
 fn plain_poll(fds: &mut [libc::pollfd], carried: &[Arc<Carried>]) -> Option<usize> {
     // Every answer is known before any is written: a set that is not plain is left as it was.
-    let mut revents = [0i16; 8];
+    let mut revents = [0i16; PLAIN_POLL_FDS];
     if carried.len() > revents.len() {
         return None;
     }
