@@ -507,6 +507,16 @@ impl SessionRt {
         }
     }
 
+    /// `defer_flush` for sends of `class` only (their channels' workers).
+    pub fn defer_flush_class(&self, class: Class) {
+        let all = self.channels.read();
+        // As `serving_channels`, without collecting them.
+        let own = all.iter().any(|c| c.meta.class == class);
+        for ch in all.iter().filter(|c| !own || c.meta.class == class) {
+            self.ctx.workers[ch.worker].demand_tick(ch);
+        }
+    }
+
     /// Runs the sending half of `ch` if no other thread does (else leaves it a note); if its
     /// budget ran out with bytes left, the channel's worker goes on.
     pub fn tx(self: &Arc<Self>, ch: &Arc<Channel>, force_ack: bool) {
@@ -656,7 +666,15 @@ impl SessionRt {
 
     /// Writes everything queued for every class.
     pub fn transmit_all(self: &Arc<Self>) {
+        self.transmit_classes(u8::MAX);
+    }
+
+    /// Writes everything queued for the classes in `classes` (bits by `Class::index`).
+    pub fn transmit_classes(self: &Arc<Self>, classes: u8) {
         for class in [Class::Latency, Class::Throughput] {
+            if classes & (1 << class.index()) == 0 {
+                continue;
+            }
             let pending = {
                 let core = self.core();
                 self.serving_channels(class).iter().any(|c| core.has_transmit(c.meta.index))

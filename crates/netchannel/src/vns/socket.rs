@@ -212,7 +212,7 @@ impl VSocket {
         };
         session.timers_changed();
         let sock = VSocket::wrap(session, id, class);
-        if waiter::send_now(&sock.session, sock.id.0, 0, false) {
+        if waiter::send_now(&sock.session, class, sock.id.0, 0, false) {
             sock.session.transmit(class);
         }
         if wait {
@@ -463,11 +463,11 @@ impl VSocket {
             s.ctx.grow(s);
         }
         learn(s, channels);
-        if waiter::send_now(s, self.id.0, n, self.observed.load(Ordering::Relaxed)) {
+        if waiter::send_now(s, class, self.id.0, n, self.observed.load(Ordering::Relaxed)) {
             let _demoted = s.ctx.demote_for(class);
             s.transmit_known(class, work);
         } else {
-            s.defer_flush();
+            s.defer_flush_class(class);
         }
         Ok(n)
     }
@@ -559,7 +559,7 @@ impl VSocket {
         };
         if can_wait {
             // A CREDIT the sender does not wait for: it rides with the next frames out.
-            waiter::defer_control(&self.session);
+            waiter::defer_control(&self.session, class);
         } else if let Some(work) = work {
             // A CREDIT is due: the sender may be waiting for it.
             self.session.transmit_known(class, work);
@@ -691,14 +691,21 @@ impl VSocket {
         self.count_class(Class::Throughput);
         let s = &self.session;
         s.app_addrs.lock().remove(&self.id.get());
-        s.with_core(|core| {
-            if let Some(st) = core.stream_mut(self.id) {
+        let class = s.with_core(|core| {
+            let class = core.stream_mut(self.id).map(|st| {
                 st.user.poll = None;
-            }
+                st.class
+            });
             core.handle(self.id).close(Instant::now());
+            class
         });
         s.timers_changed();
-        s.transmit_all();
+        // The stream's own class: a latency thread closing its socket does not write the
+        // throughput backlog (a closed stream's RST goes out on its class's channels too).
+        match class {
+            Some(class) => s.transmit_classes(1 << class.index()),
+            None => s.transmit_all(),
+        }
     }
 
     /// An fd that becomes readable whenever this socket may have changed state (data, credit,
