@@ -160,6 +160,8 @@ pub struct TxState {
 /// Slices one channel write hands the kernel at most (below `IOV_MAX`, 1024; a header and a
 /// payload per frame).
 const WRITE_IOV: usize = 512;
+/// The slices of a write of a few frames (a header and a payload each).
+const SMALL_WRITE_IOV: usize = 16;
 
 #[derive(Default)]
 struct Counters {
@@ -305,9 +307,19 @@ impl Channel {
 
     /// Writes as much of the pulled frames as the socket takes, in one send.
     pub fn write(&self, st: &mut TxState) -> io::Result<Written> {
+        // Most writes carry a few frames: filling 512 empty slices (8 KiB of stack) for each
+        // was half of this function's time under memcslap.
+        if st.frames.len() * 2 <= SMALL_WRITE_IOV {
+            self.write_with::<SMALL_WRITE_IOV>(st)
+        } else {
+            self.write_with::<WRITE_IOV>(st)
+        }
+    }
+
+    fn write_with<const N: usize>(&self, st: &mut TxState) -> io::Result<Written> {
         // On the stack: a vector per write was an allocation beyond the allocator's per-thread
         // cache (8 KiB for 256 frames).
-        let mut iov = [IoSlice::new(&[]); WRITE_IOV];
+        let mut iov = [IoSlice::new(&[]); N];
         let mut used = 0;
         let mut skip = st.written;
         'frames: for f in &st.frames {
@@ -317,7 +329,7 @@ impl Channel {
                     skip -= part.len();
                     continue;
                 }
-                if used == WRITE_IOV {
+                if used == N {
                     break 'frames;
                 }
                 iov[used] = IoSlice::new(&part[skip..]);
