@@ -8,3 +8,6 @@ N=./target/release/ncperf
 run() { local name=$1; shift; $N compare --repetitions 3 --duration 3 --json "$@" >"docs/bench/class-flush/$name.json"; }
 run mixed-1-8 --workload mixed --latency-flows 1 --throughput-flows 8 --size 65536
 run t-alone-8 --workload mixed --latency-flows 0 --throughput-flows 8 --size 65536
+# The L flow open-loop at 6,000 requests/s, about Linux's closed-loop rate in the mix, so that
+# both stacks' T-apps share the cores with the same L load.
+run mixed-1-8-rate6000 --workload mixed --latency-flows 1 --throughput-flows 8 --size 65536 --rate 6000

@@ -260,7 +260,8 @@ pub struct RunArgs {
     pub policy: Policy,
     #[arg(long, value_enum, default_value_t = Hosts::Netns)]
     pub hosts: Hosts,
-    /// rr: open loop at this many requests per second per flow (latency from scheduled send).
+    /// rr, and mixed's L flows: open loop at this many requests per second per flow (latency
+    /// from scheduled send).
     #[arg(long)]
     pub rate: Option<f64>,
     /// mixed: 4 KiB ping-pong flows.

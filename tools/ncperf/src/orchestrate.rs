@@ -159,8 +159,8 @@ pub fn validate(args: &RunArgs, stack: Stack) -> Result<(), String> {
     if args.duration <= 0.0 || args.warmup < 0.0 {
         return Err("--duration must be > 0 and --warmup >= 0".into());
     }
-    if args.rate.is_some() && args.workload != Workload::Rr {
-        return Err("--rate applies to the rr workload only".into());
+    if args.rate.is_some() && !matches!(args.workload, Workload::Rr | Workload::Mixed) {
+        return Err("--rate applies to the rr workload and to mixed's L flows only".into());
     }
     if matches!(args.rate, Some(r) if r <= 0.0 || !r.is_finite()) {
         return Err("--rate must be a positive number of requests per second per flow".into());

@@ -250,7 +250,7 @@ fn impossible_combinations_are_clear_errors() {
         ),
         (
             &["run", "--stack", "linux", "--rate", "10"][..],
-            "--rate applies to the rr workload only",
+            "--rate applies to the rr workload and to mixed",
         ),
         (&["run", "--stack", "netchannel", "--workload", "mixed"][..], "--latency-flows"),
         (
