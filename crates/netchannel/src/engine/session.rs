@@ -90,6 +90,9 @@ pub(crate) struct SessionRt {
     core: Mutex<Core>,
     /// Open channels.
     channels: RwLock<Vec<Arc<Channel>>>,
+    /// The channels serving each class (`serving_channels`), kept with every change of
+    /// `channels` (under its write lock) so that a send does not collect them anew.
+    serving: RwLock<[Arc<[Arc<Channel>]>; 2]>,
     /// Changes with every change of `channels` (engine-wide unique values): a thread that
     /// registered them once knows it need not look again.
     channels_generation: AtomicU64,
@@ -146,6 +149,7 @@ impl SessionRt {
             ctx,
             core: Mutex::new(core),
             channels: RwLock::new(Vec::new()),
+            serving: RwLock::new([Arc::from([]), Arc::from([])]),
             channels_generation: AtomicU64::new(next_generation()),
             peer_addr,
             peer_engine,
@@ -160,7 +164,17 @@ impl SessionRt {
         })
     }
 
-    fn channels_changed(&self) {
+    /// Called with `channels`' write lock held, after each change, with its new contents.
+    fn channels_changed(&self, all: &[Arc<Channel>]) {
+        let serving = |class: Class| -> Arc<[Arc<Channel>]> {
+            let own: Vec<_> = all.iter().filter(|c| c.meta.class == class).cloned().collect();
+            if own.is_empty() {
+                all.into()
+            } else {
+                own.into()
+            }
+        };
+        *self.serving.write() = [serving(Class::Throughput), serving(Class::Latency)];
         self.channels_generation.store(next_generation(), Ordering::Release);
     }
 
@@ -219,14 +233,8 @@ impl SessionRt {
     }
 
     /// The open channels that carry `class` (its own, or the other class's if it has none).
-    pub fn serving_channels(&self, class: Class) -> Vec<Arc<Channel>> {
-        let all = self.channels.read();
-        let own: Vec<_> = all.iter().filter(|c| c.meta.class == class).cloned().collect();
-        if own.is_empty() {
-            all.clone()
-        } else {
-            own
-        }
+    pub fn serving_channels(&self, class: Class) -> Arc<[Arc<Channel>]> {
+        self.serving.read()[class.index()].clone()
     }
 
     pub fn is_alive(&self) -> bool {
@@ -241,8 +249,9 @@ impl SessionRt {
                 return false;
             }
             core.add_channel(ch.meta.index, ch.meta.class);
-            self.channels.write().push(ch.clone());
-            self.channels_changed();
+            let mut all = self.channels.write();
+            all.push(ch.clone());
+            self.channels_changed(&all);
         }
         self.ctx.workers[ch.worker].add(ch, self.clone());
         true
@@ -509,10 +518,7 @@ impl SessionRt {
 
     /// `defer_flush` for sends of `class` only (their channels' workers).
     pub fn defer_flush_class(&self, class: Class) {
-        let all = self.channels.read();
-        // As `serving_channels`, without collecting them.
-        let own = all.iter().any(|c| c.meta.class == class);
-        for ch in all.iter().filter(|c| !own || c.meta.class == class) {
+        for ch in self.serving_channels(class).iter() {
             self.ctx.workers[ch.worker].demand_tick(ch);
         }
     }
@@ -728,8 +734,11 @@ impl SessionRt {
         if !ch.close(&err) {
             return;
         }
-        self.channels.write().retain(|c| !Arc::ptr_eq(c, ch));
-        self.channels_changed();
+        {
+            let mut all = self.channels.write();
+            all.retain(|c| !Arc::ptr_eq(c, ch));
+            self.channels_changed(&all);
+        }
         self.ctx.workers[ch.worker].remove(ch.uid);
         self.with_core(|core| core.channel_lost(ch.meta.index));
         self.ctx.channel_closed(self, ch);
@@ -743,7 +752,8 @@ impl SessionRt {
             ch.close(&ChannelError::Io(io::Error::other(why.to_string())));
             self.ctx.workers[ch.worker].remove(ch.uid);
         }
-        self.channels.write().clear();
-        self.channels_changed();
+        let mut all = self.channels.write();
+        all.clear();
+        self.channels_changed(&all);
     }
 }

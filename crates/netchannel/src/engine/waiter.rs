@@ -254,7 +254,7 @@ impl Waiter {
             return served;
         }
         let mut complete = true;
-        for ch in &channels {
+        for ch in channels.iter() {
             complete &= self.register(&mut w, session, ch);
         }
         if complete {
