@@ -157,6 +157,12 @@ pub struct TxState {
     pub pulled: Vec<OutFrame>,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Bytes this thread wrote to channels (tests: who did whose work).
+    pub(crate) static WRITTEN_BY_THIS_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Slices one channel write hands the kernel at most (below `IOV_MAX`, 1024; a header and a
 /// payload per frame).
 const WRITE_IOV: usize = 512;
@@ -352,6 +358,8 @@ impl Channel {
         };
         self.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
         self.counters.queued.fetch_sub(n as u64, Ordering::Relaxed);
+        #[cfg(test)]
+        WRITTEN_BY_THIS_THREAD.with(|w| w.set(w.get() + n as u64));
         let mut left = st.written + n;
         let mut frames = 0;
         while let Some(front) = st.frames.front() {

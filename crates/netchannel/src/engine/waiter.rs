@@ -610,4 +610,71 @@ mod tests {
         assert_eq!(got, b"pingpong");
         THREAD.with(|t| t.borrow_mut().event_loop = false);
     }
+
+    /// The same, end to end: a throughput backlog another thread deferred is not written by a
+    /// latency thread's flush (it is its own thread's, or its worker's within a tick).
+    #[test]
+    fn a_latency_flush_leaves_another_thread_s_throughput_backlog() {
+        use crate::driver::WRITTEN_BY_THIS_THREAD;
+        let here = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (a, b) =
+            (Engine::new(Config::new(here)).unwrap(), Engine::new(Config::new(here)).unwrap());
+        let l = b.listen(7).unwrap();
+        let lat = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
+        let lat_peer = l.accept().unwrap();
+        let bulk = a.connect_with_class(b.local_addr(), 7, Class::Throughput).unwrap();
+        let bulk_peer = l.accept().unwrap();
+        // A latency channel of its own (else the throughput channels serve both classes).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !a.stats().channels.iter().any(|c| c.channel.class == Class::Latency) {
+            assert!(Instant::now() < deadline, "no latency channel was dialed");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        const BULK: usize = 32 * 1024;
+        // The worker writes a deferred backlog within a tick, and sometimes first: the race is
+        // run often enough that a flush writing every class would be caught (it was, in 2 of 5
+        // single rounds).
+        const ROUNDS: usize = 20;
+        let (deferred_tx, deferred_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            // An event loop that has not come back to wait yet: its sends are deferred.
+            THREAD.with(|t| t.borrow_mut().event_loop = true);
+            for _ in 0..ROUNDS {
+                assert_eq!(bulk.send(&[5u8; BULK]).unwrap(), BULK);
+                deferred_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                flush_deferred();
+            }
+            bulk
+        });
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut got = 0;
+            while got < BULK * ROUNDS {
+                let n = bulk_peer.recv(&mut buf).unwrap();
+                assert!(n > 0 && buf[..n].iter().all(|&x| x == 5));
+                got += n;
+            }
+        });
+        THREAD.with(|t| t.borrow_mut().event_loop = true);
+        for _ in 0..ROUNDS {
+            deferred_rx.recv().unwrap();
+            lat.send(b"ping").unwrap();
+            let before = WRITTEN_BY_THIS_THREAD.with(|w| w.get());
+            flush_deferred();
+            let wrote = WRITTEN_BY_THIS_THREAD.with(|w| w.get()) - before;
+            assert!(wrote < 1024, "the latency thread wrote {wrote} bytes: another's backlog");
+            go_tx.send(()).unwrap();
+        }
+        THREAD.with(|t| t.borrow_mut().event_loop = false);
+        let _bulk = other.join().unwrap();
+        reader.join().unwrap();
+        let mut pings = [0u8; 4 * ROUNDS];
+        let mut got = 0;
+        while got < pings.len() {
+            got += lat_peer.recv(&mut pings[got..]).unwrap();
+        }
+        assert!(pings.chunks(4).all(|p| p == b"ping"));
+    }
 }
