@@ -568,7 +568,21 @@ mod tests {
     use std::net::SocketAddr;
 
     use super::*;
-    use crate::{Config, Engine};
+    use crate::{Config, Engine, VSocket};
+
+    /// Two engines on loopback, and a latency and a throughput socket from the first to the
+    /// second (each with its accepted end): one session, both classes.
+    fn two_classes() -> ((Engine, Engine), VSocket, VSocket, VSocket, VSocket) {
+        let here = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (a, b) =
+            (Engine::new(Config::new(here)).unwrap(), Engine::new(Config::new(here)).unwrap());
+        let l = b.listen(7).unwrap();
+        let lat = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
+        let lat_peer = l.accept().unwrap();
+        let bulk = a.connect_with_class(b.local_addr(), 7, Class::Throughput).unwrap();
+        let bulk_peer = l.accept().unwrap();
+        ((a, b), lat, lat_peer, bulk, bulk_peer)
+    }
 
     /// The classes this thread holds deferred sends in, per session.
     fn deferred_classes() -> Vec<u8> {
@@ -579,14 +593,7 @@ mod tests {
     /// (another thread's work: the isolation mix lost a fifth of its requests to it).
     #[test]
     fn a_flush_covers_only_the_classes_this_thread_deferred() {
-        let here = SocketAddr::from(([127, 0, 0, 1], 0));
-        let (a, b) =
-            (Engine::new(Config::new(here)).unwrap(), Engine::new(Config::new(here)).unwrap());
-        let l = b.listen(7).unwrap();
-        let lat = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
-        let lat_peer = l.accept().unwrap();
-        let bulk = a.connect_with_class(b.local_addr(), 7, Class::Throughput).unwrap();
-        let _bulk_peer = l.accept().unwrap();
+        let (_engines, lat, lat_peer, bulk, _bulk_peer) = two_classes();
         let (lb, tb) = (1u8 << Class::Latency.index(), 1u8 << Class::Throughput.index());
         // As an event loop: sends wait for the thread's next wait.
         flush_deferred();
@@ -616,14 +623,7 @@ mod tests {
     #[test]
     fn a_latency_flush_leaves_another_thread_s_throughput_backlog() {
         use crate::driver::WRITTEN_BY_THIS_THREAD;
-        let here = SocketAddr::from(([127, 0, 0, 1], 0));
-        let (a, b) =
-            (Engine::new(Config::new(here)).unwrap(), Engine::new(Config::new(here)).unwrap());
-        let l = b.listen(7).unwrap();
-        let lat = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
-        let lat_peer = l.accept().unwrap();
-        let bulk = a.connect_with_class(b.local_addr(), 7, Class::Throughput).unwrap();
-        let bulk_peer = l.accept().unwrap();
+        let ((a, _b), lat, lat_peer, bulk, bulk_peer) = two_classes();
         // A latency channel of its own (else the throughput channels serve both classes).
         let deadline = Instant::now() + Duration::from_secs(10);
         while !a.stats().channels.iter().any(|c| c.channel.class == Class::Latency) {
