@@ -428,7 +428,7 @@ impl VSocket {
                         let pool = &s.ctx.pool;
                         let mut chunks = Vec::with_capacity(n.div_ceil(pool.buffer_size()));
                         for piece in data[..n].chunks(pool.buffer_size()) {
-                            let mut b = pool.get();
+                            let mut b = pool.get_for(piece.len());
                             b.extend_from_slice(piece);
                             chunks.push(b.freeze());
                         }
