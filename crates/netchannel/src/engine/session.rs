@@ -675,10 +675,10 @@ impl SessionRt {
         self.transmit_classes(u8::MAX);
     }
 
-    /// Writes everything queued for the classes in `classes` (bits by `Class::index`).
+    /// Writes everything queued for the classes in `classes` (`Class::bit`).
     pub fn transmit_classes(self: &Arc<Self>, classes: u8) {
         for class in [Class::Latency, Class::Throughput] {
-            if classes & (1 << class.index()) == 0 {
+            if classes & class.bit() == 0 {
                 continue;
             }
             let pending = {

@@ -451,8 +451,7 @@ struct ThreadTx {
     /// When the thread last sent, and whether it waited since.
     last_send: Option<Instant>,
     waited: bool,
-    /// Sessions holding sends this thread deferred, each with the classes (bits by
-    /// `Class::index`) they were deferred in, and how many bytes: a flush writes those classes
+    /// Sessions holding sends this thread deferred, each with the classes (`Class::bit`) they were deferred in, and how many bytes: a flush writes those classes
     /// only, so a latency thread never writes the throughput backlog of its session.
     dirty: Vec<(Arc<SessionRt>, u8)>,
     deferred: usize,
@@ -464,10 +463,9 @@ struct ThreadTx {
 impl ThreadTx {
     /// `session` holds frames of `class` this thread left for its next flush.
     fn mark_dirty(&mut self, session: &Arc<SessionRt>, class: Class) {
-        let bit = 1u8 << class.index();
         match self.dirty.iter_mut().find(|(s, _)| Arc::ptr_eq(s, session)) {
-            Some((_, classes)) => *classes |= bit,
-            None => self.dirty.push((session.clone(), bit)),
+            Some((_, classes)) => *classes |= class.bit(),
+            None => self.dirty.push((session.clone(), class.bit())),
         }
     }
 }
@@ -594,7 +592,7 @@ mod tests {
     #[test]
     fn a_flush_covers_only_the_classes_this_thread_deferred() {
         let (_engines, lat, lat_peer, bulk, _bulk_peer) = two_classes();
-        let (lb, tb) = (1u8 << Class::Latency.index(), 1u8 << Class::Throughput.index());
+        let (lb, tb) = (Class::Latency.bit(), Class::Throughput.bit());
         // As an event loop: sends wait for the thread's next wait.
         flush_deferred();
         THREAD.with(|t| t.borrow_mut().event_loop = true);

@@ -134,8 +134,7 @@ impl<S: Copy + Into<u64>, C: Copy + Into<usize>> ActiveQueues<S, C> {
     }
 
     pub fn has_work(&self, ch: C, served: &[Class]) -> bool {
-        !self.by_channel[ch.into()].is_empty()
-            || served.iter().any(|k| !self.by_class[k.index()].is_empty())
+        self.has_own_work(ch) || served.iter().any(|&k| self.has_shared_work(k))
     }
 }
 

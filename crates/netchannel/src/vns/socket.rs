@@ -521,7 +521,7 @@ impl VSocket {
             return Ok(Some(0));
         }
         let mut slices = RECV_SLICES.try_with(Cell::take).unwrap_or_default();
-        let (r, _, can_wait, class, channels, work) = {
+        let (r, can_wait, class, channels, work) = {
             let mut core = self.session.core();
             let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
             let owes = core.handle(self.id).owes_control();
@@ -529,7 +529,7 @@ impl VSocket {
             let class = core.stream(self.id).map_or(Class::Throughput, |s| s.class);
             let channels = core.wait_channels(self.id);
             let work = (owes && !can_wait).then(|| core.transmit_work(class));
-            (r, owes, can_wait, class, channels, work)
+            (r, can_wait, class, channels, work)
         };
         if !matches!(r, Recv::Empty) {
             learn(&self.session, channels);
@@ -703,7 +703,7 @@ impl VSocket {
         // The stream's own class: a latency thread closing its socket does not write the
         // throughput backlog (a closed stream's RST goes out on its class's channels too).
         match class {
-            Some(class) => s.transmit_classes(1 << class.index()),
+            Some(class) => s.transmit_classes(class.bit()),
             None => s.transmit_all(),
         }
     }

@@ -43,6 +43,10 @@ impl Class {
     pub fn index(self) -> usize {
         self.code() as usize
     }
+    /// Its bit in a set of classes.
+    pub(crate) fn bit(self) -> u8 {
+        1 << self.index()
+    }
 }
 
 /// Why bytes from a peer were refused. Any of these closes the channel they arrived on.

@@ -317,7 +317,7 @@ impl<U: Default> Session<U> {
         let Some(id) = self.streams.insert_with(|_| {
             let mut s = Stream::new_incoming(port, class, my_window, src, window);
             s.frames_received = 1;
-            s.rx_channel = ch.index as u8 + 1;
+            s.follow(ch);
             s
         }) else {
             return self.queue_rst(class, src, RstReason::Refused);
@@ -471,9 +471,15 @@ impl<U: Default> Session<U> {
 }
 
 impl<U> Stream<U> {
-    /// The peer's DATA came on `ch` (a stream the peer opened answers there: `Session::home`).
+    /// The peer's DATA (or SYN) came on `ch` (a stream the peer opened answers there:
+    /// `Session::home`).
     fn follow(&mut self, ch: ChannelId) {
         self.rx_channel = ch.index as u8 + 1;
+    }
+
+    /// The index of the channel the peer's last DATA (or SYN) came on, if any came.
+    pub(super) fn rx_index(&self) -> Option<u16> {
+        (self.rx_channel as u16).checked_sub(1)
     }
 
     fn new_incoming(

@@ -354,7 +354,7 @@ impl<U: Default> Session<U> {
             }
             return Some(serving[(s.thread as usize - 1) % serving.len()]);
         }
-        let index = (s.rx_channel as u16).checked_sub(1)?;
+        let index = s.rx_index()?;
         serving.iter().copied().find(|c| c.index == index)
     }
 
@@ -363,10 +363,10 @@ impl<U: Default> Session<U> {
     /// stream's spread over several), when open.
     pub fn wait_channels(&self, id: StreamId) -> [Option<ChannelId>; 2] {
         let home = self.home(id);
-        let rx = self.streams.get(id).and_then(|s| {
-            let index = (s.rx_channel as u16).checked_sub(1)?;
-            self.channels.get(index as usize)?.as_ref().map(|st| st.id)
-        });
+        let rx = self
+            .streams
+            .get(id)
+            .and_then(|s| self.channels.get(s.rx_index()? as usize)?.as_ref().map(|st| st.id));
         [home, rx.filter(|&r| Some(r) != home)]
     }
 
