@@ -28,9 +28,9 @@ pub(crate) fn can_demote(policy: ThreadPolicy) -> bool {
     if policy == ThreadPolicy::Normal {
         return false;
     }
-    std::thread::spawn(move || {
-        let before = sys::thread_schedule();
-        sys::set_thread_policy(policy, None).is_ok() && sys::restore_thread_schedule(before).is_ok()
+    std::thread::spawn(move || match sys::demote_thread(policy) {
+        Ok(Some(before)) => sys::restore_thread_schedule(before).is_ok(),
+        _ => false,
     })
     .join()
     .unwrap_or(false)
@@ -45,11 +45,8 @@ impl Demoted {
         if !enabled || class != Class::Throughput || DEMOTED.get() {
             return Demoted(None);
         }
-        let before = sys::thread_schedule();
         // A real-time thread (or one already idle) is left as it is.
-        if !before.is_normal() || sys::set_thread_policy(policy, None).is_err() {
-            return Demoted(None);
-        }
+        let Ok(Some(before)) = sys::demote_thread(policy) else { return Demoted(None) };
         DEMOTED.set(true);
         Demoted(Some(before))
     }

@@ -444,6 +444,51 @@ pub fn random_u64() -> u64 {
 mod tests {
     use super::*;
 
+    /// The calling thread's (policy, nice) as the kernel reports them.
+    fn policy_and_nice() -> (i32, i32) {
+        // SAFETY: sched_getscheduler(0) reads the calling thread's policy; no memory is passed.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        (policy, rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
+    }
+
+    #[test]
+    fn a_demotion_puts_back_the_policy_and_nice_value_it_found() {
+        // On a scratch thread: its scheduling is its own. Nice 3 first (raising nice needs no
+        // privilege), then SCHED_BATCH, so that restoring a default would show.
+        std::thread::spawn(|| {
+            rustix::process::setpriority_process(Some(rustix::thread::gettid()), 3).unwrap();
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: pid 0 is the calling thread; `param` is a live sched_param.
+            assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) }, 0);
+            let found = policy_and_nice();
+            assert_eq!(found, (libc::SCHED_BATCH, 3));
+
+            let Some(before) = demote_thread(ThreadPolicy::Idle).unwrap() else {
+                panic!("a SCHED_BATCH thread is demoted")
+            };
+            assert_eq!(policy_and_nice().0, libc::SCHED_IDLE);
+            let putting_back = restore_thread_schedule(before);
+            if putting_back.is_err() {
+                eprintln!("skipping the rest: no right to leave SCHED_IDLE (no CAP_SYS_NICE)");
+                return;
+            }
+            assert_eq!(policy_and_nice(), found, "SCHED_IDLE and back keeps the nice value");
+
+            let before = demote_thread(ThreadPolicy::Nice(19)).unwrap().expect("demoted");
+            assert_eq!(policy_and_nice(), (libc::SCHED_BATCH, 19));
+            restore_thread_schedule(before).unwrap();
+            assert_eq!(policy_and_nice(), found);
+
+            // An idle thread is left as it is.
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) }, 0);
+            assert!(demote_thread(ThreadPolicy::Nice(19)).unwrap().is_none());
+            assert_eq!(policy_and_nice().0, libc::SCHED_IDLE);
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn tcp_info_reads_a_tcp_connection_and_nothing_else() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -587,34 +632,52 @@ pub fn thread_id() -> i32 {
     rustix::thread::gettid().as_raw_nonzero().get()
 }
 
-/// A thread's scheduling as found, to put it back: (policy, nice).
+/// What a demotion changed on a thread, to put it back: its policy as `sched_getscheduler`
+/// gave it (with `SCHED_RESET_ON_FORK` if set), and its nice value when the demotion changed
+/// that instead.
 #[derive(Debug, Clone, Copy)]
-pub struct Schedule(i32, i32);
-
-impl Schedule {
-    /// SCHED_OTHER or SCHED_BATCH (what demotion may change and put back).
-    pub fn is_normal(&self) -> bool {
-        self.0 == libc::SCHED_OTHER || self.0 == libc::SCHED_BATCH
-    }
+pub struct Schedule {
+    policy: i32,
+    nice: Option<i32>,
 }
 
-/// The calling thread's scheduling policy and nice value.
-pub fn thread_schedule() -> Schedule {
+/// Demotes the calling thread to `policy`, returning what to put back; `None` (and nothing
+/// changed) for a thread that is not SCHED_OTHER or SCHED_BATCH: a real-time or idle thread is
+/// left as it is. Two system calls to demote and one to restore: a switch to SCHED_IDLE and
+/// back keeps the thread's nice value (the kernel carries it for fair policies), so only a
+/// demotion by nice reads and restores it.
+pub fn demote_thread(policy: ThreadPolicy) -> io::Result<Option<Schedule>> {
     // SAFETY: sched_getscheduler(0) reads the calling thread's policy; no memory is passed.
-    let policy = unsafe { libc::sched_getscheduler(0) };
-    let nice = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap_or(0);
-    Schedule(policy.max(0), nice)
-}
-
-/// Puts the calling thread back to a scheduling `thread_schedule` returned.
-pub fn restore_thread_schedule(s: Schedule) -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; `param` is a live sched_param (priority 0 is what
-    // SCHED_OTHER, SCHED_BATCH and SCHED_IDLE require; a real-time thread is never demoted).
-    if unsafe { libc::sched_setscheduler(0, s.0, &param) } != 0 {
+    let found = unsafe { libc::sched_getscheduler(0) };
+    if found < 0 {
         return Err(io::Error::last_os_error());
     }
-    rustix::process::setpriority_process(Some(rustix::thread::gettid()), s.1)?;
+    let base = found & !libc::SCHED_RESET_ON_FORK;
+    if base != libc::SCHED_OTHER && base != libc::SCHED_BATCH {
+        return Ok(None);
+    }
+    let nice = match policy {
+        ThreadPolicy::Normal | ThreadPolicy::Nice(_) => {
+            Some(rustix::process::getpriority_process(Some(rustix::thread::gettid()))?)
+        }
+        ThreadPolicy::Idle => None,
+    };
+    set_thread_policy(policy, None)?;
+    Ok(Some(Schedule { policy: found, nice }))
+}
+
+/// Puts the calling thread back to what `demote_thread` found.
+pub fn restore_thread_schedule(s: Schedule) -> io::Result<()> {
+    if let Some(nice) = s.nice {
+        rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice)?;
+        return Ok(());
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a live sched_param (priority 0 is what
+    // SCHED_OTHER and SCHED_BATCH require, the only policies demotion changes).
+    if unsafe { libc::sched_setscheduler(0, s.policy, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
 }
 
