@@ -3,13 +3,13 @@
 # under `netchannel run` in the ncperf namespaces, with the system calls and context switches of
 # the whole machine per key (perf stat -a). Usage: memcached.sh DIR [RUN-OPTIONS...]
 # DIR holds the `netchannel` launcher; RUN-OPTIONS go to `netchannel run` (e.g. --channels 16).
-# `linux` as DIR runs both on kernel TCP.
+# `linux` as DIR runs both on kernel TCP. SYSCALLS="read sendmsg ..." picks the system calls counted.
 set -euo pipefail
 dir=$1; shift
 wrap=()
 [[ $dir != linux ]] && wrap=("$dir/netchannel" run "$@" --)
 events=raw_syscalls:sys_enter,context-switches
-for s in epoll_wait epoll_pwait epoll_pwait2 read sendmsg recvfrom sendto ppoll poll write; do
+for s in ${SYSCALLS:-epoll_wait epoll_pwait epoll_pwait2 read sendmsg recvfrom sendto ppoll poll write}; do
   events+=",syscalls:sys_enter_$s"
 done
 ip netns exec ncperf-b "${wrap[@]}" memcached -t 4 -l 10.214.0.2 -p 6392 -U 0 -u root &
