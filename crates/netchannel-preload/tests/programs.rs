@@ -621,6 +621,75 @@ fn haproxy(hosts: Hosts) {
     }
 }
 
+/// node.js (libuv: level-triggered epoll re-armed with `EPOLL_CTL_MOD`, writes that wait for
+/// `drain`, half-close by `end`): an echo server and a client that sends each of 6 connections
+/// 8 MiB as fast as the socket takes it and checks the SHA-256 of what comes back.
+fn node(hosts: Hosts) {
+    if !have("node") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("node-{hosts:?}"), true, true);
+    let port = ports(1);
+    let server_js = p.dir.join("server.js");
+    std::fs::write(
+        &server_js,
+        format!(
+            "const net = require('net');\n\
+             net.createServer(c => c.pipe(c)).listen({port}, '{}');\n\
+             process.on('SIGTERM', () => process.exit(0));\n",
+            p.server.addr
+        ),
+    )
+    .unwrap();
+    let client_js = p.dir.join("client.js");
+    std::fs::write(
+        &client_js,
+        format!(
+            "const net = require('net'), crypto = require('crypto');\n\
+             const N = 6, SIZE = 8 << 20;\n\
+             let done = 0;\n\
+             for (let i = 0; i < N; i++) {{\n\
+               const c = net.connect({port}, '{}');\n\
+               const sent = crypto.createHash('sha256'), got = crypto.createHash('sha256');\n\
+               const chunk = crypto.randomBytes(65536 + 4099 * i);\n\
+               let n = 0, back = 0;\n\
+               const pump = () => {{\n\
+                 while (n < SIZE) {{\n\
+                   const b = chunk.subarray(0, Math.min(chunk.length, SIZE - n));\n\
+                   sent.update(b); n += b.length;\n\
+                   if (!c.write(b)) return;\n\
+                 }}\n\
+                 c.end();\n\
+               }};\n\
+               c.on('connect', pump); c.on('drain', pump);\n\
+               c.on('data', d => {{ got.update(d); back += d.length; }});\n\
+               c.on('end', () => {{\n\
+                 const same = sent.digest('hex') === got.digest('hex');\n\
+                 console.log(i, back, same ? 'same' : 'DIFFERENT');\n\
+                 if (++done === N) process.exit(0);\n\
+               }});\n\
+               c.on('error', e => {{ console.log(i, 'error', e.code); process.exit(1); }});\n\
+             }}\n",
+            p.server.addr
+        ),
+    )
+    .unwrap();
+    let server = p.server.spawn("node", &[&server_js.display().to_string()]);
+    p.server.wait_listening(port);
+    let out = p.client.run("node", &[&client_js.display().to_string()], T);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 6, "{out}");
+    for l in lines {
+        assert!(l.ends_with(&format!(" {} same", 8 << 20)), "{out}");
+    }
+    server.stop();
+    assert_eq!(stat(&p.client.stats, "direct"), 6, "{}", stats_text(&p.client.stats));
+    assert_eq!(stat(&p.server.stats, "accept"), 6, "{}", stats_text(&p.server.stats));
+    assert_eq!(stat(&p.server.stats, "relayed"), 0, "{}", stats_text(&p.server.stats));
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -631,7 +700,8 @@ crate::both_testbeds!(
     conformance,
     preshared_key,
     postgres,
-    haproxy
+    haproxy,
+    node
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.
