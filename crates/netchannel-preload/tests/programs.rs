@@ -734,6 +734,46 @@ fn refuses_static_and_setuid() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// What cannot be run at all exits as a shell would: 127 for a command that is not there, 126
+/// for a file that is not executable; a non-executable file earlier in PATH is skipped; the
+/// program keeps the name it was given.
+#[test]
+fn exits_as_a_shell_does_when_the_command_cannot_run() {
+    let dir = std::env::temp_dir().join(format!("ncpre-notrun-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str], path: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new(NETCHANNEL);
+        c.arg("run").arg("--").args(args);
+        if let Some(p) = path {
+            c.env("PATH", p);
+        }
+        c.output().unwrap()
+    };
+    let missing = dir.join("missing");
+    let out = run(&[missing.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No such file"), "{out:?}");
+    let out = run(&["no-such-command-anywhere"], None);
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("command not found"), "{out:?}");
+
+    let plain = dir.join("plain");
+    std::fs::write(&plain, "#!/bin/sh\nexit 0\n").unwrap();
+    let out = run(&[plain.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{out:?}");
+    let out = run(&[dir.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+
+    // PATH: the non-executable `sh` in `dir` comes first and is passed over.
+    std::fs::copy(&plain, dir.join("sh")).unwrap();
+    let path = std::env::join_paths([dir.clone(), "/usr/bin".into(), "/bin".into()]).unwrap();
+    let out = run(&["sh", "-c", "echo $0; exit 7"], Some(std::path::Path::new(&path)));
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "sh", "argv[0] as given");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A program linked with liburing is refused (its io_uring sockets would bypass netchannel)
 /// unless `--allow-io-uring`; one that sets up io_uring by system call is reported at exit.
 #[test]

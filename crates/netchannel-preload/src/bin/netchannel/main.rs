@@ -30,6 +30,10 @@ enum Cmd {
     /// The program (dynamically linked) runs with the interposition library preloaded: its
     /// TCP connections to hosts whose programs also run under netchannel go over virtual
     /// sockets, all others (and UDP, Unix sockets, DNS) stay kernel TCP.
+    ///
+    /// Exit status: the program's own (it replaces this process). 127 when the command is not
+    /// found and 126 when it cannot be executed, as a shell exits; 2 when netchannel refuses
+    /// it (setuid, statically linked, liburing) or an option is wrong.
     Run(Run),
     /// List the netchannel engines on this host: peers, channels, virtual sockets, budgets
     ///
@@ -126,8 +130,18 @@ fn bytes(s: &str) -> Result<u64, String> {
 }
 
 fn fail(msg: &str) -> ! {
+    fail_with(2, msg)
+}
+
+/// The statuses a shell (and `env`, `timeout`, `nohup`) exits with when the command cannot be
+/// run: scripts that run a program under `netchannel run` tell the cases apart as they would
+/// without it.
+const NOT_FOUND: i32 = 127;
+const NOT_EXECUTABLE: i32 = 126;
+
+fn fail_with(code: i32, msg: &str) -> ! {
     eprintln!("netchannel: {msg}");
-    exit(2)
+    exit(code)
 }
 
 fn main() {
@@ -180,8 +194,9 @@ fn main() {
             lib.display()
         ));
     }
-    let program = resolve(Path::new(&command[0]))
-        .unwrap_or_else(|| fail(&format!("{}: command not found", command[0].to_string_lossy())));
+    let program = resolve(Path::new(&command[0])).unwrap_or_else(|(code, why)| {
+        fail_with(code, &format!("{}: {why}", command[0].to_string_lossy()))
+    });
     if let Err(why) = carriable(&program) {
         fail(&format!("cannot carry {}: {why}; run it without netchannel", program.display()));
     }
@@ -198,9 +213,15 @@ fn main() {
         preload.push(" ");
         preload.push(old);
     }
-    let err =
-        Command::new(&command[0]).args(&command[1..]).envs(envs).env("LD_PRELOAD", preload).exec();
-    fail(&format!("cannot run {}: {err}", command[0].to_string_lossy()))
+    // The program checked above, under the name it was given (argv[0], as a shell passes it).
+    let err = Command::new(&program)
+        .arg0(&command[0])
+        .args(&command[1..])
+        .envs(envs)
+        .env("LD_PRELOAD", preload)
+        .exec();
+    let code = if err.kind() == std::io::ErrorKind::NotFound { NOT_FOUND } else { NOT_EXECUTABLE };
+    fail_with(code, &format!("cannot run {}: {err}", command[0].to_string_lossy()))
 }
 
 fn default_lib() -> PathBuf {
@@ -222,12 +243,25 @@ fn newest_lib(dir: &Path) -> PathBuf {
         .map_or_else(|| dir.join("libnetchannel_preload.so"), |(_, p)| p)
 }
 
-fn resolve(cmd: &Path) -> Option<PathBuf> {
+/// The program `cmd` names, found as a shell finds it: a name with a slash as it is, any other
+/// in `PATH`, skipping files that are not executable. Else the shell's exit status and why.
+fn resolve(cmd: &Path) -> Result<PathBuf, (i32, &'static str)> {
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
     if cmd.components().count() > 1 {
-        return cmd.is_file().then(|| cmd.to_path_buf());
+        return match std::fs::metadata(cmd) {
+            Err(_) => Err((NOT_FOUND, "No such file or directory")),
+            Ok(m) if m.is_dir() => Err((NOT_EXECUTABLE, "Is a directory")),
+            Ok(_) if !executable(cmd) => Err((NOT_EXECUTABLE, "Permission denied")),
+            Ok(_) => Ok(cmd.to_path_buf()),
+        };
     }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(cmd)).find(|p| p.is_file())
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| executable(p))
+        .ok_or((NOT_FOUND, "command not found"))
 }
 
 /// Why LD_PRELOAD would not take effect: setuid/setgid binaries (the loader ignores
