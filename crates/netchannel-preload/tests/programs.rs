@@ -736,7 +736,7 @@ fn refuses_static_and_setuid() {
 
 /// What cannot be run at all exits as a shell would: 127 for a command that is not there, 126
 /// for a file that is not executable; a non-executable file earlier in PATH is skipped; the
-/// program keeps the name it was given.
+/// program keeps the name it was given. A stats file that cannot be written is an error at once.
 #[test]
 fn exits_as_a_shell_does_when_the_command_cannot_run() {
     let dir = std::env::temp_dir().join(format!("ncpre-notrun-{}", std::process::id()));
@@ -771,6 +771,17 @@ fn exits_as_a_shell_does_when_the_command_cannot_run() {
     let out = run(&["sh", "-c", "echo $0; exit 7"], Some(std::path::Path::new(&path)));
     assert_eq!(out.status.code(), Some(7), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "sh", "argv[0] as given");
+
+    // A stats file the summary could not reach is an error before the program runs.
+    let unreachable = dir.join("no-such-dir").join("stats");
+    let out = std::process::Command::new(NETCHANNEL)
+        .args(["run", "--stats-file"])
+        .arg(&unreachable)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stats file"), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

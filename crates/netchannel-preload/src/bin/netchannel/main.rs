@@ -161,7 +161,13 @@ fn main() {
         envs.push(("NETCHANNEL_STATS", "stderr".into()));
     }
     if let Some(f) = &run.stats_file {
-        envs.push(("NETCHANNEL_STATS", f.clone().into_os_string()));
+        // Opened here, so that a path the summary cannot reach is an error now and not a
+        // silent loss at exit; absolute, because the program may change its directory.
+        if let Err(e) = std::fs::OpenOptions::new().create(true).append(true).open(f) {
+            fail(&format!("cannot append to the stats file {}: {e}", f.display()));
+        }
+        let abs = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+        envs.push(("NETCHANNEL_STATS", abs.into_os_string()));
     }
     if let Some(f) = &run.psk_file {
         // Checked here, so that a wrong path is an error now and not a silent kernel-TCP run.
