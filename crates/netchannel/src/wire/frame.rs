@@ -1,4 +1,4 @@
-//! Frames inside a channel's byte stream, after the handshake (protocol version 2).
+//! Frames inside a channel's byte stream, after the handshake (protocol version 3).
 //!
 //! Every frame starts with a 12-byte common header, followed by a type-specific part (big-endian):
 //!
@@ -10,7 +10,7 @@
 //! RST    4 reason u8 | reserved [u8; 3] (0)                        16
 //! FIN    5 final offset u64                                        20
 //! CREDIT 6 consumed u64 | window u32                               24
-//! ACK    7 channel u16 | reserved u16 (0) | position u64          24   (stream 0)
+//! ACK    7 channel u16 | incarnation u16 | position u64           24   (stream 0)
 //! ```
 //!
 //! `stream` is the *receiver's* stream id for every type but SYN, where it is the sender's own id

@@ -1,7 +1,7 @@
 //! Wire format: where a channel handshake and a frame get parsed and emitted.
 //!
 //! Pure codec, no I/O: decoders take byte slices and return values or a [`WireError`]; encoders
-//! write into caller buffers. The normative description is docs/PROTOCOL.md (version 2).
+//! write into caller buffers. The normative description is docs/PROTOCOL.md (version 3).
 
 pub mod frame;
 pub mod handshake;
