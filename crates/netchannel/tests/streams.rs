@@ -589,3 +589,35 @@ fn blocking_senders_held_by_class_space_are_woken_when_the_worker_frees_it() {
         }
     });
 }
+
+/// Channel scaling adds throughput channels, so only senders that throughput channels serve
+/// ask for one: a latency sender short of class space (its own channel busy) adds none, while a
+/// throughput sender in the same straits does.
+#[test]
+fn only_senders_served_by_throughput_channels_add_channels() {
+    for class in [Class::Latency, Class::Throughput] {
+        let tb = Testbed::loopback();
+        let (a, b) = tb.engines(|c| {
+            c.channels = 1;
+            c.max_channels = 3;
+            c.latency_channels = 1;
+            // Little class space: any burst of sends runs short of it.
+            c.channel_queue_threshold = 16 * 1024;
+        });
+        let l = b.listen(12).unwrap();
+        let s = a.connect_with_class(b.local_addr(), 12, class).unwrap();
+        let p = l.accept().unwrap();
+        const LEN: u64 = 32 << 20;
+        let reader = std::thread::spawn(move || recv_pattern(&p, 12, 1 << 16));
+        send_pattern(&s, 12, LEN, 1 << 20);
+        s.shutdown().unwrap();
+        assert_eq!(reader.join().unwrap(), LEN);
+        std::thread::sleep(Duration::from_millis(200));
+        let throughput =
+            a.stats().channels.iter().filter(|c| c.channel.class == Class::Throughput).count();
+        match class {
+            Class::Latency => assert_eq!(throughput, 1, "a latency sender added a channel"),
+            Class::Throughput => assert!(throughput > 1, "the throughput sender added none"),
+        }
+    }
+}

@@ -602,10 +602,17 @@ impl EngineCtx {
     }
 
     /// Adds a throughput channel to a session this engine dialed (NetScheduler's channel
-    /// scaling), if it is below `max_channels` and not already adding one.
-    pub fn grow(self: &Arc<Self>, session: &Arc<SessionRt>) {
+    /// scaling), if it is below `max_channels` and not already adding one. `class` is the class
+    /// whose senders ran short of room: only one that throughput channels serve gains by it (a
+    /// latency class with channels of its own does not).
+    pub fn grow(self: &Arc<Self>, session: &Arc<SessionRt>, class: Class) {
+        let served_by_throughput = session
+            .serving_channels(class)
+            .first()
+            .is_none_or(|c| c.meta.class == Class::Throughput);
         let count = session.serving_channels(Class::Throughput).len();
-        if !session.initiator
+        if !served_by_throughput
+            || !session.initiator
             || self.stopping.load(Ordering::Acquire)
             || count >= self.config.max_channels
             || session.growing.swap(true, Ordering::AcqRel)

@@ -662,11 +662,10 @@ impl SessionRt {
             return;
         }
         // Bytes are left and every channel of the class is full: the cue to add a channel
-        // (NetScheduler's channel scaling; the dialing side only, up to `max_channels`).
-        if class == Class::Throughput
-            && channels.iter().all(|c| c.tx_blocked.load(Ordering::Acquire))
-        {
-            self.ctx.grow(self);
+        // (NetScheduler's channel scaling; the dialing side only, up to `max_channels`, and
+        // only where throughput channels serve the class).
+        if channels.iter().all(|c| c.tx_blocked.load(Ordering::Acquire)) {
+            self.ctx.grow(self, class);
         }
     }
 

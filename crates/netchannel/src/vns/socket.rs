@@ -453,14 +453,14 @@ impl VSocket {
                 Ok(n) => (n, class, congested, channels, work),
                 Err(e) => {
                     if congested {
-                        s.ctx.grow(s);
+                        s.ctx.grow(s, class);
                     }
                     return Err(send_error(e));
                 }
             }
         };
         if congested {
-            s.ctx.grow(s);
+            s.ctx.grow(s, class);
         }
         learn(s, channels);
         if waiter::send_now(s, class, self.id.0, n, self.observed.load(Ordering::Relaxed)) {
