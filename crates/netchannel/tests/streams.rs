@@ -15,6 +15,7 @@ both_testbeds!(
     ten_thousand_concurrent_sockets,
     half_close,
     close_with_unread_data_resets_peer,
+    bytes_that_arrived_before_a_reset_are_read_first,
     fin_overtaking_data_never_truncates,
     sticky_policy_keeps_a_stream_on_one_channel,
     latency_class_never_touches_throughput_channels,
@@ -156,6 +157,36 @@ fn close_with_unread_data_resets_peer(hosts: Hosts) {
     let mut buf = [0u8; 8];
     assert_eq!(s.recv(&mut buf).unwrap_err().kind(), ErrorKind::ConnectionReset);
     assert_eq!(s.send(b"x").unwrap_err().kind(), ErrorKind::ConnectionReset);
+}
+
+/// As on TCP, a reset does not take back what already arrived: the reader gets those bytes,
+/// then the reset.
+fn bytes_that_arrived_before_a_reset_are_read_first(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(4).unwrap();
+    let s = a.connect(b.local_addr(), 4).unwrap();
+    let p = l.accept().unwrap();
+    p.send(b"hello").unwrap();
+    while s.stats().unread_bytes < 5 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    p.abort();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // The reset is in when a write says so.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.send(b"x").is_ok() {
+        assert!(Instant::now() < deadline, "the reset never arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut peeked = [0u8; 8];
+    assert_eq!(s.peek(&mut peeked).unwrap(), 5);
+    let mut buf = [0u8; 3];
+    assert_eq!(s.recv(&mut buf).unwrap(), 3);
+    assert_eq!(&buf, b"hel");
+    assert_eq!(s.recv(&mut buf).unwrap(), 2);
+    assert_eq!(&buf[..2], b"lo");
+    assert_eq!(s.recv(&mut buf).unwrap_err().kind(), ErrorKind::ConnectionReset);
 }
 
 fn fin_overtaking_data_never_truncates(hosts: Hosts) {

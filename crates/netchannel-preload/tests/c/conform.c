@@ -567,7 +567,8 @@ static void mixed_sets(const char *host, int port) {
 
 /* The peer's FIN, then our write to the closed peer (it answers RST: this socket was in
  * CLOSE_WAIT, so Linux reports EPIPE); the peer's RST (SO_LINGER {1, 0}): the error is reported
- * once, by whichever of recv or SO_ERROR comes first, then reads give 0 and sends EPIPE. */
+ * once, by whichever of recv or SO_ERROR comes first, then reads give 0 and sends EPIPE; bytes
+ * that arrived before the RST are read first. */
 static void fin_and_reset(const char *host, int port) {
     int s = dial(host, port, 0);
     char b[64];
@@ -594,6 +595,20 @@ static void fin_and_reset(const char *host, int port) {
     printf(" so_error=%s", en(so_error(s)));
     printf(" send=%s", res(send(s, "abc", 3, MSG_NOSIGNAL)));
     printf(" then poll=%#x epoll=%#x\n", wait_revents(s, POLLHUP), epoll_mask(s));
+    close(s);
+
+    /* Bytes that arrived before the reset are still read, then the error (the kernel keeps
+     * its receive queue on a reset). */
+    s = dial(host, port, 0);
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    cmd(s, "r");
+    rv = wait_revents(s, POLLHUP | POLLERR);
+    printf("5 bytes, then RST: poll=%#x epoll=%#x", rv, epoll_mask(s));
+    printf(" recv=%s", res(recv(s, b, 3, 0)));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    printf(" recv=%s\n", res(recv(s, b, sizeof b, 0)));
     close(s);
 
     s = dial(host, port, 0);

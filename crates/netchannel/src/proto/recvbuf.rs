@@ -610,6 +610,19 @@ impl RecvBuf {
     }
 
     /// Drops everything held (reset, close with unread data); returns the bytes dropped.
+    /// Keeps only the bytes in user space at the front (what a read takes without a channel):
+    /// the rest (out of order, or still in a channel's socket) is dropped. Returns the dropped
+    /// count, as `clear`.
+    pub fn keep_front(&mut self) -> u64 {
+        let before = self.unread();
+        let keep = self.ready.iter().take_while(|s| matches!(s, Seg::Data(_))).count();
+        self.ready.truncate(keep);
+        self.ooo = None;
+        self.ready_data = self.ready_front();
+        self.deferred_segs = 0;
+        before - self.unread()
+    }
+
     pub fn clear(&mut self) -> u64 {
         let dropped = self.unread();
         self.ready.clear();

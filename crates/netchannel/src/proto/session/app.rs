@@ -165,6 +165,13 @@ impl<U: Default> Session<U> {
     pub(super) fn recv(&mut self, id: StreamId, max: u64, out: &mut Vec<Bytes>) -> Recv {
         let Some(s) = self.streams.get_mut(id) else { return Recv::Closed };
         if let Some(cause) = s.reset {
+            // Bytes kept from before the peer's reset come first (no credit for them).
+            let n = s.rx.take(max, out);
+            if n > 0 {
+                self.rx_held -= n;
+                self.compact_if_due();
+                return Recv::Data(n);
+            }
             return Recv::Reset(cause);
         }
         let n = s.rx.take(max, out);
@@ -193,7 +200,10 @@ impl<U: Default> Session<U> {
     pub(super) fn peek(&self, id: StreamId, buf: &mut [u8]) -> Recv {
         let Some(s) = self.streams.get(id) else { return Recv::Closed };
         if let Some(cause) = s.reset {
-            return Recv::Reset(cause);
+            return match s.rx.peek(buf) {
+                0 => Recv::Reset(cause),
+                n => Recv::Data(n as u64),
+            };
         }
         match s.rx.peek(buf) {
             0 if s.at_eof() => Recv::Eof,

@@ -99,7 +99,15 @@ impl<U: Default> Session<U> {
         s.reset = Some(cause);
         let dropped = s.tx.clear();
         self.rx_held -= s.rx.held_bytes();
-        s.rx.clear();
+        // As TCP's reset: what arrived in order before it is still read, then the error (the
+        // kernel keeps its receive queue). Only for the peer's reset of a stream still open
+        // here; a local abort or a lost session has nobody to read.
+        if matches!(cause, ResetCause::Peer(_)) && !s.app_closed {
+            s.rx.keep_front();
+        } else {
+            s.rx.clear();
+        }
+        self.rx_held += s.rx.held_bytes();
         s.owe = 0;
         let (class, peer, phase, closed) = (s.class, s.peer, s.phase, s.app_closed);
         self.compact_if_due();
