@@ -30,6 +30,7 @@ both_testbeds!(
     credit_keeps_flowing_while_a_peer_holds_unread_bytes,
     a_slow_acceptor_holds_neither_its_dial_nor_other_peers,
     a_black_holed_peer_is_declared_dead,
+    streams_reset_in_the_waiting_line_are_freed,
 );
 
 const MIB: u64 = 1 << 20;
@@ -810,4 +811,41 @@ fn a_black_holed_peer_is_declared_dead(hosts: Hosts) {
     // user_timeout (2 s) for the busy channels, keepalive (1 + 2 x 1 s) for idle ones; the
     // session dies with its last channel.
     assert!(took < Duration::from_secs(8), "declared dead after {took:?}");
+}
+
+/// A peer that opened streams behind a full backlog and then reset them (a target's stream ids
+/// can be guessed, and a wrong guess costs only a counter) left each one in the target's
+/// stream table for good: no application accepts a reset stream, so nothing closed it, and
+/// repeating that filled the table (`max_streams`) until the target's own connects to the peer
+/// failed. Each is freed when its turn in the waiting line comes.
+fn streams_reset_in_the_waiting_line_are_freed(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (_a, b) = tb.engines(|c| c.accept_backlog = 2);
+    let l = b.listen(7).unwrap();
+    let sock = raw::channel_as(&tb, b.local_addr(), 0x7E57, 0, None).unwrap();
+    let mut ch = Raw::new(sock);
+    let syns: Vec<Frame<'static>> = (1..=4u64).map(|i| syn((1 << 24) | i, 7, 1 << 20)).collect();
+    ch.send(&syns).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let incoming = || -> Vec<u64> {
+        let st = b.stats();
+        st.sockets.iter().filter(|s| s.state == "incoming").map(|s| s.id).collect()
+    };
+    while incoming().len() < 2 || l.pending() < 2 {
+        assert!(Instant::now() < deadline, "{:?}", b.stats().sockets);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let waiting = incoming();
+    let rsts: Vec<Frame<'static>> =
+        waiting.iter().map(|&dst| Frame::Rst { dst, reason: wire::RstReason::Aborted }).collect();
+    ch.send(&rsts).unwrap();
+    while b.stats().sockets.iter().filter(|s| s.state == "reset").count() < 2 {
+        assert!(Instant::now() < deadline, "{:?}", b.stats().sockets);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let accepted: Vec<VSocket> = (0..2).map(|_| l.accept().unwrap()).collect();
+    assert_eq!(l.pending(), 0, "a reset stream was admitted to the backlog");
+    let left = b.stats().sockets;
+    assert_eq!(left.len(), 2, "reset streams stayed in the table: {left:?}");
+    drop(accepted);
 }

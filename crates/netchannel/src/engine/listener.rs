@@ -143,7 +143,13 @@ impl ListenerShared {
             let live = session.with_core(|core| {
                 let mut stream = core.handle(id);
                 stream.accept(window);
-                stream.state().is_some_and(|s| s.reset.is_none())
+                let live = stream.state().is_some_and(|s| s.reset.is_none());
+                if !live {
+                    // Reset while it waited: no application will accept it, and so none will
+                    // close it, so it is freed here.
+                    stream.close(std::time::Instant::now());
+                }
+                live
             });
             if live {
                 session.defer_flush();
