@@ -129,13 +129,14 @@ impl RecvBuf {
     }
 
     /// What this buffer costs in memory: the bytes held in user space, plus the bookkeeping of
-    /// each out-of-order segment (a peer sending 1-byte frames out of order pays for those).
+    /// each out-of-order segment and each copy kept of a deferred payload (a peer sending
+    /// 1-byte frames out of order, or again over a deferred payload, pays for those).
     pub fn held_bytes(&self) -> u64 {
         self.ready_data
-            + self
-                .ooo
-                .as_ref()
-                .map_or(0, |o| o.data_bytes + o.segs.len() as u64 * OOO_SEG_COST + o.resent_bytes)
+            + self.ooo.as_ref().map_or(0, |o| {
+                let segments = (o.segs.len() + o.resent.len()) as u64;
+                o.data_bytes + segments * OOO_SEG_COST + o.resent_bytes
+            })
     }
 
     /// Whether any payload of this stream waits in a channel's socket.
@@ -168,8 +169,10 @@ impl RecvBuf {
         self.ready.len()
     }
 
+    /// Segments held out of order, and copies kept of deferred payloads (each becomes one if
+    /// its payload's channel is lost): together within `max_out_of_order_segments`.
     fn ooo_segments(&self) -> usize {
-        self.ooo.as_ref().map_or(0, |o| o.segs.len())
+        self.ooo.as_ref().map_or(0, |o| o.segs.len() + o.resent.len())
     }
 
     /// True when no byte of `offset..offset + len` has been received.
@@ -197,7 +200,7 @@ impl RecvBuf {
     ) -> Result<u64, TooManySegments> {
         let end = offset + data.len() as u64;
         if self.deferred_segs > 0 && end > self.consumed {
-            self.keep_resent(offset, &data);
+            self.keep_resent(offset, &data, max_segments)?;
         }
         if end <= self.contig || data.is_empty() {
             return Ok(0);
@@ -394,8 +397,14 @@ impl RecvBuf {
     }
 
     /// Keeps aside the parts of `data` (at `offset`) that fall on deferred payloads and are
-    /// not kept already.
-    fn keep_resent(&mut self, offset: u64, data: &Bytes) {
+    /// not kept already. Each kept copy counts as an out-of-order segment (it becomes one if
+    /// its payload's channel is lost), within the same `max_segments`.
+    fn keep_resent(
+        &mut self,
+        offset: u64,
+        data: &Bytes,
+        max_segments: usize,
+    ) -> Result<(), TooManySegments> {
         let end = offset + data.len() as u64;
         // The deferred segments `offset..end` overlaps, as `(start, len)`.
         let mut hits = Vec::new();
@@ -433,7 +442,12 @@ impl RecvBuf {
             let covered = first
                 .into_iter()
                 .chain(kept.resent.range(lo..hi).map(|(&s, b)| (s, b.len() as u64)));
-            for (a, b) in gaps(covered, lo, hi) {
+            let gaps = gaps(covered, lo, hi);
+            if kept.segs.len() + kept.resent.len() + gaps.len() > max_segments {
+                // A peer resending a deferred payload a few bytes at a time.
+                return Err(TooManySegments);
+            }
+            for (a, b) in gaps {
                 let piece = data.slice((a - offset) as usize..(b - offset) as usize);
                 // As out-of-order bytes: a small slice must not pin a whole read buffer.
                 let piece = if piece.len() < COMPACT_BELOW {
@@ -445,6 +459,7 @@ impl RecvBuf {
                 kept.resent.insert(a, piece);
             }
         }
+        Ok(())
     }
 
     /// Takes the copies kept of `lo..hi` out (trimmed to it; parts outside stay kept).
@@ -673,6 +688,28 @@ mod tests {
         rb.insert_data(20, Bytes::from_static(&[1]), 2).unwrap();
         assert_eq!(rb.insert_data(30, Bytes::from_static(&[1]), 2), Err(TooManySegments));
         assert_eq!(rb.insert_data(0, Bytes::from_static(&[1]), 2), Ok(1), "in order is fine");
+    }
+
+    /// Copies of a deferred payload that arrive again a byte at a time (a peer's way to make
+    /// many small allocations of legal duplicates) count as segments: held bytes include each
+    /// one's bookkeeping, and past the limit they are refused, so they stay bounded when the
+    /// payload's channel is lost and they become out-of-order segments.
+    #[test]
+    fn copies_kept_of_a_deferred_payload_count_as_segments() {
+        let mut rb = RecvBuf::default();
+        rb.insert_data(0, Bytes::from_static(b"head"), 8).unwrap();
+        rb.insert_deferred(4, ChannelId::new(2, 0), 1000, 8).unwrap();
+        let held = rb.held_bytes();
+        for i in 0..8u64 {
+            rb.insert_data(10 + 2 * i, Bytes::from_static(&[1]), 8).unwrap();
+        }
+        assert_eq!(rb.held_bytes(), held + 8 * (1 + OOO_SEG_COST));
+        assert_eq!(rb.insert_data(100, Bytes::from_static(&[1]), 8), Err(TooManySegments));
+        // A copy that adds nothing new is no new segment.
+        rb.insert_data(10, Bytes::from_static(&[1]), 8).unwrap();
+        // The channel is lost: the copies become out-of-order segments, within the limit.
+        rb.remove_deferred(4);
+        assert!(rb.ooo_segments() <= 8, "{}", rb.ooo_segments());
     }
 
     #[test]
