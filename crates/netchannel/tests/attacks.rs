@@ -31,6 +31,7 @@ both_testbeds!(
     a_slow_acceptor_holds_neither_its_dial_nor_other_peers,
     a_black_holed_peer_is_declared_dead,
     streams_reset_in_the_waiting_line_are_freed,
+    a_retired_session_leaves_only_readable_streams_in_the_backlog,
 );
 
 const MIB: u64 = 1 << 20;
@@ -848,4 +849,56 @@ fn streams_reset_in_the_waiting_line_are_freed(hosts: Hosts) {
     let left = b.stats().sockets;
     assert_eq!(left.len(), 2, "reset streams stayed in the table: {left:?}");
     drop(accepted);
+}
+
+/// A peer that opened a stream and went away (its channel closed) left the stream in the
+/// listener's backlog, and with it the whole retired session, outside `max_sessions`: a peer
+/// repeating it under fresh engine ids kept up to two backlogs' worth of sessions alive. The
+/// reset ones now leave the queue with their session; one whose every byte and FIN arrived
+/// stays, as a TCP connection its peer closed stays in the accept queue, and reads to its end.
+fn a_retired_session_leaves_only_readable_streams_in_the_backlog(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (_a, b) = tb.engines(|_| {});
+    let l = b.listen(7).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Two peers: one opens a stream and vanishes; one opens, sends "bye" and FIN, then vanishes.
+    for (engine, finish) in [(0x7E58u64, false), (0x7E59, true)] {
+        let sock = raw::channel_as(&tb, b.local_addr(), engine, 0, None).unwrap();
+        let mut ch = Raw::new(sock);
+        let src = (1 << 24) | 1;
+        ch.send(&[syn(src, 7, 1 << 20)]).unwrap();
+        let (dst, _) = ch.syn_ack(src);
+        if finish {
+            let data = Frame::Data { stream: dst, offset: 0, payload: b"bye" };
+            ch.send(&[data, Frame::Fin { dst, final_offset: 3 }]).unwrap();
+            // Acknowledged, so every byte is in before the channel goes.
+            while !ch
+                .poll(Duration::from_millis(20))
+                .unwrap()
+                .iter()
+                .any(|f| matches!(f, Frame::Ack { .. }))
+            {
+                assert!(Instant::now() < deadline, "no ACK for the FIN");
+            }
+        }
+        socket2::SockRef::from(&ch.sock).set_linger(Some(Duration::ZERO)).unwrap();
+        drop(ch);
+    }
+    while b.stats().sessions > 0 || l.pending() > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "pending {}, sessions {}: {:?}",
+            l.pending(),
+            b.stats().sessions,
+            b.stats().sockets
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(l.pending(), 1, "the finished stream is still there to accept");
+    let s = l.accept().unwrap();
+    let mut got = Vec::new();
+    (&s).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"bye");
+    drop(s);
+    assert!(b.stats().sockets.iter().all(|s| s.state != "reset"), "{:?}", b.stats().sockets);
 }

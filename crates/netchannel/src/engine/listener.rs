@@ -116,6 +116,45 @@ impl ListenerShared {
         all
     }
 
+    /// `session` lost its last channel: its streams still queued or waiting that were reset
+    /// with it leave the queues and are freed (nobody can read anything from them, and each
+    /// entry kept the whole retired session alive). Streams kept for reading (every byte and
+    /// the FIN arrived) stay, as a TCP connection its peer closed stays in the accept queue.
+    pub fn forget_reset(&self, session: &Arc<SessionRt>) {
+        for queue in [&self.backlog, &self.waiting] {
+            // The session's lock is never taken under a queue's (the runners offer streams
+            // with the session locked).
+            let ours: Vec<StreamId> = queue
+                .lock()
+                .iter()
+                .filter(|(s, _)| Arc::ptr_eq(s, session))
+                .map(|&(_, id)| id)
+                .collect();
+            if ours.is_empty() {
+                continue;
+            }
+            let reset: Vec<StreamId> = session.with_core(|core| {
+                ours.into_iter()
+                    .filter(|&id| core.stream(id).is_none_or(|st| st.reset.is_some()))
+                    .collect()
+            });
+            let mut removed = Vec::new();
+            queue.lock().retain(|(s, id)| {
+                let drop = Arc::ptr_eq(s, session) && reset.contains(id);
+                if drop {
+                    removed.push(*id);
+                }
+                !drop
+            });
+            // Only those still queued: one `accept` took meanwhile is the application's.
+            session.with_core(|core| {
+                for id in removed {
+                    core.handle(id).close(std::time::Instant::now());
+                }
+            });
+        }
+    }
+
     /// Queues an opened stream for `accept`, or in the waiting line behind a full backlog.
     pub fn offer(&self, session: Arc<SessionRt>, id: StreamId) -> Offer {
         if self.closed.load(Ordering::SeqCst) {

@@ -898,6 +898,10 @@ impl EngineCtx {
             return;
         }
         self.retired_stale.fetch_add(session.core().stats().stale_frames, Ordering::Relaxed);
+        let listeners: Vec<_> = self.listeners.lock().values().cloned().collect();
+        for l in listeners {
+            l.forget_reset(session);
+        }
         {
             let mut s = self.sessions.lock();
             s.dialed.retain(|_, v| !Arc::ptr_eq(v, session));
