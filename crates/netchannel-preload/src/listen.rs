@@ -329,7 +329,9 @@ pub(crate) fn accepted(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>) -> Opt
 
 /// The owner accepted an injected connection.
 fn take_over(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>, inj: Injected) -> SocketAddr {
-    let peer = inj.peer;
+    // In the accepted socket's family, as the kernel reports it: an IPv4 peer of a dual-stack
+    // IPv6 listener is `::ffff:a.b.c.d` (the injection itself came over IPv4).
+    let peer = in_family(inj.peer, is_v6(app));
     let Some(vs) = inj.vs else {
         // `--path relay`: the kernel socket is already relayed; only its peer's address is
         // the virtual one.

@@ -690,6 +690,53 @@ fn node(hosts: Hosts) {
     assert_eq!(stat(&p.server.stats, "relayed"), 0, "{}", stats_text(&p.server.stats));
 }
 
+/// A dual-stack IPv6 listener (`::`, `IPV6_V6ONLY` off) accepting an IPv4 client reports the
+/// peer as `::ffff:a.b.c.d` in a `sockaddr_in6`, from `accept` as from `getpeername`, and its
+/// own address the same way: the same text under kernel TCP and carried.
+fn dual_stack_listener(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let mut outputs = Vec::new();
+    for carried in [false, true] {
+        let Some(tb) = Testbed::of(hosts) else { return };
+        let _one_at_a_time = one_at_a_time();
+        let p = Pair::new(tb, &format!("dual-{hosts:?}-{carried}"), carried, carried);
+        let port = ports(1);
+        let server_py = p.dir.join("server.py");
+        std::fs::write(
+            &server_py,
+            "import socket, sys\n\
+             s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)\n\
+             s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n\
+             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             s.bind(('::', int(sys.argv[1])))\n\
+             s.listen()\n\
+             while True:\n\
+             \x20   c, a = s.accept()\n\
+             \x20   p, l = c.getpeername(), c.getsockname()\n\
+             \x20   c.sendall(f'{c.family.name} peer {a[0]} getpeername-same {a[:2] == p[:2]} \
+             local {l[0]}\\n'.encode())\n\
+             \x20   c.close()\n",
+        )
+        .unwrap();
+        let server =
+            p.server.spawn("python3", &[&server_py.display().to_string(), &port.to_string()]);
+        p.server.wait_listening(port);
+        let client = format!(
+            "import socket\n\
+             c = socket.create_connection(('{}', {port}))\n\
+             print(c.makefile().readline().strip())\n",
+            p.server.addr
+        );
+        let out = p.client.run("python3", &["-c", &client], T);
+        server.stop();
+        outputs.push(out);
+    }
+    assert!(outputs[0].starts_with("AF_INET6 peer ::ffff:"), "kernel: {}", outputs[0]);
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -701,7 +748,8 @@ crate::both_testbeds!(
     preshared_key,
     postgres,
     haproxy,
-    node
+    node,
+    dual_stack_listener
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.
