@@ -479,14 +479,37 @@ impl Carried {
         let mut r = self.vs.readiness();
         r.readable |= self.has_returned();
         if let Some(kind) = r.error {
-            self.note_error(kind_errno(kind));
+            // As `failed` reports it: a reset after the peer's FIN is EPIPE (TCP's CLOSE_WAIT).
+            let after_fin = r.peer_finished || self.mirror.lock().eof;
+            self.note_error(reset_errno(kind_errno(kind), after_fin));
         }
         self.take_error(fd).unwrap_or(0)
     }
 
+    /// `failed` for a write: every `EPIPE` raises SIGPIPE unless `MSG_NOSIGNAL` (the kernel's
+    /// rule, whether the pipe broke by our shutdown or by a reset after the peer's FIN).
+    fn write_failed(
+        &self,
+        fd: BorrowedFd<'_>,
+        e: &io::Error,
+        nosignal: bool,
+    ) -> Result<usize, i32> {
+        match self.failed(fd, e, true) {
+            0 => Ok(0),
+            libc::EPIPE => {
+                if !nosignal {
+                    raise_sigpipe();
+                }
+                Err(libc::EPIPE)
+            }
+            errno => Err(errno),
+        }
+    }
+
     /// A failed call learned that the connection is gone: mirror it and report it once.
     /// What comes after the report: reads see end of stream, writes `EPIPE`.
-    fn failed(&self, fd: BorrowedFd<'_>, e: &io::Error, writing: bool, nosignal: bool) -> i32 {
+    /// A write given `EPIPE` raises SIGPIPE (`write_failed`), as TCP's `sk_stream_error` does.
+    fn failed(&self, fd: BorrowedFd<'_>, e: &io::Error, writing: bool) -> i32 {
         let errno = errno_of(e);
         if matches!(errno, libc::EAGAIN | libc::EINTR | libc::EPIPE | libc::ENOTCONN) {
             return errno;
@@ -501,12 +524,7 @@ impl Carried {
         }
         match self.take_error(fd) {
             Some(errno) => errno,
-            None if writing => {
-                if !nosignal {
-                    raise_sigpipe();
-                }
-                libc::EPIPE
-            }
+            None if writing => libc::EPIPE,
             None => 0,
         }
     }
@@ -585,7 +603,7 @@ impl Carried {
                     if got > 0 {
                         break Ok(got);
                     }
-                    match self.failed(fd, &e, false, true) {
+                    match self.failed(fd, &e, false) {
                         0 => break Ok(0),
                         errno => break Err(errno),
                     }
@@ -697,10 +715,7 @@ impl Carried {
         if total == 0 {
             return match self.vs.send(&[]) {
                 Ok(_) => Ok(0),
-                Err(e) => match self.failed(fd, &e, true, nosignal) {
-                    0 => Ok(0),
-                    errno => Err(errno),
-                },
+                Err(e) => self.write_failed(fd, &e, nosignal),
             };
         }
         // Small vectors leave in one send (one lock, one frame); large ones buffer by buffer.
@@ -742,16 +757,7 @@ impl Carried {
                     if sent > 0 {
                         break Ok(sent);
                     }
-                    break match self.failed(fd, &e, true, nosignal) {
-                        0 => Ok(0),
-                        libc::EPIPE => {
-                            if e.kind() == io::ErrorKind::BrokenPipe && !nosignal {
-                                raise_sigpipe();
-                            }
-                            Err(libc::EPIPE)
-                        }
-                        errno => Err(errno),
-                    };
+                    break self.write_failed(fd, &e, nosignal);
                 }
             }
             if dontwait || self.nonblocking(fd) {

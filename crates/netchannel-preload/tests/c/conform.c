@@ -618,6 +618,33 @@ static void fin_and_reset(const char *host, int port) {
     printf(" so_error=%s", en(so_error(s)));
     printf(" recv=%s\n", res(recv(s, b, sizeof b, 0)));
     close(s);
+
+    /* An empty send after our own SHUT_WR fails as any write does (EPIPE and SIGPIPE); an
+     * empty writev never reaches the socket (0). */
+    s = dial(host, port, 0);
+    shutdown(s, SHUT_WR);
+    struct sigaction sa_pipe = {.sa_handler = on_pipe};
+    sigaction(SIGPIPE, &sa_pipe, NULL);
+    int p0 = pipes;
+    struct iovec none = {b, 0};
+    printf("empty writes after SHUT_WR: send=%s", res(send(s, b, 0, 0)));
+    printf(" sigpipe=%d", pipes - p0);
+    printf(" writev=%s\n", res(writev(s, &none, 1)));
+    close(s);
+
+    /* The peer's FIN, then its RST (answering our write): SO_ERROR says EPIPE (the reset came
+     * in CLOSE_WAIT), and a write without MSG_NOSIGNAL fails with EPIPE and raises SIGPIPE. */
+    s = dial(host, port, 0);
+    cmd(s, "x");
+    wait_revents(s, POLLIN);
+    send(s, "abc", 3, MSG_NOSIGNAL);
+    wait_revents(s, POLLHUP | POLLERR);
+    p0 = pipes;
+    printf("RST after FIN: so_error=%s", en(so_error(s)));
+    printf(" send=%s", res(send(s, "abc", 3, 0)));
+    printf(" sigpipe=%d\n", pipes - p0);
+    signal(SIGPIPE, SIG_IGN);
+    close(s);
 }
 
 /* SO_RCVTIMEO; signals: MSG_WAITALL interrupted after part of the data returns that part,
