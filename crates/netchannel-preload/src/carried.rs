@@ -797,8 +797,12 @@ impl Carried {
             (true, ..) => 7,           // TCP_CLOSE
             (false, true, true) => 7,  // both directions done
             (false, true, false) => 8, // TCP_CLOSE_WAIT
-            (false, false, true) => 4, // TCP_FIN_WAIT2
-            _ => 1,                    // TCP_ESTABLISHED
+            // TCP_FIN_WAIT1 while bytes before our FIN are still to leave, then TCP_FIN_WAIT2
+            // (the kernel's FIN_WAIT1 lasts until the peer's kernel acknowledges, a round
+            // trip; the peer's application reading is not needed for it).
+            (false, false, true) if self.outq(true) > 0 => 4,
+            (false, false, true) => 5,
+            _ => 1, // TCP_ESTABLISHED
         }
     }
 

@@ -1661,11 +1661,19 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     unsafe { real!(getsockname)(fd, addr, len) }
 }
 
+/// `TCP_INFO`'s state of a closed connection (`Carried::tcp_state`).
+const TCP_CLOSE: u8 = 7;
+
 /// # Safety
 /// C ABI: as getpeername(2).
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(c) = served(fd) {
+        // As the kernel's: no peer once the connection is closed (reset, or both FINs in).
+        if caught(|| c.tcp_state()) == Some(TCP_CLOSE) {
+            set_errno(libc::ENOTCONN);
+            return -1;
+        }
         // SAFETY: forwarded from the caller.
         unsafe { write_addr(c.peer, addr, len) };
         return 0;

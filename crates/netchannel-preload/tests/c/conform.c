@@ -225,6 +225,21 @@ static void more(const char *host, int port, const char *self) {
     printf("then EOF: %zd\n", read(s, b, sizeof b));
     close(s);
 
+    /* Our FIN acknowledged while the peer holds its end open ('h': a second): FIN_WAIT2
+     * (looked at for up to half a second: acknowledgements may be delayed). */
+    s = dial(host, port, 0);
+    write(s, "h", 1);
+    shutdown(s, SHUT_WR);
+    int fin_wait2 = 0;
+    for (int i = 0; i < 50 && !fin_wait2; i++) {
+        tl = sizeof ti;
+        getsockopt(s, IPPROTO_TCP, TCP_INFO, &ti, &tl);
+        fin_wait2 = ti.tcpi_state == TCP_FIN_WAIT2;
+        if (!fin_wait2) usleep(10000);
+    }
+    printf("TCP_INFO after our FIN: fin_wait2=%d\n", fin_wait2);
+    close(s);
+
     /* SIGPIPE: writing to a connection the peer closed raises it (without MSG_NOSIGNAL). */
     struct sigaction sa_pipe = {.sa_handler = on_pipe};
     sigaction(SIGPIPE, &sa_pipe, NULL);
@@ -616,7 +631,10 @@ static void fin_and_reset(const char *host, int port) {
     wait_revents(s, POLLHUP | POLLERR);
     printf("after RST, SO_ERROR first: so_error=%s", en(so_error(s)));
     printf(" so_error=%s", en(so_error(s)));
-    printf(" recv=%s\n", res(recv(s, b, sizeof b, 0)));
+    printf(" recv=%s", res(recv(s, b, sizeof b, 0)));
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    printf(" getpeername=%s\n", res(getpeername(s, (struct sockaddr *)&ss, &sl)));
     close(s);
 
     /* An empty send after our own SHUT_WR fails as any write does (EPIPE and SIGPIPE); an
