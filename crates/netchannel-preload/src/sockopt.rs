@@ -49,8 +49,16 @@ impl Options {
 }
 
 fn duration(ns: u64) -> Option<Duration> {
-    (ns > 0).then(|| Duration::from_nanos(ns))
+    match ns {
+        0 => None,
+        EXPIRED => Some(Duration::ZERO),
+        ns => Some(Duration::from_nanos(ns)),
+    }
 }
+
+/// A negative timeout: the kernel keeps it as zero jiffies, so a call that would block fails
+/// at once with `EAGAIN` (unlike 0, which means none).
+const EXPIRED: u64 = u64::MAX;
 
 /// Template sockets of one family: `defaults` is never changed, `scratch` takes the options
 /// being checked or read back.
@@ -128,8 +136,9 @@ pub(crate) fn get(c: &Carried, level: i32, name: i32, out: &mut [u8]) -> Result<
     }
 }
 
-/// A `struct timeval` as nanoseconds (0: no timeout), or `None` when malformed (`EDOM` for the
-/// kernel too, but `EINVAL` for a short buffer: the scratch socket already said which).
+/// A `struct timeval` as nanoseconds (0: no timeout; `EXPIRED`: negative), or `None` when
+/// malformed (`EDOM` for the kernel too, but `EINVAL` for a short buffer: the scratch socket
+/// already said which).
 fn timeval_ns(v: &[u8]) -> Option<u64> {
     if v.len() < 16 {
         return None;
@@ -137,7 +146,8 @@ fn timeval_ns(v: &[u8]) -> Option<u64> {
     let secs = i64::from_ne_bytes(v[0..8].try_into().ok()?);
     let usecs = i64::from_ne_bytes(v[8..16].try_into().ok()?);
     if secs < 0 {
-        return Some(0);
+        return Some(EXPIRED);
     }
-    Some((secs as u64).saturating_mul(1_000_000_000).saturating_add(usecs.max(0) as u64 * 1000))
+    let ns = (secs as u64).saturating_mul(1_000_000_000).saturating_add(usecs.max(0) as u64 * 1000);
+    Some(ns.min(EXPIRED - 1))
 }

@@ -677,6 +677,13 @@ static void timeouts_and_signals(const char *host, int port) {
     const char *r = res(recv(s, b, sizeof b, 0));
     double waited = now(CLOCK_MONOTONIC) - t0;
     printf("SO_RCVTIMEO 200 ms: recv=%s waited_timeout=%d\n", r, waited >= 0.19 && waited < 2);
+    /* A negative timeout: the kernel keeps zero jiffies, so the read fails at once. */
+    tv = (struct timeval){-1, 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    t0 = now(CLOCK_MONOTONIC);
+    r = res(recv(s, b, sizeof b, 0));
+    waited = now(CLOCK_MONOTONIC) - t0;
+    printf("SO_RCVTIMEO negative: recv=%s at_once=%d\n", r, waited < 0.1);
     tv = (struct timeval){0, 0};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 
