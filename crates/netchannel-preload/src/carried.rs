@@ -551,12 +551,12 @@ impl Carried {
             return Err(libc::EAGAIN);
         }
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if total == 0 {
-            return Ok(0);
-        }
         let peek = flags & libc::MSG_PEEK != 0;
         if self.handed_over.load(Ordering::Acquire) {
             self.await_retired();
+        }
+        if total == 0 {
+            return self.recv_nothing(fd, flags);
         }
         if let Some(n) = self.take_returned(bufs, peek) {
             return Ok(n);
@@ -622,6 +622,36 @@ impl Carried {
     /// Waits in a blocking `recv` (`read`) or `send` until the socket is ready, as a blocking
     /// TCP call does: `Err(outcome)` ends the call (`done` bytes so far, `EAGAIN` at the
     /// timeout, `EINTR` for a signal that does not restart it, or the connection's error).
+    /// A `recv` of zero bytes (`read`/`readv` of zero never get here: the kernel answers them
+    /// 0 at once). As TCP's: 0 at once when something is there to read, the pending error once,
+    /// `EAGAIN` when it may not wait, else 0 after one wait (for bytes, the timeout or a
+    /// signal).
+    fn recv_nothing(&self, fd: BorrowedFd<'_>, flags: c_int) -> Result<usize, i32> {
+        let r = self.vs.readiness();
+        if self.has_returned() || r.unread > 0 {
+            return Ok(0);
+        }
+        if let Some(kind) = r.error {
+            let after_fin = r.peer_finished || self.mirror.lock().eof;
+            self.note_error(reset_errno(kind_errno(kind), after_fin));
+        }
+        if let Some(errno) = self.take_error(fd) {
+            return Err(errno);
+        }
+        if r.readable {
+            return Ok(0); // end of stream, or an error reported already
+        }
+        if flags & libc::MSG_DONTWAIT != 0 || self.nonblocking(fd) {
+            return Err(libc::EAGAIN);
+        }
+        // One wait, whatever ends it (bytes, the timeout, a signal): the kernel's loop then
+        // ends, having nothing to copy, and returns 0.
+        let timeout = self.opts.rcv_timeout();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let _ = self.block(true, deadline, signals::snapshot(), timeout.is_some(), 0);
+        Ok(0)
+    }
+
     fn block(
         &self,
         read: bool,

@@ -647,6 +647,10 @@ fn recv_one(
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: usize) -> Ssize {
     if let Some(c) = served(fd) {
+        // As the kernel's sock_read_iter: reading nothing returns 0 at once.
+        if len == 0 {
+            return 0;
+        }
         return ret(recv_one(&c, fd, buf, len, 0));
     }
     // SAFETY: forwarding the caller's arguments.
@@ -659,6 +663,9 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: usize) -> Ssize 
 pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, len: usize, size: usize) -> Ssize {
     if len <= size {
         if let Some(c) = served(fd) {
+            if len == 0 {
+                return 0;
+            }
             return ret(recv_one(&c, fd, buf, len, 0));
         }
     }
@@ -757,6 +764,9 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, n: c_int) -> 
     if let Some(c) = served(fd) {
         return ret(guard(|| {
             let mut v = iovecs_mut(iov, n)?;
+            if v.iter().all(|b| b.is_empty()) {
+                return Ok(0);
+            }
             with_fd(fd, |app| c.recv(app, &mut v, 0))
         }));
     }

@@ -684,6 +684,21 @@ static void timeouts_and_signals(const char *host, int port) {
     r = res(recv(s, b, sizeof b, 0));
     waited = now(CLOCK_MONOTONIC) - t0;
     printf("SO_RCVTIMEO negative: recv=%s at_once=%d\n", r, waited < 0.1);
+
+    /* Zero-length reads: read returns 0 at once; recv waits for something to read (EAGAIN
+     * when it may not wait, or at its timeout), then returns 0 and leaves the data. */
+    printf("zero-length: read=%s", res(read(s, b, 0)));
+    printf(" recv_dontwait=%s", res(recv(s, b, 0, MSG_DONTWAIT)));
+    tv = (struct timeval){0, 100000};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    t0 = now(CLOCK_MONOTONIC);
+    r = res(recv(s, b, 0, 0));
+    waited = now(CLOCK_MONOTONIC) - t0;
+    printf(" recv_blocking=%s waited_timeout=%d", r, waited >= 0.09 && waited < 2);
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    printf(" with data: recv=%s", res(recv(s, b, 0, 0)));
+    printf(" then read=%d\n", read_full(s, b, 5));
     tv = (struct timeval){0, 0};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 
