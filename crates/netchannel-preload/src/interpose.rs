@@ -362,6 +362,15 @@ fn iovecs_mut<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSliceMut<'a
     Ok(v.iter().map(|i| IoSliceMut::new(mut_slice(i.iov_base, i.iov_len))).collect())
 }
 
+/// A message's vector count: `EMSGSIZE` beyond `UIO_MAXIOV`, as the kernel's `__copy_msghdr`
+/// (`readv`/`writev` say `EINVAL` for the same).
+fn msg_iovlen(m: &libc::msghdr) -> Result<c_int, i32> {
+    if m.msg_iovlen > libc::UIO_MAXIOV as usize {
+        return Err(libc::EMSGSIZE);
+    }
+    Ok(m.msg_iovlen as c_int)
+}
+
 fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSlice<'a>>, i32> {
     if n < 0 || n as usize > libc::UIO_MAXIOV as usize {
         return Err(libc::EINVAL);
@@ -782,7 +791,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
         return ret(guard(|| {
             // SAFETY: the program passed a valid msghdr.
             let m = unsafe { &mut *msg };
-            let mut v = iovecs_mut(m.msg_iov, m.msg_iovlen as c_int)?;
+            let mut v = iovecs_mut(m.msg_iov, msg_iovlen(m)?)?;
             let n = with_fd(fd, |app| c.recv(app, &mut v, flags))?;
             m.msg_namelen = 0;
             m.msg_controllen = 0;
@@ -941,7 +950,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
         return ret(guard(|| {
             // SAFETY: the program passed a valid msghdr.
             let m = unsafe { &*msg };
-            let v = iovecs(m.msg_iov, m.msg_iovlen as c_int)?;
+            let v = iovecs(m.msg_iov, msg_iovlen(m)?)?;
             with_fd(fd, |app| c.send(app, &v, flags))
         }));
     }

@@ -890,6 +890,8 @@ static void zero_copy_and_vectors(const char *host, int port) {
     s = dial(host, port, 0);
     cmd(s, "E");
     printf("writev %d iovecs: %s", IOV_MAX + 1, res(writev(s, iov, IOV_MAX + 1)));
+    struct msghdr too_many = {.msg_iov = iov, .msg_iovlen = IOV_MAX + 1};
+    printf(" sendmsg: %s", res(sendmsg(s, &too_many, MSG_NOSIGNAL)));
     printf(" %d iovecs: %s", IOV_MAX, res(writev(s, iov, IOV_MAX)));
     memset(got, 0, ZLEN);
     for (int i = 0; i < IOV_MAX; i++) iov[i] = (struct iovec){got + i * 8, 8};
