@@ -648,6 +648,16 @@ fn recv_one(
     len: usize,
     flags: c_int,
 ) -> Result<usize, i32> {
+    if buf.is_null() && len > 0 {
+        if flags & libc::MSG_TRUNC == 0 {
+            return Err(libc::EFAULT); // what the kernel's copy into it says
+        }
+        // MSG_TRUNC discards without a buffer: into a scratch one (a read may return less).
+        let mut scratch = vec![0u8; len.min(64 * 1024)];
+        return guard(|| {
+            with_fd(fd, |app| c.recv(app, &mut [IoSliceMut::new(&mut scratch)], flags))
+        });
+    }
     guard(|| with_fd(fd, |app| c.recv(app, &mut [IoSliceMut::new(mut_slice(buf, len))], flags)))
 }
 
@@ -881,6 +891,9 @@ fn send_one(
     len: usize,
     flags: c_int,
 ) -> Result<usize, i32> {
+    if buf.is_null() && len > 0 {
+        return Err(libc::EFAULT); // what the kernel's copy from it says
+    }
     guard(|| with_fd(fd, |app| c.send(app, &[IoSlice::new(slice(buf, len))], flags)))
 }
 
@@ -1672,6 +1685,11 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(c) = served(fd) {
+        // SAFETY: as passed by the program (checked for NULL first).
+        if len.is_null() || (addr.is_null() && unsafe { *len } > 0) {
+            set_errno(libc::EFAULT);
+            return -1;
+        }
         // SAFETY: forwarded from the caller.
         unsafe { write_addr(c.local, addr, len) };
         return 0;
@@ -1691,6 +1709,11 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
         // As the kernel's: no peer once the connection is closed (reset, or both FINs in).
         if caught(|| c.tcp_state()) == Some(TCP_CLOSE) {
             set_errno(libc::ENOTCONN);
+            return -1;
+        }
+        // SAFETY: as passed by the program (checked for NULL first).
+        if len.is_null() || (addr.is_null() && unsafe { *len } > 0) {
+            set_errno(libc::EFAULT);
             return -1;
         }
         // SAFETY: forwarded from the caller.

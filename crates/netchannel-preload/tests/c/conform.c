@@ -702,6 +702,17 @@ static void timeouts_and_signals(const char *host, int port) {
     tv = (struct timeval){0, 0};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 
+    /* NULL buffers and address lengths: EFAULT, except a recv that discards (MSG_TRUNC). */
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    printf("NULL: recv=%s", res(recv(s, NULL, 5, 0)));
+    printf(" recv_trunc=%s", res(recv(s, NULL, 5, MSG_TRUNC)));
+    printf(" send=%s", res(send(s, NULL, 5, MSG_NOSIGNAL)));
+    struct sockaddr_storage nss;
+    printf(" getpeername=%s", res(getpeername(s, (struct sockaddr *)&nss, NULL)));
+    socklen_t nl = sizeof nss;
+    printf(" getsockname=%s\n", res(getsockname(s, NULL, &nl)));
+
     struct sigaction plain = {.sa_handler = on_alarm}, restart = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
     sigaction(SIGALRM, &plain, NULL);
     cmd(s, "p");
