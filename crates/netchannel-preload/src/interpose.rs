@@ -14,7 +14,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use libc::{sockaddr, socklen_t};
 
@@ -855,10 +855,17 @@ pub unsafe extern "C" fn recvmmsg(
     timeout: *mut libc::timespec,
 ) -> c_int {
     if let Some(_c) = served(fd) {
+        // As the kernel's do_recvmmsg: each message is one recvmsg; only MSG_WAITFORONE makes
+        // those after the first non-blocking; the timeout is looked at between messages (it
+        // does not bound a wait), and what is left of it is written back.
+        // SAFETY: the program passed a timespec or NULL.
+        let deadline = unsafe { timeout.as_ref() }.map(|t| {
+            let t = Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32);
+            Instant::now() + t
+        });
+        let mut f = flags & !libc::MSG_WAITFORONE;
         let mut done = 0;
         for i in 0..n as usize {
-            let f =
-                if done == 0 { flags & !libc::MSG_WAITFORONE } else { flags | libc::MSG_DONTWAIT };
             // SAFETY: the program passed `n` mmsghdrs.
             let m = unsafe { &mut *msgs.add(i) };
             // SAFETY: same contract as recvmsg.
@@ -871,8 +878,19 @@ pub unsafe extern "C" fn recvmmsg(
             }
             m.msg_len = r as u32;
             done += 1;
-            if r == 0 {
+            if flags & libc::MSG_WAITFORONE != 0 {
+                f |= libc::MSG_DONTWAIT;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
+            }
+        }
+        if let (Some(d), false) = (deadline, timeout.is_null()) {
+            let left = d.saturating_duration_since(Instant::now());
+            // SAFETY: checked non-null; the program's timespec.
+            unsafe {
+                (*timeout).tv_sec = left.as_secs() as libc::time_t;
+                (*timeout).tv_nsec = left.subsec_nanos() as libc::c_long;
             }
         }
         return done;

@@ -713,6 +713,22 @@ static void timeouts_and_signals(const char *host, int port) {
     socklen_t nl = sizeof nss;
     printf(" getsockname=%s\n", res(getsockname(s, NULL, &nl)));
 
+    /* recvmmsg: one read per message; without MSG_WAITFORONE the second waits for more bytes
+     * (10 in 300 ms), with it the call returns after the first. */
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    cmd(s, "l");
+    char m1[64], m2[64];
+    struct iovec v1 = {m1, sizeof m1}, v2 = {m2, sizeof m2};
+    struct mmsghdr mm[2] = {{.msg_hdr = {.msg_iov = &v1, .msg_iovlen = 1}},
+                            {.msg_hdr = {.msg_iov = &v2, .msg_iovlen = 1}}};
+    int mg = recvmmsg(s, mm, 2, 0, NULL);
+    printf("recvmmsg blocking: %d lens %u %u", mg, mm[0].msg_len, mg > 1 ? mm[1].msg_len : 0);
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    mg = recvmmsg(s, mm, 2, MSG_WAITFORONE, NULL);
+    printf(" waitforone: %d len %u\n", mg, mm[0].msg_len);
+
     struct sigaction plain = {.sa_handler = on_alarm}, restart = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
     sigaction(SIGALRM, &plain, NULL);
     cmd(s, "p");
