@@ -645,8 +645,11 @@ impl Carried {
             return Err(libc::EAGAIN);
         }
         // One wait, whatever ends it (bytes, the timeout, a signal): the kernel's loop then
-        // ends, having nothing to copy, and returns 0.
+        // ends, having nothing to copy, and returns 0. A negative timeout never waits.
         let timeout = self.opts.rcv_timeout();
+        if timeout == Some(std::time::Duration::ZERO) {
+            return Err(libc::EAGAIN);
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let _ = self.block(true, deadline, signals::snapshot(), timeout.is_some(), 0);
         Ok(0)
@@ -824,8 +827,11 @@ impl Carried {
         let r = self.vs.readiness();
         let m = self.mirror.lock();
         match (r.error.is_some(), r.peer_finished, m.wr_shut) {
-            (true, ..) => 7,           // TCP_CLOSE
-            (false, true, true) => 7,  // both directions done
+            (true, ..) => 7, // TCP_CLOSE
+            // Both FINs: LAST_ACK while our bytes before the FIN are still to leave, then
+            // closed.
+            (false, true, true) if self.outq(true) > 0 => 9,
+            (false, true, true) => 7,
             (false, true, false) => 8, // TCP_CLOSE_WAIT
             // TCP_FIN_WAIT1 while bytes before our FIN are still to leave, then TCP_FIN_WAIT2
             // (the kernel's FIN_WAIT1 lasts until the peer's kernel acknowledges, a round

@@ -357,8 +357,14 @@ fn iovecs_mut<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSliceMut<'a
     if n == 0 {
         return Ok(Vec::new());
     }
+    if iov.is_null() {
+        return Err(libc::EFAULT);
+    }
     // SAFETY: the program passed `n` iovecs at `iov`, each naming writable memory.
     let v = unsafe { std::slice::from_raw_parts(iov, n as usize) };
+    if v.iter().any(|i| i.iov_base.is_null() && i.iov_len > 0) {
+        return Err(libc::EFAULT);
+    }
     Ok(v.iter().map(|i| IoSliceMut::new(mut_slice(i.iov_base, i.iov_len))).collect())
 }
 
@@ -378,8 +384,14 @@ fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSlice<'a>>, i32
     if n == 0 {
         return Ok(Vec::new());
     }
+    if iov.is_null() {
+        return Err(libc::EFAULT);
+    }
     // SAFETY: the program passed `n` iovecs at `iov`, each naming readable memory.
     let v = unsafe { std::slice::from_raw_parts(iov, n as usize) };
+    if v.iter().any(|i| i.iov_base.is_null() && i.iov_len > 0) {
+        return Err(libc::EFAULT);
+    }
     Ok(v.iter().map(|i| IoSlice::new(slice(i.iov_base, i.iov_len))).collect())
 }
 
@@ -859,13 +871,19 @@ pub unsafe extern "C" fn recvmmsg(
         // those after the first non-blocking; the timeout is looked at between messages (it
         // does not bound a wait), and what is left of it is written back.
         // SAFETY: the program passed a timespec or NULL.
-        let deadline = unsafe { timeout.as_ref() }.map(|t| {
+        let deadline = unsafe { timeout.as_ref() }.and_then(|t| {
             let t = Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32);
-            Instant::now() + t
+            // Beyond what an Instant holds: no deadline (a program's "forever").
+            Instant::now().checked_add(t)
         });
+        if msgs.is_null() && n > 0 {
+            set_errno(libc::EFAULT);
+            return -1;
+        }
         let mut f = flags & !libc::MSG_WAITFORONE;
         let mut done = 0;
-        for i in 0..n as usize {
+        // The kernel takes at most UIO_MAXIOV messages a call.
+        for i in 0..(n as usize).min(libc::UIO_MAXIOV as usize) {
             // SAFETY: the program passed `n` mmsghdrs.
             let m = unsafe { &mut *msgs.add(i) };
             // SAFETY: same contract as recvmsg.

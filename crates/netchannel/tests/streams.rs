@@ -179,6 +179,9 @@ fn bytes_that_arrived_before_a_reset_are_read_first(hosts: Hosts) {
         assert!(Instant::now() < deadline, "the reset never arrived");
         std::thread::sleep(Duration::from_millis(1));
     }
+    // The kept bytes still count in the receive budget, not only in what is held.
+    let st = a.stats();
+    assert!(st.held_bytes >= 5 && st.held_bytes <= st.rx_granted, "{st:?}");
     let mut peeked = [0u8; 8];
     assert_eq!(s.peek(&mut peeked).unwrap(), 5);
     let mut buf = [0u8; 3];
@@ -187,6 +190,9 @@ fn bytes_that_arrived_before_a_reset_are_read_first(hosts: Hosts) {
     assert_eq!(s.recv(&mut buf).unwrap(), 2);
     assert_eq!(&buf[..2], b"lo");
     assert_eq!(s.recv(&mut buf).unwrap_err().kind(), ErrorKind::ConnectionReset);
+    assert_eq!(s.stats().unread_bytes, 0);
+    let st = a.stats();
+    assert_eq!((st.held_bytes, st.rx_granted), (0, 0), "{st:?}");
 }
 
 fn fin_overtaking_data_never_truncates(hosts: Hosts) {

@@ -683,7 +683,8 @@ static void timeouts_and_signals(const char *host, int port) {
     t0 = now(CLOCK_MONOTONIC);
     r = res(recv(s, b, sizeof b, 0));
     waited = now(CLOCK_MONOTONIC) - t0;
-    printf("SO_RCVTIMEO negative: recv=%s at_once=%d\n", r, waited < 0.1);
+    printf("SO_RCVTIMEO negative: recv=%s at_once=%d", r, waited < 0.1);
+    printf(" recv0=%s\n", res(recv(s, b, 0, 0)));
 
     /* Zero-length reads: read returns 0 at once; recv waits for something to read (EAGAIN
      * when it may not wait, or at its timeout), then returns 0 and leaves the data. */
@@ -727,7 +728,19 @@ static void timeouts_and_signals(const char *host, int port) {
     cmd(s, "p");
     wait_bytes(s, 5);
     mg = recvmmsg(s, mm, 2, MSG_WAITFORONE, NULL);
-    printf(" waitforone: %d len %u\n", mg, mm[0].msg_len);
+    printf(" waitforone: %d len %u", mg, mm[0].msg_len);
+    struct timespec forever = {LONG_MAX, 0};
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    mg = recvmmsg(s, mm, 2, MSG_WAITFORONE, &forever);
+    printf(" with a timeout of LONG_MAX s: %d len %u\n", mg, mm[0].msg_len);
+
+    /* A NULL vector base with a length: EFAULT once there are bytes to copy. */
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    struct iovec nullv = {NULL, 5};
+    printf("readv NULL base: %s", res(readv(s, &nullv, 1)));
+    printf(" then read=%d\n", read_full(s, b, 5));
 
     struct sigaction plain = {.sa_handler = on_alarm}, restart = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
     sigaction(SIGALRM, &plain, NULL);

@@ -606,10 +606,13 @@ impl EngineCtx {
     /// whose senders ran short of room: only one that throughput channels serve gains by it (a
     /// latency class with channels of its own does not).
     pub fn grow(self: &Arc<Self>, session: &Arc<SessionRt>, class: Class) {
-        let served_by_throughput = session
-            .serving_channels(class)
-            .first()
-            .is_none_or(|c| c.meta.class == Class::Throughput);
+        // A throughput class lent the latency channels (its own lost, redial pending) still
+        // grows its own.
+        let served_by_throughput = class == Class::Throughput
+            || session
+                .serving_channels(class)
+                .first()
+                .is_none_or(|c| c.meta.class == Class::Throughput);
         let count = session.serving_channels(Class::Throughput).len();
         if !served_by_throughput
             || !session.initiator

@@ -624,7 +624,6 @@ impl RecvBuf {
         v
     }
 
-    /// Drops everything held (reset, close with unread data); returns the bytes dropped.
     /// Keeps only the bytes in user space at the front (what a read takes without a channel):
     /// the rest (out of order, or still in a channel's socket) is dropped. Returns the dropped
     /// count, as `clear`.
@@ -635,15 +634,19 @@ impl RecvBuf {
         self.ooo = None;
         self.ready_data = self.ready_front();
         self.deferred_segs = 0;
+        // In order now ends where the kept bytes end.
+        self.contig = self.consumed + self.ready_data;
         before - self.unread()
     }
 
+    /// Drops everything held (reset, close with unread data); returns the bytes dropped.
     pub fn clear(&mut self) -> u64 {
         let dropped = self.unread();
         self.ready.clear();
         self.ooo = None;
         self.ready_data = 0;
         self.deferred_segs = 0;
+        self.contig = self.consumed;
         dropped
     }
 }
@@ -710,6 +713,25 @@ mod tests {
         // The channel is lost: the copies become out-of-order segments, within the limit.
         rb.remove_deferred(4);
         assert!(rb.ooo_segments() <= 8, "{}", rb.ooo_segments());
+    }
+
+    /// After a reset, only the bytes in user space at the front stay, and what is unread says
+    /// so (the deferred and out-of-order parts are gone, not owed).
+    #[test]
+    fn keeping_the_front_drops_the_rest_and_counts_it() {
+        let mut rb = RecvBuf::default();
+        rb.insert_data(0, Bytes::from_static(b"head"), 8).unwrap();
+        rb.insert_deferred(4, ChannelId::new(2, 0), 100, 8).unwrap();
+        rb.insert_data(104, Bytes::from_static(b"tail"), 8).unwrap();
+        rb.insert_data(200, Bytes::from_static(b"far"), 8).unwrap();
+        assert_eq!(rb.unread(), 111);
+        assert_eq!(rb.keep_front(), 107);
+        assert_eq!((rb.unread(), rb.ready_data(), rb.has_deferred()), (4, 4, false));
+        assert_eq!(read_all(&mut rb), b"head");
+        assert_eq!(rb.unread(), 0);
+        rb.insert_data(4, Bytes::from_static(b"xy"), 8).unwrap();
+        assert_eq!(rb.clear(), 2);
+        assert_eq!(rb.unread(), 0);
     }
 
     #[test]

@@ -264,7 +264,9 @@ fn resolve(cmd: &Path) -> Result<PathBuf, (i32, &'static str)> {
         };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    // An empty PATH entry is the current directory, named so that the path keeps a slash.
     std::env::split_paths(&path)
+        .map(|d| if d.as_os_str().is_empty() { PathBuf::from(".") } else { d })
         .map(|d| d.join(cmd))
         .find(|p| executable(p))
         .ok_or((NOT_FOUND, "command not found"))

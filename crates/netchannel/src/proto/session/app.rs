@@ -169,6 +169,9 @@ impl<U: Default> Session<U> {
             let n = s.rx.take(max, out);
             if n > 0 {
                 self.rx_held -= n;
+                // Their room in the budget goes back to streams waiting for it.
+                self.recharge(id);
+                self.feed_starved();
                 self.compact_if_due();
                 return Recv::Data(n);
             }

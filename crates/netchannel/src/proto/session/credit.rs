@@ -39,7 +39,8 @@ impl<U: Default> Session<U> {
     pub(super) fn recharge(&mut self, id: StreamId) {
         let Some(s) = self.streams.get_mut(id) else { return };
         let charge = if s.reset.is_some() {
-            0
+            // Bytes kept for reading after the peer's reset still take room in the budget.
+            s.rx.ready_data()
         } else {
             let limit = s.fin().map_or(s.granted, |f| f.min(s.granted));
             limit.saturating_sub(s.rx.consumed())
