@@ -827,6 +827,42 @@ fn payloads_the_engine_takes_over_mid_read_stay_intact() {
     }
 }
 
+/// A reader reads part of a deferred payload from its channel, and before it records the
+/// read, the stream is reset (by another thread, on another channel's frame). The bytes left
+/// the channel all the same: the channel's deferred payload must move past them, or its next
+/// frame would be read from the middle of the payload.
+#[test]
+fn a_deferred_read_that_loses_its_stream_still_moves_the_channel_on() {
+    let mut p = Pair::new(7, &[Class::Throughput], config());
+    p.defer_percent = 100;
+    p.grace = Duration::from_secs(60);
+    let (a, b) = p.open(80, Class::Throughput);
+    let data = vec![5u8; 64 * 1024];
+    assert_eq!(p.sides[0].handle(a).send(&data), Ok(data.len()));
+    let mut found = None;
+    for _ in 0..1000 {
+        p.step();
+        let mut out = Vec::new();
+        if let Recv::Deferred { channel, max } = p.sides[1].handle(b).recv(1 << 20, &mut out) {
+            found = Some((channel, max));
+            break;
+        }
+    }
+    let (channel, max) = found.expect("a payload was deferred");
+    let before = p.sides[1].deferred(channel).expect("deferred in its channel");
+    let l = p.links.iter_mut().find(|l| l.index == channel).unwrap();
+    let n = (max as usize).min(l.dirs[0].pipe.len()).min(1000);
+    assert!(n > 0, "some of the payload is in the channel");
+    l.dirs[0].pipe.drain(..n);
+    // The reset comes between the read and its record.
+    p.sides[1].handle(b).abort(ResetCause::LocalAbort);
+    assert!(!p.sides[1].handle(b).deferred_read(channel, n as u64), "not delivered");
+    match p.sides[1].deferred(channel) {
+        Some(d) => assert_eq!(d.remaining, before.remaining - n as u64, "{d:?}"),
+        None => assert_eq!(before.remaining, n as u64),
+    }
+}
+
 #[test]
 fn an_idle_session_falls_silent() {
     // After traffic, acknowledgements settle and nothing more is sent: no ACK for an ACK.

@@ -51,6 +51,15 @@ impl<U: Default> Session<U> {
     /// was lost meanwhile and the peer sends them again): the caller must not deliver them.
     pub(super) fn deferred_read(&mut self, id: StreamId, channel: ChannelId, n: u64) -> bool {
         if self.deferred_readable(id, channel).is_none_or(|max| max < n) {
+            // The bytes left the channel's socket all the same. If they were this stream's
+            // payload (the stream was reset while they were read), the channel moves past
+            // them, or its next frame would be read from the middle of the payload.
+            let ours = self
+                .deferred(channel)
+                .is_some_and(|d| d.stream == id && !d.taken && d.remaining >= n);
+            if ours {
+                self.discard_deferred(channel, n);
+            }
             return false;
         }
         let now = self.clock();
