@@ -267,6 +267,8 @@ pub(crate) fn poll(
     // The served connections, in the order of their fds; whether every fd is one of them
     // (`poll_carried`).
     let mut found: Vec<Arc<Carried>> = Vec::new();
+    // Their fds, in the same order (a mixed set has other fds between them).
+    let mut found_fds: Vec<c_int> = Vec::new();
     let mut carried = true;
     for p in fds.iter() {
         if p.fd < 0 {
@@ -283,6 +285,7 @@ pub(crate) fn poll(
                 ours = true;
                 served_here = !c.handed_over.load(std::sync::atomic::Ordering::Acquire);
                 found.push(c);
+                found_fds.push(p.fd);
             }
         }
         if !served_here {
@@ -302,7 +305,7 @@ pub(crate) fn poll(
         return poll_carried(fds, &found, &set, timeout, mask, real);
     }
     // The kernel reports them beside the program's other fds: their placeholders mirror them.
-    arm_for_poll(fds, &found);
+    arm(found_fds.iter().copied().zip(&found));
     netchannel::flush_sends();
     let handled = signals::snapshot();
     let n = real(fds, Some(Duration::ZERO))?;
@@ -425,12 +428,17 @@ fn poll_carried(
     result
 }
 
-/// `carried` (one per non-negative fd of `fds`, in order) go into a wait the kernel answers:
-/// their placeholders mirror them from now on.
+/// `carried` (one per non-negative fd of `fds`, in order: every fd of the set is carried) go
+/// into a wait the kernel answers: their placeholders mirror them from now on.
 fn arm_for_poll(fds: &[libc::pollfd], carried: &[Arc<Carried>]) {
-    for (p, c) in fds.iter().filter(|p| p.fd >= 0).zip(carried) {
+    arm(fds.iter().filter(|p| p.fd >= 0).map(|p| p.fd).zip(carried));
+}
+
+/// Each connection's placeholder, under its own fd, mirrors it from now on.
+fn arm<'a>(pairs: impl Iterator<Item = (c_int, &'a Arc<Carried>)>) {
+    for (fd, c) in pairs {
         c.forbid_elision();
-        with_fd(p.fd, |app| c.arm(app, false));
+        with_fd(fd, |app| c.arm(app, false));
     }
 }
 

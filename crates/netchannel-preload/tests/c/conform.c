@@ -407,6 +407,14 @@ static void full_window(const char *host, int port) {
     const char *rr = res(r);
     printf("SO_SNDTIMEO 200 ms on a full window: %s waited_timeout=%d\n", rr, waited >= 0.19 && waited < 2);
 
+    /* A mixed set, a pipe ahead of the full socket: the socket is not writable. */
+    int mp[2];
+    pipe(mp);
+    struct pollfd mixed[2] = {{.fd = mp[0], .events = POLLIN}, {.fd = s, .events = POLLOUT}};
+    int mn = poll(mixed, 2, 100);
+    printf("poll(pipe, full socket): %d revents %#x %#x\n", mn, mixed[0].revents, mixed[1].revents);
+    close(mp[0]); close(mp[1]);
+
     int ep = epoll_create1(0);
     struct epoll_event ev = {.events = EPOLLOUT, .data.fd = s};
     epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
