@@ -49,6 +49,9 @@ use crate::process::{pid, relocate, COUNTERS};
 /// own fds are closed but a copy of P lives elsewhere.
 static REGISTRY: Mutex<Option<HashMap<u64, Arc<Carried>>>> = Mutex::new(None);
 
+/// `TCP_INFO`'s state of a closed connection (`Carried::tcp_state`).
+pub(crate) const TCP_CLOSE: u8 = 7;
+
 /// Bytes a large write sends through the virtual socket in one call; writes up to this size
 /// from several buffers are gathered into one send.
 const GATHER: usize = 64 * 1024;
@@ -476,14 +479,17 @@ impl Carried {
 
     /// `SO_ERROR`.
     pub(crate) fn so_error(&self, fd: BorrowedFd<'_>) -> i32 {
-        let mut r = self.vs.readiness();
-        r.readable |= self.has_returned();
+        self.note_connection_error(&self.vs.readiness());
+        self.take_error(fd).unwrap_or(0)
+    }
+
+    /// Notes the connection's error `r` shows, if any, as `failed` reports it: a reset after
+    /// the peer's FIN is `EPIPE` (TCP's CLOSE_WAIT).
+    fn note_connection_error(&self, r: &netchannel::Readiness) {
         if let Some(kind) = r.error {
-            // As `failed` reports it: a reset after the peer's FIN is EPIPE (TCP's CLOSE_WAIT).
             let after_fin = r.peer_finished || self.mirror.lock().eof;
             self.note_error(reset_errno(kind_errno(kind), after_fin));
         }
-        self.take_error(fd).unwrap_or(0)
     }
 
     /// `failed` for a write: every `EPIPE` raises SIGPIPE unless `MSG_NOSIGNAL` (the kernel's
@@ -619,9 +625,6 @@ impl Carried {
         result
     }
 
-    /// Waits in a blocking `recv` (`read`) or `send` until the socket is ready, as a blocking
-    /// TCP call does: `Err(outcome)` ends the call (`done` bytes so far, `EAGAIN` at the
-    /// timeout, `EINTR` for a signal that does not restart it, or the connection's error).
     /// A `recv` of zero bytes (`read`/`readv` of zero never get here: the kernel answers them
     /// 0 at once). As TCP's: 0 at once when something is there to read, the pending error once,
     /// `EAGAIN` when it may not wait, else 0 after one wait (for bytes, the timeout or a
@@ -631,10 +634,7 @@ impl Carried {
         if self.has_returned() || r.unread > 0 {
             return Ok(0);
         }
-        if let Some(kind) = r.error {
-            let after_fin = r.peer_finished || self.mirror.lock().eof;
-            self.note_error(reset_errno(kind_errno(kind), after_fin));
-        }
+        self.note_connection_error(&r);
         if let Some(errno) = self.take_error(fd) {
             return Err(errno);
         }
@@ -655,6 +655,9 @@ impl Carried {
         Ok(0)
     }
 
+    /// Waits in a blocking `recv` (`read`) or `send` until the socket is ready, as a blocking
+    /// TCP call does: `Err(outcome)` ends the call (`done` bytes so far, `EAGAIN` at the
+    /// timeout, `EINTR` for a signal that does not restart it, or the connection's error).
     fn block(
         &self,
         read: bool,
@@ -827,11 +830,11 @@ impl Carried {
         let r = self.vs.readiness();
         let m = self.mirror.lock();
         match (r.error.is_some(), r.peer_finished, m.wr_shut) {
-            (true, ..) => 7, // TCP_CLOSE
+            (true, ..) => TCP_CLOSE,
             // Both FINs: LAST_ACK while our bytes before the FIN are still to leave, then
             // closed.
             (false, true, true) if self.outq(true) > 0 => 9,
-            (false, true, true) => 7,
+            (false, true, true) => TCP_CLOSE,
             (false, true, false) => 8, // TCP_CLOSE_WAIT
             // TCP_FIN_WAIT1 while bytes before our FIN are still to leave, then TCP_FIN_WAIT2
             // (the kernel's FIN_WAIT1 lasts until the peer's kernel acknowledges, a round

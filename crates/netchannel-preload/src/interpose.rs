@@ -350,21 +350,29 @@ fn slice<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
 }
 
-fn iovecs_mut<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSliceMut<'a>>, i32> {
+/// The program's `n` iovecs at `iov`, checked as the kernel's import_iovec: `EINVAL` for a
+/// count beyond `UIO_MAXIOV`, `EFAULT` for a NULL array or a NULL base with a length.
+fn iovec_array<'a>(iov: *const libc::iovec, n: c_int) -> Result<&'a [libc::iovec], i32> {
     if n < 0 || n as usize > libc::UIO_MAXIOV as usize {
         return Err(libc::EINVAL);
     }
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
     if iov.is_null() {
         return Err(libc::EFAULT);
     }
-    // SAFETY: the program passed `n` iovecs at `iov`, each naming writable memory.
+    // SAFETY: the program passed `n` iovecs at `iov` (not NULL, checked).
     let v = unsafe { std::slice::from_raw_parts(iov, n as usize) };
     if v.iter().any(|i| i.iov_base.is_null() && i.iov_len > 0) {
         return Err(libc::EFAULT);
     }
+    Ok(v)
+}
+
+fn iovecs_mut<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSliceMut<'a>>, i32> {
+    // Each names writable memory, as the program promised.
+    let v = iovec_array(iov, n)?;
     Ok(v.iter().map(|i| IoSliceMut::new(mut_slice(i.iov_base, i.iov_len))).collect())
 }
 
@@ -378,20 +386,8 @@ fn msg_iovlen(m: &libc::msghdr) -> Result<c_int, i32> {
 }
 
 fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<IoSlice<'a>>, i32> {
-    if n < 0 || n as usize > libc::UIO_MAXIOV as usize {
-        return Err(libc::EINVAL);
-    }
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    if iov.is_null() {
-        return Err(libc::EFAULT);
-    }
-    // SAFETY: the program passed `n` iovecs at `iov`, each naming readable memory.
-    let v = unsafe { std::slice::from_raw_parts(iov, n as usize) };
-    if v.iter().any(|i| i.iov_base.is_null() && i.iov_len > 0) {
-        return Err(libc::EFAULT);
-    }
+    // Each names readable memory, as the program promised.
+    let v = iovec_array(iov, n)?;
     Ok(v.iter().map(|i| IoSlice::new(slice(i.iov_base, i.iov_len))).collect())
 }
 
@@ -444,6 +440,16 @@ fn from_socketaddr(a: SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
         }
     };
     (ss, len as socklen_t)
+}
+
+/// Whether getsockname/getpeername may write an address there: the kernel's
+/// move_addr_to_user faults on a NULL length, or a NULL address with room in it.
+///
+/// # Safety
+/// `len` NULL or readable, as passed by the program.
+unsafe fn addr_out_ok(addr: *mut sockaddr, len: *mut socklen_t) -> bool {
+    // SAFETY: `len` is not NULL here, and the program's.
+    !(len.is_null() || (addr.is_null() && unsafe { *len } > 0))
 }
 
 /// Copies `a` into a caller's (addr, len) result pair, truncating as the kernel does.
@@ -1721,8 +1727,8 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(c) = served(fd) {
-        // SAFETY: as passed by the program (checked for NULL first).
-        if len.is_null() || (addr.is_null() && unsafe { *len } > 0) {
+        // SAFETY: as passed by the program.
+        if unsafe { !addr_out_ok(addr, len) } {
             set_errno(libc::EFAULT);
             return -1;
         }
@@ -1734,21 +1740,18 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     unsafe { real!(getsockname)(fd, addr, len) }
 }
 
-/// `TCP_INFO`'s state of a closed connection (`Carried::tcp_state`).
-const TCP_CLOSE: u8 = 7;
-
 /// # Safety
 /// C ABI: as getpeername(2).
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(c) = served(fd) {
         // As the kernel's: no peer once the connection is closed (reset, or both FINs in).
-        if caught(|| c.tcp_state()) == Some(TCP_CLOSE) {
+        if caught(|| c.tcp_state()) == Some(crate::carried::TCP_CLOSE) {
             set_errno(libc::ENOTCONN);
             return -1;
         }
-        // SAFETY: as passed by the program (checked for NULL first).
-        if len.is_null() || (addr.is_null() && unsafe { *len } > 0) {
+        // SAFETY: as passed by the program.
+        if unsafe { !addr_out_ok(addr, len) } {
             set_errno(libc::EFAULT);
             return -1;
         }

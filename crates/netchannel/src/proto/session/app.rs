@@ -164,26 +164,24 @@ impl<U: Default> Session<U> {
     /// Moves up to `max` readable bytes into `out` (slices), or says where the next bytes are.
     pub(super) fn recv(&mut self, id: StreamId, max: u64, out: &mut Vec<Bytes>) -> Recv {
         let Some(s) = self.streams.get_mut(id) else { return Recv::Closed };
-        if let Some(cause) = s.reset {
-            // Bytes kept from before the peer's reset come first (no credit for them).
-            let n = s.rx.take(max, out);
-            if n > 0 {
-                self.rx_held -= n;
-                // Their room in the budget goes back to streams waiting for it.
-                self.recharge(id);
-                self.feed_starved();
-                self.compact_if_due();
-                return Recv::Data(n);
-            }
-            return Recv::Reset(cause);
-        }
+        let reset = s.reset;
+        // After the peer's reset too: the bytes kept from before it come first.
         let n = s.rx.take(max, out);
         if n > 0 {
             self.rx_held -= n;
-            self.after_consume(id);
+            if reset.is_some() {
+                // No credit for a reset stream; their room in the budget goes to the others.
+                self.recharge(id);
+                self.feed_starved();
+            } else {
+                self.after_consume(id);
+            }
             // Fewer bytes held: slices still pinned may now outweigh them.
             self.compact_if_due();
             return Recv::Data(n);
+        }
+        if let Some(cause) = reset {
+            return Recv::Reset(cause);
         }
         let (front, eof) = (s.rx.front_deferred(), s.at_eof());
         if let Some((channel, len)) = front {
