@@ -24,7 +24,7 @@ have curl || need_apt+=(curl) # the nginx test fetches its file with it
 compgen -G '/usr/lib/postgresql/*/bin/pgbench' >/dev/null || need_apt+=(postgresql)
 have haproxy || need_apt+=(haproxy)
 have node || need_apt+=(nodejs) # libuv's event loop (the node test)
-have python3 || need_apt+=(python3) # scripts/sched-trace.py
+have python3 || need_apt+=(python3) # scripts/sched-trace.py, the dual-stack listener test
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 
 if ((${#need_apt[@]})); then
