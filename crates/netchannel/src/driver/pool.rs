@@ -5,10 +5,11 @@
 //! payload is a fresh allocation beyond glibc's mmap threshold: page faults that zero it, and an
 //! `madvise` that returns it (measured: 13% of a bulk stream's CPU).
 
+use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 
 /// Two sizes of buffer: `size` (a frame's largest payload), and a quarter of it for the end of
@@ -17,6 +18,9 @@ use parking_lot::Mutex;
 pub struct BufPool {
     /// Idle buffers by class: `[SMALL]` of `size / 4` bytes, `[LARGE]` of `size`.
     free: [Mutex<Vec<Vec<u8>>>; 2],
+    /// Channel readers' staging buffers they let go while staged slices were still unread,
+    /// oldest first: taken up again once those are read (at most `2 * max`, pinned or idle).
+    retired: Mutex<VecDeque<BytesMut>>,
     size: usize,
     /// Idle buffers kept per class: `max` large ones and twice as many small ones, so that
     /// idle memory is at most one and a half times `max` large buffers.
@@ -30,7 +34,12 @@ impl BufPool {
     /// Buffers of `size` bytes (and of a quarter of it); at most `max` large and `2 * max`
     /// small ones are kept when idle.
     pub fn new(size: usize, max: usize) -> Arc<BufPool> {
-        Arc::new(BufPool { free: [Mutex::new(Vec::new()), Mutex::new(Vec::new())], size, max })
+        Arc::new(BufPool {
+            free: [Mutex::new(Vec::new()), Mutex::new(Vec::new())],
+            retired: Mutex::new(VecDeque::new()),
+            size,
+            max,
+        })
     }
 
     pub fn buffer_size(&self) -> usize {
@@ -72,6 +81,12 @@ impl BufPool {
         PoolBuf { buf, pool: self.clone() }
     }
 
+    /// Staging buffers retired and not yet taken up again.
+    #[cfg(test)]
+    pub(crate) fn retired_len(&self) -> usize {
+        self.retired.lock().len()
+    }
+
     /// Buffers idle in the pool, small and large.
     #[cfg(test)]
     pub fn idle(&self) -> (usize, usize) {
@@ -111,11 +126,39 @@ impl AsMut<Vec<u8>> for PoolBuf {
     }
 }
 
-/// Channel readers stage payloads into pooled buffers.
+/// Retired staging buffers looked at per `staging` call: the oldest are the likeliest to be
+/// free, and a buffer still held by a slow reader's slices must not make each call walk all.
+const RETIRED_LOOKS: usize = 8;
+
+/// Channel readers stage payloads into pooled buffers, and their staging buffers come back.
 impl crate::proto::framing::Buffers for Arc<BufPool> {
     type Buf = PoolBuf;
     fn get(&self) -> PoolBuf {
         BufPool::get(self)
+    }
+
+    fn staging(&self, min: usize) -> BytesMut {
+        let mut retired = self.retired.lock();
+        for _ in 0..RETIRED_LOOKS.min(retired.len()) {
+            let mut buf = retired.pop_front().expect("counted");
+            // Its whole allocation once no slice is left, or room of its own already.
+            let room = crate::proto::reclaim_whole(&mut buf) || buf.try_reclaim(min);
+            if room && buf.capacity() >= min {
+                return buf;
+            }
+            retired.push_back(buf);
+        }
+        drop(retired);
+        BytesMut::with_capacity(min.max(crate::proto::framing::READ_SIZE))
+    }
+
+    fn retire(&self, buf: BytesMut) {
+        let mut retired = self.retired.lock();
+        if retired.len() >= 2 * self.max {
+            // Bounded: the oldest is freed once its slices are read.
+            retired.pop_front();
+        }
+        retired.push_back(buf);
     }
 }
 
@@ -162,6 +205,57 @@ mod tests {
         let (x, y, z) = (pool.get(), pool.get(), pool.get());
         drop((x, y, z));
         assert_eq!(pool.idle(), (0, 2), "bounded");
+    }
+
+    #[test]
+    fn a_staging_buffer_let_go_while_pinned_is_taken_up_again_once_its_slices_are_read() {
+        use crate::proto::framing::{Buffers, FrameReader, Parsed, READ_SIZE};
+        use crate::wire::Frame;
+        let pool = BufPool::new(1024, 1);
+        let mut r = FrameReader::new(1 << 20, pool.clone());
+        let mut frame = Vec::new();
+        Frame::Data { stream: 1, offset: 0, payload: &[7u8; 60_000] }.encode(&mut frame);
+        // Fill the first staging buffer with frames whose payloads stay unread (pinned), and
+        // end it with the first half of one more frame.
+        let first = r.buffer(READ_SIZE).as_ptr();
+        let mut held = Vec::new();
+        let mut out = Vec::new();
+        loop {
+            if r.room() < frame.len() + 100 {
+                break;
+            }
+            r.buffer(frame.len()).extend_from_slice(&frame);
+            r.parse(&mut out, usize::MAX).unwrap();
+            held.append(&mut out);
+        }
+        assert!(held.len() >= 2);
+        r.buffer(frame.len()).extend_from_slice(&frame[..100]);
+        // No room for a whole read: a new buffer takes the half frame.
+        let b = r.buffer(READ_SIZE);
+        let end_of_first = first.wrapping_add(held.len() * frame.len());
+        assert_ne!(b.as_ptr(), end_of_first.wrapping_add(100), "a fresh buffer");
+        assert_eq!(&b[..], &frame[..100], "what was left to parse came along");
+        let second = b.as_ptr();
+        b.extend_from_slice(&frame[100..]);
+        r.parse(&mut out, usize::MAX).unwrap();
+        assert!(matches!(&out[..], [Parsed::Data { payload, .. }] if payload[..] == [7u8; 60_000]));
+        // The first buffer is retired, not freed: while its slices are held it cannot be
+        // taken up; once they are read, the next buffer the reader needs is that memory.
+        assert_eq!(pool.retired_len(), 1);
+        let mut again = Buffers::staging(&pool, READ_SIZE);
+        assert_ne!(again.as_ptr(), first, "still pinned");
+        again.clear();
+        Buffers::retire(&pool, again);
+        drop(held);
+        let reused = Buffers::staging(&pool, READ_SIZE);
+        assert_eq!(reused.as_ptr(), first, "the first buffer's memory, taken up again");
+        assert!(reused.capacity() >= READ_SIZE && reused.is_empty());
+        drop((out, second));
+        // Bounded: at most twice `max` retired buffers are kept.
+        for _ in 0..5 {
+            Buffers::retire(&pool, BytesMut::with_capacity(16));
+        }
+        assert_eq!(pool.retired_len(), 2);
     }
 
     #[test]
