@@ -56,6 +56,10 @@ pub(crate) const TCP_CLOSE: u8 = 7;
 /// from several buffers are gathered into one send.
 const GATHER: usize = 64 * 1024;
 
+/// The most a peek that waits for more keeps taken out of the virtual socket (`peek_at_least`):
+/// about what TCP's largest receive buffer holds.
+const PEEK_HELD: usize = 4 << 20;
+
 /// The placeholder's mirror state (see the module doc).
 struct Mirror {
     /// The library's end; `None` once a terminal state is mirrored by closing it.
@@ -290,8 +294,7 @@ impl Carried {
         // Read under the mirror lock: a reader that drained the stream meanwhile takes the
         // same lock to drain P's tokens, so a token is never written for data already gone
         // (a stale POLLIN makes programs such as wrk count a read error on EAGAIN).
-        let mut r = self.vs.readiness();
-        r.readable |= self.has_returned();
+        let r = self.vs.readiness();
         if let Some(kind) = r.error {
             self.note_error(reset_errno(kind_errno(kind), r.peer_finished || m.eof));
             // Closed with the primer unread: P reports ECONNRESET, POLLERR and POLLHUP.
@@ -312,7 +315,7 @@ impl Carried {
                 let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Write);
             }
         }
-        if r.readable && !m.eof && !m.rd_shut {
+        if self.shown_readable(&r) && !m.eof && !m.rd_shut {
             let edge = new_data && self.edge.load(Ordering::Relaxed);
             if m.tokens == 0 || edge {
                 let awake = self.may_elide(&m).is_some_and(|set| {
@@ -392,7 +395,7 @@ impl Carried {
             }
         }
         let mut ready = 0;
-        if r.readable {
+        if self.shown_readable(&r) {
             ready |= libc::POLLIN | libc::POLLRDNORM;
         }
         if r.writable {
@@ -441,7 +444,7 @@ impl Carried {
         if (m.tokens == 0 && !m.reported) || m.l.is_none() || m.eof {
             return;
         }
-        if self.vs.readiness().readable || self.has_returned() {
+        if self.shown_readable(&self.vs.readiness()) {
             return;
         }
         m.reported = false;
@@ -564,27 +567,29 @@ impl Carried {
         if total == 0 {
             return self.recv_nothing(fd, flags);
         }
-        if let Some(n) = self.take_returned(bufs, peek) {
-            return Ok(n);
+        // What the call waits for, as TCP's `sock_rcvlowat`: all of it with `MSG_WAITALL`,
+        // else `SO_RCVLOWAT` bytes (at most those asked for).
+        let target =
+            if flags & libc::MSG_WAITALL != 0 { total } else { self.opts.rcv_lowat().min(total) };
+        if peek && (target > 1 || self.has_returned()) {
+            return self.peek_at_least(fd, bufs, target, flags);
         }
-        let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+        // Bytes given back come first.
+        let mut got = if peek { 0 } else { self.take_returned(bufs, false).unwrap_or(0) };
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         let timeout = self.opts.rcv_timeout();
         let deadline = timeout.map(|t| Instant::now() + t);
         let seen = signals::snapshot();
-        let mut got = 0;
         let mut settled = false;
         let result = loop {
+            if got >= target {
+                break Ok(got);
+            }
             let attempt =
                 if peek { self.peek_into(bufs) } else { self.take_into(bufs, got, flags) };
             match attempt {
                 Ok(0) => break Ok(got),
-                Ok(n) => {
-                    got += n;
-                    if !waitall || got == total {
-                        break Ok(got);
-                    }
-                }
+                Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if dontwait || self.nonblocking(fd) {
                         if got == 0 && !settled && !peek && self.told_readable() {
@@ -623,6 +628,62 @@ impl Carried {
             self.drain_tokens(fd);
         }
         result
+    }
+
+    /// A `MSG_PEEK` that waits for `target` bytes (`MSG_WAITALL`, or `SO_RCVLOWAT`), as TCP's
+    /// does, or one with bytes given back before it. The bytes peeked are taken out of the
+    /// virtual socket and kept with those given back, which the next reads return first (so a
+    /// wait for more sleeps until more arrive). At most `PEEK_HELD` are kept: a peek for more
+    /// returns that much, where TCP would wait until its timeout, with its window closed.
+    fn peek_at_least(
+        &self,
+        fd: BorrowedFd<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        target: usize,
+        flags: c_int,
+    ) -> Result<usize, i32> {
+        let dontwait = flags & libc::MSG_DONTWAIT != 0;
+        let timeout = self.opts.rcv_timeout();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let seen = signals::snapshot();
+        // Everything there up to what was asked, as a peek copies; waiting only below `target`.
+        let total: usize = bufs.iter().map(|b| b.len()).sum::<usize>().min(PEEK_HELD);
+        let target = target.min(total);
+        loop {
+            let have = self.share.lock().returned.len();
+            if have >= total {
+                break;
+            }
+            let mut more = vec![0u8; total - have];
+            match self.take_into(&mut [IoSliceMut::new(&mut more)], 0, 0) {
+                Ok(0) => break, // end of stream: what is there
+                Ok(n) => self.share.lock().returned.extend_from_slice(&more[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && have >= target => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if dontwait || self.nonblocking(fd) {
+                        if have == 0 {
+                            return Err(libc::EAGAIN);
+                        }
+                        break;
+                    }
+                    match self.block(true, deadline, seen, timeout.is_some(), have) {
+                        Ok(()) => {}
+                        Err(Ok(_)) => break, // the timeout or a signal, with bytes to peek
+                        Err(Err(errno)) => return Err(errno),
+                    }
+                }
+                Err(e) => {
+                    if have > 0 {
+                        break;
+                    }
+                    return match self.failed(fd, &e, false) {
+                        0 => Ok(0),
+                        errno => Err(errno),
+                    };
+                }
+            }
+        }
+        Ok(self.take_returned(bufs, true).unwrap_or(0))
     }
 
     /// A `recv` of zero bytes (`read`/`readv` of zero never get here: the kernel answers them
@@ -1123,7 +1184,7 @@ impl Carried {
         }
         let shown_by_kernel = m.tokens > 0 || m.eof || m.rd_shut || m.l.is_none();
         let closed = self.fds.load(Ordering::Acquire) == 0;
-        if shown_by_kernel || closed || !(self.vs.readiness().readable || self.has_returned()) {
+        if shown_by_kernel || closed || !self.shown_readable(&self.vs.readiness()) {
             m.queued = false;
             return None;
         }
@@ -1134,6 +1195,28 @@ impl Carried {
 
     fn has_returned(&self) -> bool {
         !self.share.lock().returned.is_empty()
+    }
+
+    /// Whether waits show the connection readable (`POLLIN`): as its virtual socket is, or
+    /// with bytes given back, but with `SO_RCVLOWAT` set only once that many are there (or the
+    /// stream ended, failed or was shut for reading), as `tcp_poll` has it.
+    fn shown_readable(&self, r: &netchannel::Readiness) -> bool {
+        let returned = self.share.lock().returned.len();
+        if !r.readable && returned == 0 {
+            return false;
+        }
+        let lowat = self.opts.rcv_lowat();
+        lowat <= 1
+            || r.unread as usize + returned >= lowat
+            || r.error.is_some()
+            || r.peer_finished
+            || r.read_closed
+    }
+
+    /// Every byte given back, for a relay that takes the connection over (it delivers them
+    /// first).
+    pub(crate) fn take_all_returned(&self) -> Vec<u8> {
+        std::mem::take(&mut self.share.lock().returned)
     }
 
     /// Bytes the relay gave back, read before the virtual socket's.

@@ -158,14 +158,13 @@ fn run(lp: &Loop, ep: Epoll, poller: Poller) {
                 if let Held::Shared(c) = &vs {
                     c.relay_link(app.as_fd().try_clone_to_owned().ok());
                 }
-                let c = Conn {
-                    app,
-                    vs,
-                    up: Vec::new(),
-                    down: Vec::new(),
-                    up_done: false,
-                    down_done: false,
+                // Bytes the owner was given back (or kept for a peek) and has not read go to
+                // the taker first.
+                let down = match &vs {
+                    Held::Shared(c) => c.take_all_returned(),
+                    _ => Vec::new(),
                 };
+                let c = Conn { app, vs, up: Vec::new(), down, up_done: false, down_done: false };
                 conns.insert(id, c);
                 due.push(id);
             }

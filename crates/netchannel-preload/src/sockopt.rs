@@ -5,7 +5,7 @@
 //! behaviour are also kept in a form the data path uses (timeouts, `SO_LINGER`).
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -25,6 +25,8 @@ pub(crate) struct Options {
     rcv_timeout_ns: AtomicU64,
     snd_timeout_ns: AtomicU64,
     linger_abort: AtomicBool,
+    /// `SO_RCVLOWAT` as the kernel keeps it (0: never set, which is 1).
+    rcv_lowat: AtomicU32,
 }
 
 impl Options {
@@ -34,6 +36,12 @@ impl Options {
 
     pub fn snd_timeout(&self) -> Option<Duration> {
         duration(self.snd_timeout_ns.load(Ordering::Relaxed))
+    }
+
+    /// `SO_RCVLOWAT`: the bytes a blocking read waits for (at most what it asked), and below
+    /// which the connection does not show readable (unless it ended).
+    pub fn rcv_lowat(&self) -> usize {
+        self.rcv_lowat.load(Ordering::Relaxed).max(1) as usize
     }
 
     /// `SO_LINGER` on with a zero timeout: the last close resets the connection.
@@ -103,6 +111,14 @@ pub(crate) fn set(c: &Carried, level: i32, name: i32, value: &[u8]) -> Result<()
                 let slot =
                     if name == libc::SO_RCVTIMEO { &o.rcv_timeout_ns } else { &o.snd_timeout_ns };
                 slot.store(ns, Ordering::Relaxed);
+            }
+            libc::SO_RCVLOWAT => {
+                // As the kernel clamps it (half the largest receive buffer), read back.
+                let mut v = [0u8; 4];
+                let scratch = t.scratch.lock();
+                if raw_getsockopt(scratch.as_fd(), level, name, &mut v) == Ok(4) {
+                    o.rcv_lowat.store(i32::from_ne_bytes(v).max(1) as u32, Ordering::Relaxed);
+                }
             }
             libc::SO_LINGER if value.len() >= 8 => {
                 let on = i32::from_ne_bytes(value[0..4].try_into().unwrap());

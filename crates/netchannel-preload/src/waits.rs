@@ -301,6 +301,18 @@ pub(crate) fn poll(
     if !ours {
         return real(fds, timeout);
     }
+    // A placeholder is a Unix socket, which adds `POLLWRBAND` to `POLLOUT`; TCP never sets it.
+    let real = &mut |fds: &mut [libc::pollfd], timeout| {
+        let n = real(fds, timeout)?;
+        let mut masked = false;
+        for p in fds.iter_mut() {
+            if p.revents & libc::POLLWRBAND != 0 && found_fds.contains(&p.fd) {
+                p.revents &= !libc::POLLWRBAND;
+                masked = true;
+            }
+        }
+        Ok(if masked { fds.iter().filter(|p| p.revents != 0).count() } else { n })
+    };
     if carried {
         return poll_carried(fds, &found, &set, timeout, mask, real);
     }

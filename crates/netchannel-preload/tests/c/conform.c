@@ -560,6 +560,74 @@ static void epoll_cases(const char *host, int port) {
     close(ep);
 }
 
+/* SO_RCVLOWAT and peeks that wait: a blocking read waits for the low-water mark, poll and
+ * epoll show readable only from it on (or at the end), a peek waits for it too, MSG_PEEK with
+ * MSG_WAITALL waits for all it asked for, and a non-blocking read takes what is there. poll
+ * never reports POLLWRBAND (TCP does not set it). */
+static void low_water(const char *host, int port) {
+    char b[64];
+    int s = dial(host, port, 0), lw = 8, got = 0, one = 1;
+    socklen_t gl = sizeof got;
+    setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &lw, sizeof lw);
+    getsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &got, &gl);
+    cmd(s, "p");
+    int have = wait_bytes(s, 5);
+    struct pollfd p = {.fd = s, .events = POLLIN | POLLOUT | POLLWRBAND};
+    int pr = poll(&p, 1, 200);
+    short before = p.revents;
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out[2];
+    epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev);
+    int er = epoll_wait(ep, out, 2, 100);
+    cmd(s, "l");
+    p.events = POLLIN;
+    int pr2 = poll(&p, 1, 2000);
+    int er2 = epoll_wait(ep, out, 2, 2000);
+    ssize_t n = recv(s, b, sizeof b, 0);
+    printf("rcvlowat %d, %d bytes: poll %d %#x, epoll %d; 15 bytes: poll %d %#x, epoll %d; recv %zd\n",
+           got, have, pr, before, er, pr2, p.revents, er2, n);
+    close(ep);
+    int mp[2];
+    pipe(mp);
+    struct pollfd mx[2] = {{.fd = mp[0], .events = POLLIN}, {.fd = s, .events = POLLOUT | POLLWRBAND}};
+    int mr = poll(mx, 2, 0);
+    printf("poll(pipe, socket) asking POLLWRBAND: %d %#x\n", mr, mx[1].revents);
+    close(mp[0]); close(mp[1]);
+    cmd(s, "pl");
+    n = recv(s, b, sizeof b, 0);
+    printf("rcvlowat: a blocking read of 5 + 10 bytes returns %zd\n", n);
+    cmd(s, "pl");
+    ssize_t pk = recv(s, b, sizeof b, MSG_PEEK);
+    n = recv(s, b, sizeof b, 0);
+    printf("rcvlowat: peek %zd, then read %zd\n", pk, n);
+    cmd(s, "p");
+    wait_bytes(s, 5);
+    n = recv(s, b, sizeof b, MSG_DONTWAIT);
+    printf("rcvlowat: non-blocking read below the mark %zd\n", n);
+    setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
+    cmd(s, "pl");
+    pk = recv(s, b, 12, MSG_PEEK | MSG_WAITALL);
+    int fion = 0;
+    ioctl(s, FIONREAD, &fion);
+    n = recv(s, b, 12, MSG_WAITALL);
+    ssize_t rest = recv(s, b, sizeof b, 0);
+    printf("peek+waitall 12: %zd (FIONREAD %d), then waitall read %zd, then %zd\n", pk, fion, n, rest);
+    /* What a waiting peek took ahead is still there for a forked child that reads the
+     * inherited connection. */
+    cmd(s, "d");
+    pk = recv(s, b, 10, MSG_PEEK | MSG_WAITALL);
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(5);
+        _exit(read_full(s, b, 10) == 10 && memcmp(b, "0123456789", 10) == 0 ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(child, &st, 0);
+    printf("peek+waitall 10, then a forked child reads: %zd, child %s\n", pk,
+           WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "read all 10" : "did not");
+    close(s);
+}
+
 /* poll and select over a carried socket, a pipe and a UDP socket: exactly the ready ones. */
 static void mixed_sets(const char *host, int port) {
     int s = dial(host, port, 0), pp[2], u = socket(AF_INET, SOCK_DGRAM, 0);
@@ -1191,6 +1259,7 @@ static void client(const char *host, int port) {
     more(host, port, "/proc/self/exe");
     epoll_cases(host, port);
     mixed_sets(host, port);
+    low_water(host, port);
     fin_and_reset(host, port);
     timeouts_and_signals(host, port);
     shut_rd_and_flags(host, port);
