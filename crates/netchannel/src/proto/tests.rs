@@ -1168,6 +1168,34 @@ fn a_stream_nobody_reads_cannot_starve_one_that_is_read() {
     panic!("the stream that is read stalled behind the one that is not");
 }
 
+#[test]
+fn streams_that_starve_and_go_leave_nothing_in_the_starved_queue() {
+    // Side 1's budget is held by bytes nobody reads, so each new stream is granted less than
+    // it wants and queues for room; a peer opening and resetting streams must not make that
+    // queue grow with every stream it ever opened.
+    let cfg =
+        CoreConfig { window: 1 << 20, rx_budget: 512 * 1024, min_window: 32 * 1024, ..config() };
+    let mut p = Pair::new(25, &[Class::Throughput; 2], cfg);
+    let (a1, _b1) = p.open(80, Class::Throughput);
+    let buf = vec![0u8; 65536];
+    for _ in 0..200 {
+        let _ = p.sides[0].handle(a1).send(&buf);
+        p.step();
+    }
+    for _ in 0..2000 {
+        let (a, b) = p.open(81, Class::Throughput);
+        p.sides[0].handle(a).abort(ResetCause::LocalAbort);
+        for _ in 0..4 {
+            p.step();
+        }
+        let now = p.now;
+        p.sides[1].handle(b).close(now);
+        p.step();
+    }
+    let (queued, live) = (p.sides[1].starved_len(), p.sides[1].stats().streams);
+    assert!(queued <= 2 * live + 64, "{queued} queued for {live} live streams");
+}
+
 /// Fuzzing the protocol core as a channel's peer could: arbitrary bytes, and sequences of
 /// well-formed frames with hostile contents, into channel 0 of a session that serves a real
 /// stream over channel 1. Each case must close at most channel 0, never panic, keep the core's

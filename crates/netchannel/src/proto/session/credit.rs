@@ -71,8 +71,7 @@ impl<U: Default> Session<U> {
         s.granted += give;
         let window = (s.granted - consumed) as u32;
         if give < want && s.flags & F_STARVED == 0 {
-            s.flags |= F_STARVED;
-            self.starved.push_back(id);
+            self.queue_starved(id);
         }
         self.recharge(id);
         window
@@ -91,10 +90,22 @@ impl<U: Default> Session<U> {
         let half_min = (s.window.min(self.cfg.min_window) as u64 / 2).max(1);
         let s = self.streams.get_mut(id).expect("checked");
         if want >= quarter && give < quarter && s.flags & F_STARVED == 0 {
-            s.flags |= F_STARVED;
-            self.starved.push_back(id);
+            self.queue_starved(id);
         }
         give >= quarter || floor >= half_min
+    }
+
+    /// Queues `id` for receive room. Streams that went while queued leave their ids behind
+    /// (taken off only as room frees): once those outnumber the live streams, they are swept,
+    /// so a peer that opens and resets streams while the budget is held cannot grow the queue.
+    fn queue_starved(&mut self, id: StreamId) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        s.flags |= F_STARVED;
+        self.starved.push_back(id);
+        if self.starved.len() > 2 * self.streams.live() + 64 {
+            let streams = &self.streams;
+            self.starved.retain(|&id| streams.get(id).is_some_and(|s| s.flags & F_STARVED != 0));
+        }
     }
 
     /// Reads freed room: streams that waited for it owe a CREDIT, in order, as far as the

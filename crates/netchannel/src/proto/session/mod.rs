@@ -364,6 +364,12 @@ impl<U: Default> Session<U> {
         false
     }
 
+    /// Entries in the queue of streams waiting for receive room.
+    #[cfg(test)]
+    pub(crate) fn starved_len(&self) -> usize {
+        self.starved.len()
+    }
+
     pub fn stats(&self) -> CoreStats {
         let mut st = self.stats.clone();
         st.streams = self.streams.live();
