@@ -981,10 +981,39 @@ impl Carried {
             }
         };
         if hup {
+            if let Some(time) = self.opts.linger_time() {
+                self.linger(time);
+            }
             self.finish();
         } else {
             self.orphaned.store(true, Ordering::Release);
             crate::reaper::watch(self.clone());
+        }
+    }
+
+    /// The last close with `SO_LINGER` on and a time, as TCP's: the end of stream goes after
+    /// the bytes queued, and the close waits (whatever `O_NONBLOCK` says) until the peer's
+    /// engine has them all, or the time is up; what is left is still delivered after. With
+    /// bytes unread the close resets the connection instead, without waiting.
+    fn linger(&self, time: std::time::Duration) {
+        const LOOK: std::time::Duration = std::time::Duration::from_millis(1);
+        if self.vs.readiness().unread > 0 || self.has_returned() || self.vs.shutdown().is_err() {
+            return;
+        }
+        let deadline = Instant::now() + time;
+        while !self.vs.send_delivered() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let step = (now + LOOK).min(deadline);
+            if self.vs.readiness().readable {
+                // Bytes or the peer's end came meanwhile: a wait for them would not sleep.
+                std::thread::sleep(step - now);
+            } else {
+                // Serves the channels meanwhile: their acknowledgements are what it waits for.
+                let _ = self.vs.wait_ready(true, false, Some(step), uninterruptible());
+            }
         }
     }
 

@@ -25,6 +25,8 @@ pub(crate) struct Options {
     rcv_timeout_ns: AtomicU64,
     snd_timeout_ns: AtomicU64,
     linger_abort: AtomicBool,
+    /// `SO_LINGER` on with a positive time: its seconds (0: off, or a zero time).
+    linger_secs: AtomicU32,
     /// `SO_RCVLOWAT` as the kernel keeps it (0: never set, which is 1).
     rcv_lowat: AtomicU32,
 }
@@ -47,6 +49,15 @@ impl Options {
     /// `SO_LINGER` on with a zero timeout: the last close resets the connection.
     pub fn linger_abort(&self) -> bool {
         self.linger_abort.load(Ordering::Relaxed)
+    }
+
+    /// `SO_LINGER` on with a positive time: the last close waits up to that long for the peer
+    /// to have every byte and the end of stream.
+    pub fn linger_time(&self) -> Option<Duration> {
+        match self.linger_secs.load(Ordering::Relaxed) {
+            0 => None,
+            secs => Some(Duration::from_secs(secs.into())),
+        }
     }
 
     /// The options the program set, to apply to a kernel socket that takes the connection
@@ -124,6 +135,8 @@ pub(crate) fn set(c: &Carried, level: i32, name: i32, value: &[u8]) -> Result<()
                 let on = i32::from_ne_bytes(value[0..4].try_into().unwrap());
                 let secs = i32::from_ne_bytes(value[4..8].try_into().unwrap());
                 o.linger_abort.store(on != 0 && secs == 0, Ordering::Relaxed);
+                let wait = if on != 0 && secs > 0 { secs as u32 } else { 0 };
+                o.linger_secs.store(wait, Ordering::Relaxed);
             }
             _ => {}
         }

@@ -54,7 +54,8 @@ static int release[2] = {-1, -1};
  * (read nothing more: partial writes); 'w' read to EOF, then answer "done"; 'f' answer whether
  * accept4 made the fd close-on-exec and non-blocking; 'x' close at once (FIN); 'r' reset
  * (SO_LINGER {1, 0}, close); 'p' send 5 bytes; 'l' send 10 bytes after 300 ms; 'E' echo
- * everything to EOF, then close; 'L' read nothing until released by a 'g', then read to EOF. */
+ * everything to EOF, then close; 'L' read nothing until released by a 'g', then read to EOF;
+ * 'Z' answer "z", then stop the whole process for 1.5 s. */
 static void *serve(void *arg) {
     int c = (int)(long)arg;
     int fdflags = fcntl(c, F_GETFD), flflags = fcntl(c, F_GETFL);
@@ -86,6 +87,12 @@ static void *serve(void *arg) {
             char g, b[65536]; read(release[0], &g, 1); while (read(c, b, sizeof b) > 0) {} break;
         }
         if (cmd == 'g') write(release[1], "g", 1);
+        if (cmd == 'Z') {
+            /* The whole server process stops for 1.5 s (its engine too, when carried). */
+            if (fork() == 0) { usleep(1500000); kill(getppid(), SIGCONT); _exit(0); }
+            write(c, "z", 1);
+            kill(getpid(), SIGSTOP);
+        }
     }
     close(c);
     return NULL;
@@ -358,6 +365,39 @@ static long fill(int s) {
         usleep(100000);
     }
     return total;
+}
+
+/* SO_LINGER with a time: close waits until the peer has every byte and the FIN, then returns
+ * 0; here the peer reads nothing, the window is full and the server process is stopped for
+ * 1.5 s, so the whole second. With a peer that reads, it returns as soon as it has them. */
+static void linger_close(const char *host, int port) {
+    int s = dial(host, port, 0), g = dial(host, port, 0);
+    cmd(s, "L");
+    fill(s);
+    char z;
+    cmd(g, "Z");
+    read(g, &z, 1);
+    usleep(50000);
+    struct linger lg = {1, 1};
+    setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    double t0 = now(CLOCK_MONOTONIC);
+    int rc = close(s);
+    double waited = now(CLOCK_MONOTONIC) - t0;
+    cmd(g, "g");
+    close(g);
+    printf("SO_LINGER 1 s, close on a full window: %d waited_the_linger_time=%d\n", rc,
+           waited >= 0.9 && waited < 3);
+    s = dial(host, port, 0);
+    cmd(s, "w");
+    static char kb[100000];
+    long sent = 0;
+    while (sent < (long)sizeof kb) { ssize_t w = write(s, kb + sent, sizeof kb - sent); if (w <= 0) break; sent += w; }
+    lg = (struct linger){1, 5};
+    setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    t0 = now(CLOCK_MONOTONIC);
+    rc = close(s);
+    waited = now(CLOCK_MONOTONIC) - t0;
+    printf("SO_LINGER 5 s, close with a peer that reads: %d returned_early=%d\n", rc, waited < 2);
 }
 
 struct waiter { int ep, n, done; unsigned events; };
@@ -1264,6 +1304,7 @@ static void client(const char *host, int port) {
     timeouts_and_signals(host, port);
     shut_rd_and_flags(host, port);
     full_window(host, port);
+    linger_close(host, port);
     zero_copy_and_vectors(host, port);
     processes(host, port, "/proc/self/exe");
     scm_rights(host, port, "/proc/self/exe");

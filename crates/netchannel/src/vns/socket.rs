@@ -878,6 +878,19 @@ impl VSocket {
         })
     }
 
+    /// Whether every byte sent and the end of stream have reached the peer's engine (it
+    /// acknowledged them), or the stream is reset or gone: what a close with `SO_LINGER` waits
+    /// for, as TCP's waits for its FIN to be acknowledged.
+    #[cfg(feature = "internals")]
+    pub fn send_delivered(&self) -> bool {
+        use crate::proto::stream::F_FIN_SENT;
+        let core = self.session.core();
+        core.stream(self.id).is_none_or(|s| {
+            s.reset.is_some()
+                || (s.tx.is_empty() && s.unacked_frames == 0 && s.flags & F_FIN_SENT != 0)
+        })
+    }
+
     /// The session it belongs to (a `ServeSet` serves its channels).
     #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub(crate) fn session(&self) -> &Arc<SessionRt> {
