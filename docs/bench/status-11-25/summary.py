@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """Where issue 17's and 18's targets stand: the rows of run.sh (median and range of the
 repetitions per stack, the ratio, the target), each beside the same row's ratio on the earlier
-days whose JSON is in docs/bench (the spread over days). Prints Markdown tables."""
-import json, os, statistics
+days whose JSON is in docs/bench (the spread over days). Prints Markdown tables.
+Usage: summary.py [DIR [STALL_TAG]]: the JSON of run.sh in DIR (default: this directory) and
+the one-stream sweep tagged STALL_TAG (default: 11-25-midday); for another directory than this
+one, this directory's runs count among the earlier days."""
+import json, os, statistics, sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-bench = os.path.dirname(here)
+bench = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+here = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.join(bench, "status-11-25")
+stall_tag = sys.argv[2] if len(sys.argv) > 2 else "11-25-midday"
 EARLIER = ["data-path-11-24", "data-path-11-24-evening", "data-path-11-24-night",
            "data-path-11-25", "data-path-11-25-credit", "data-path-11-25-homes", "pool-classes"]
+if os.path.basename(here) != "status-11-25":
+    EARLIER.append("status-11-25")
 
 
 def val(run, key):
@@ -90,7 +96,7 @@ print("| one stream, write size | linux Gbit/s | netchannel Gbit/s | ratio | net
       "| target |")
 print("|---|---:|---:|---:|---:|---|")
 for size in (64, 1024, 4096, 16384, 65536, 1048576):
-    d = load(f"{bench}/stall/11-25-midday-{size}.json")
+    d = load(f"{bench}/stall/{stall_tag}-{size}.json")
     if d is None:
         continue
     r = d["ratio"]["goodput_gbps"]
