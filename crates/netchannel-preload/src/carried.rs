@@ -686,6 +686,38 @@ impl Carried {
         Ok(self.take_returned(bufs, true).unwrap_or(0))
     }
 
+    /// A `recv` into a NULL buffer of some length: as TCP's, `EFAULT` once there are bytes to
+    /// copy (they stay unread), and until then what a read finds: 0 at the end of stream, the
+    /// pending error, `EAGAIN` when it may not wait; otherwise it waits (timeout and signals
+    /// as for any read).
+    pub(crate) fn recv_into_null(&self, fd: BorrowedFd<'_>, flags: c_int) -> Result<usize, i32> {
+        if flags & libc::MSG_OOB != 0 {
+            return Err(libc::EINVAL);
+        }
+        let timeout = self.opts.rcv_timeout();
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let seen = signals::snapshot();
+        loop {
+            let r = self.vs.readiness();
+            if self.has_returned() || r.unread > 0 {
+                return Err(libc::EFAULT);
+            }
+            self.note_connection_error(&r);
+            if let Some(errno) = self.take_error(fd) {
+                return Err(errno);
+            }
+            if r.readable {
+                return Ok(0); // end of stream, or an error reported already
+            }
+            if flags & libc::MSG_DONTWAIT != 0 || self.nonblocking(fd) {
+                return Err(libc::EAGAIN);
+            }
+            if let Err(outcome) = self.block(true, deadline, seen, timeout.is_some(), 0) {
+                return outcome;
+            }
+        }
+    }
+
     /// A `recv` of zero bytes (`read`/`readv` of zero never get here: the kernel answers them
     /// 0 at once). As TCP's: 0 at once when something is there to read, the pending error once,
     /// `EAGAIN` when it may not wait, else 0 after one wait (for bytes, the timeout or a

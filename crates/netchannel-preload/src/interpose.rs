@@ -668,7 +668,8 @@ fn recv_one(
 ) -> Result<usize, i32> {
     if buf.is_null() && len > 0 {
         if flags & libc::MSG_TRUNC == 0 {
-            return Err(libc::EFAULT); // what the kernel's copy into it says
+            // The kernel's copy into it fails, once there is something to copy.
+            return guard(|| with_fd(fd, |app| c.recv_into_null(app, flags)));
         }
         // MSG_TRUNC discards without a buffer: into a scratch one (a read may return less).
         let mut scratch = vec![0u8; len.min(64 * 1024)];

@@ -668,6 +668,23 @@ static void low_water(const char *host, int port) {
     close(s);
 }
 
+/* A NULL buffer with a length: EFAULT only once there are bytes to copy (they stay unread);
+ * before, what any read finds: EAGAIN when it may not wait, else a wait; 0 at the end. */
+static void null_buffer(const char *host, int port) {
+    char b[64];
+    int s = dial(host, port, 0);
+    printf("NULL buffer, nothing there: non-blocking %s", res(recv(s, NULL, 10, MSG_DONTWAIT)));
+    cmd(s, "l");
+    double t0 = now(CLOCK_MONOTONIC);
+    printf(", blocking %s", res(recv(s, NULL, 10, 0)));
+    printf(" after_the_bytes=%d", now(CLOCK_MONOTONIC) - t0 >= 0.2);
+    printf(", then read %s", res(read_full(s, b, 10)));
+    cmd(s, "x");
+    wait_revents(s, POLLIN);
+    printf(", at the end %s\n", res(recv(s, NULL, 10, 0)));
+    close(s);
+}
+
 /* poll and select over a carried socket, a pipe and a UDP socket: exactly the ready ones. */
 static void mixed_sets(const char *host, int port) {
     int s = dial(host, port, 0), pp[2], u = socket(AF_INET, SOCK_DGRAM, 0);
@@ -1300,6 +1317,7 @@ static void client(const char *host, int port) {
     epoll_cases(host, port);
     mixed_sets(host, port);
     low_water(host, port);
+    null_buffer(host, port);
     fin_and_reset(host, port);
     timeouts_and_signals(host, port);
     shut_rd_and_flags(host, port);
