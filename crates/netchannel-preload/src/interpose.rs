@@ -1244,7 +1244,12 @@ pub unsafe extern "C" fn epoll_ctl(
     // SAFETY: the program's event, if any.
     let event = unsafe { ev.as_ref() }.map_or((0, 0), |e| (e.events, e.u64));
     let c = caught(|| waits::before_ctl(op, fd, event.0)).flatten();
-    // SAFETY: forwarding the caller's arguments.
+    // A placeholder is a Unix socket, which reports `EPOLLWRBAND` with `EPOLLOUT`; TCP never
+    // sets it, so the kernel is not asked for it.
+    let wrband = libc::EPOLLWRBAND as u32;
+    let mut tcp_events = libc::epoll_event { events: event.0 & !wrband, u64: event.1 };
+    let ev = if c.is_some() && event.0 & wrband != 0 { &mut tcp_events as *mut _ } else { ev };
+    // SAFETY: forwarding the caller's arguments (or the same event less EPOLLWRBAND).
     let rc = unsafe { real(epfd, op, fd, ev) };
     if rc == 0 {
         let e = errno();

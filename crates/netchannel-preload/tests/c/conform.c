@@ -631,7 +631,13 @@ static void low_water(const char *host, int port) {
     pipe(mp);
     struct pollfd mx[2] = {{.fd = mp[0], .events = POLLIN}, {.fd = s, .events = POLLOUT | POLLWRBAND}};
     int mr = poll(mx, 2, 0);
-    printf("poll(pipe, socket) asking POLLWRBAND: %d %#x\n", mr, mx[1].revents);
+    printf("poll(pipe, socket) asking POLLWRBAND: %d %#x", mr, mx[1].revents);
+    int wep = epoll_create1(0);
+    struct epoll_event wev = {.events = EPOLLOUT | EPOLLWRBAND, .data.fd = s}, wout[2];
+    epoll_ctl(wep, EPOLL_CTL_ADD, s, &wev);
+    int wn = epoll_wait(wep, wout, 2, 100);
+    printf(", epoll: %d %#x\n", wn, wn > 0 ? wout[0].events : 0);
+    close(wep);
     close(mp[0]); close(mp[1]);
     cmd(s, "pl");
     n = recv(s, b, sizeof b, 0);
