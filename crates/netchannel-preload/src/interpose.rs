@@ -1263,6 +1263,14 @@ fn ms(timeout: c_int) -> Option<Duration> {
     (timeout >= 0).then(|| Duration::from_millis(timeout as u64))
 }
 
+/// Whether a timeout the program passed is one the kernel takes (none, or seconds from 0 and
+/// nanoseconds below a second); otherwise the call goes to the kernel, which answers `EINVAL`
+/// before it looks at anything else.
+fn ts_valid(t: *const libc::timespec) -> bool {
+    // SAFETY: the program's timespec, if any.
+    unsafe { t.as_ref() }.is_none_or(|t| t.tv_sec >= 0 && (0..1_000_000_000).contains(&t.tv_nsec))
+}
+
 fn ts(t: *const libc::timespec) -> Option<Duration> {
     // SAFETY: the program's timespec, if any.
     unsafe { t.as_ref() }
@@ -1353,8 +1361,10 @@ pub unsafe extern "C" fn epoll_pwait2(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if let Some(n) = epoll_common(epfd, events, max, ts(timeout), mask) {
-        return n;
+    if ts_valid(timeout) {
+        if let Some(n) = epoll_common(epfd, events, max, ts(timeout), mask) {
+            return n;
+        }
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real!(epoll_pwait2)(epfd, events, max, timeout, mask) }
@@ -1438,8 +1448,10 @@ pub unsafe extern "C" fn ppoll(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if let Some(r) = poll_common(fds, n, ts(timeout), mask) {
-        return r;
+    if ts_valid(timeout) {
+        if let Some(r) = poll_common(fds, n, ts(timeout), mask) {
+            return r;
+        }
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real!(ppoll)(fds, n, timeout, mask) }
@@ -1455,7 +1467,8 @@ pub unsafe extern "C" fn __ppoll_chk(
     mask: *const libc::sigset_t,
     size: usize,
 ) -> c_int {
-    if (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>()) <= size {
+    if (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>()) <= size && ts_valid(timeout)
+    {
         if let Some(r) = poll_common(fds, n, ts(timeout), mask) {
             return r;
         }
@@ -1560,11 +1573,24 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     tv: *mut libc::timeval,
 ) -> c_int {
+    // As the kernel reads it: microseconds beyond a second carry into the seconds; a negative
+    // time is the kernel's `EINVAL` (the call goes to it).
     // SAFETY: the program's timeval, if any.
-    let timeout = unsafe { tv.as_ref() }.map(|t| {
-        Duration::new(t.tv_sec.max(0) as u64, (t.tv_usec.clamp(0, 999_999) * 1000) as u32)
-    });
-    if let Some((res, left)) = select_common(nfds, r, w, e, timeout, std::ptr::null()) {
+    let timeout = match unsafe { tv.as_ref() } {
+        None => Some(None),
+        Some(t) => {
+            let secs = t.tv_sec.checked_add(t.tv_usec / 1_000_000);
+            let usecs = t.tv_usec % 1_000_000;
+            match secs {
+                Some(secs) if secs >= 0 && usecs >= 0 => {
+                    Some(Some(Duration::new(secs as u64, usecs as u32 * 1000)))
+                }
+                _ => None,
+            }
+        }
+    };
+    let ours = timeout.and_then(|t| select_common(nfds, r, w, e, t, std::ptr::null()));
+    if let Some((res, left)) = ours {
         // Linux writes back the time left.
         // SAFETY: the program's timeval, if any.
         if let (Some(t), Some(l)) = (unsafe { tv.as_mut() }, left) {
@@ -1588,8 +1614,10 @@ pub unsafe extern "C" fn pselect(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if let Some((res, _)) = select_common(nfds, r, w, e, ts(timeout), mask) {
-        return ret_int(res);
+    if ts_valid(timeout) {
+        if let Some((res, _)) = select_common(nfds, r, w, e, ts(timeout), mask) {
+            return ret_int(res);
+        }
     }
     // SAFETY: forwarding the caller's arguments.
     unsafe { real!(pselect)(nfds, r, w, e, timeout, mask) }

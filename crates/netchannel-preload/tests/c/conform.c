@@ -674,6 +674,29 @@ static void low_water(const char *host, int port) {
     close(s);
 }
 
+/* Timeouts as the kernel reads them: select carries microseconds beyond a second into the
+ * seconds; a negative time (or nanoseconds out of range) is EINVAL for select, pselect and
+ * ppoll. */
+static void wait_timeouts(const char *host, int port) {
+    int s = dial(host, port, 0);
+    fd_set rs;
+    FD_ZERO(&rs); FD_SET(s, &rs);
+    struct timeval tv = {0, 1200000};
+    double t0 = now(CLOCK_MONOTONIC);
+    int n = select(s + 1, &rs, NULL, NULL, &tv);
+    printf("select 1,200,000 us on an idle socket: %d waited_1.2_s=%d", n,
+           now(CLOCK_MONOTONIC) - t0 >= 1.15);
+    FD_ZERO(&rs); FD_SET(s, &rs);
+    tv = (struct timeval){0, -1};
+    printf(", usec -1: %s", res(select(s + 1, &rs, NULL, NULL, &tv)));
+    FD_ZERO(&rs); FD_SET(s, &rs);
+    struct timespec bad = {-1, 0}, badns = {0, 1000000000};
+    printf(", pselect sec -1: %s", res(pselect(s + 1, &rs, NULL, NULL, &bad, NULL)));
+    struct pollfd p = {.fd = s, .events = POLLIN};
+    printf(", ppoll nsec 1e9: %s\n", res(ppoll(&p, 1, &badns, NULL)));
+    close(s);
+}
+
 /* A NULL buffer with a length: EFAULT only once there are bytes to copy (they stay unread);
  * before, what any read finds: EAGAIN when it may not wait, else a wait; 0 at the end. */
 static void null_buffer(const char *host, int port) {
@@ -1324,6 +1347,7 @@ static void client(const char *host, int port) {
     mixed_sets(host, port);
     low_water(host, port);
     null_buffer(host, port);
+    wait_timeouts(host, port);
     fin_and_reset(host, port);
     timeouts_and_signals(host, port);
     shut_rd_and_flags(host, port);
