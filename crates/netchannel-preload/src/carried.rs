@@ -698,19 +698,8 @@ impl Carried {
         let deadline = timeout.map(|t| Instant::now() + t);
         let seen = signals::snapshot();
         loop {
-            let r = self.vs.readiness();
-            if self.has_returned() || r.unread > 0 {
-                return Err(libc::EFAULT);
-            }
-            self.note_connection_error(&r);
-            if let Some(errno) = self.take_error(fd) {
-                return Err(errno);
-            }
-            if r.readable {
-                return Ok(0); // end of stream, or an error reported already
-            }
-            if flags & libc::MSG_DONTWAIT != 0 || self.nonblocking(fd) {
-                return Err(libc::EAGAIN);
+            if let Some(outcome) = self.read_at_once(fd, flags, Err(libc::EFAULT)) {
+                return outcome;
             }
             if let Err(outcome) = self.block(true, deadline, seen, timeout.is_some(), 0) {
                 return outcome;
@@ -718,24 +707,39 @@ impl Carried {
         }
     }
 
+    /// What a read that copies nothing returns without waiting, if anything: `with_bytes` when
+    /// bytes are there, the pending error once, 0 at the end of stream, `EAGAIN` when it may
+    /// not wait. `None`: it would wait.
+    fn read_at_once(
+        &self,
+        fd: BorrowedFd<'_>,
+        flags: c_int,
+        with_bytes: Result<usize, i32>,
+    ) -> Option<Result<usize, i32>> {
+        let r = self.vs.readiness();
+        if self.has_returned() || r.unread > 0 {
+            return Some(with_bytes);
+        }
+        self.note_connection_error(&r);
+        if let Some(errno) = self.take_error(fd) {
+            return Some(Err(errno));
+        }
+        if r.readable {
+            return Some(Ok(0)); // end of stream, or an error reported already
+        }
+        if flags & libc::MSG_DONTWAIT != 0 || self.nonblocking(fd) {
+            return Some(Err(libc::EAGAIN));
+        }
+        None
+    }
+
     /// A `recv` of zero bytes (`read`/`readv` of zero never get here: the kernel answers them
     /// 0 at once). As TCP's: 0 at once when something is there to read, the pending error once,
     /// `EAGAIN` when it may not wait, else 0 after one wait (for bytes, the timeout or a
     /// signal).
     fn recv_nothing(&self, fd: BorrowedFd<'_>, flags: c_int) -> Result<usize, i32> {
-        let r = self.vs.readiness();
-        if self.has_returned() || r.unread > 0 {
-            return Ok(0);
-        }
-        self.note_connection_error(&r);
-        if let Some(errno) = self.take_error(fd) {
-            return Err(errno);
-        }
-        if r.readable {
-            return Ok(0); // end of stream, or an error reported already
-        }
-        if flags & libc::MSG_DONTWAIT != 0 || self.nonblocking(fd) {
-            return Err(libc::EAGAIN);
+        if let Some(outcome) = self.read_at_once(fd, flags, Ok(0)) {
+            return outcome;
         }
         // One wait, whatever ends it (bytes, the timeout, a signal): the kernel's loop then
         // ends, having nothing to copy, and returns 0. A negative timeout never waits.
