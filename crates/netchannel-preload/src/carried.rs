@@ -649,12 +649,13 @@ impl Carried {
         // Everything there up to what was asked, as a peek copies; waiting only below `target`.
         let total: usize = bufs.iter().map(|b| b.len()).sum::<usize>().min(PEEK_HELD);
         let target = target.min(total);
+        let mut more = Vec::new();
         loop {
             let have = self.share.lock().returned.len();
             if have >= total {
                 break;
             }
-            let mut more = vec![0u8; total - have];
+            more.resize(total - have, 0);
             match self.take_into(&mut [IoSliceMut::new(&mut more)], 0, 0) {
                 Ok(0) => break, // end of stream: what is there
                 Ok(n) => self.share.lock().returned.extend_from_slice(&more[..n]),

@@ -1263,18 +1263,28 @@ fn ms(timeout: c_int) -> Option<Duration> {
     (timeout >= 0).then(|| Duration::from_millis(timeout as u64))
 }
 
-/// Whether a timeout the program passed is one the kernel takes (none, or seconds from 0 and
-/// nanoseconds below a second); otherwise the call goes to the kernel, which answers `EINVAL`
-/// before it looks at anything else.
-fn ts_valid(t: *const libc::timespec) -> bool {
+/// The program's timeout (`Some(None)`: none), or `None` when the kernel refuses it (seconds
+/// below 0, nanoseconds outside a second): the call then goes to the kernel, which answers
+/// `EINVAL` before it looks at anything else.
+fn ts(t: *const libc::timespec) -> Option<Option<Duration>> {
     // SAFETY: the program's timespec, if any.
-    unsafe { t.as_ref() }.is_none_or(|t| t.tv_sec >= 0 && (0..1_000_000_000).contains(&t.tv_nsec))
+    match unsafe { t.as_ref() } {
+        None => Some(None),
+        Some(t) if t.tv_sec >= 0 && (0..1_000_000_000).contains(&t.tv_nsec) => {
+            Some(Some(Duration::new(t.tv_sec as u64, t.tv_nsec as u32)))
+        }
+        Some(_) => None,
+    }
 }
 
-fn ts(t: *const libc::timespec) -> Option<Duration> {
-    // SAFETY: the program's timespec, if any.
-    unsafe { t.as_ref() }
-        .map(|t| Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+/// `select`'s timeout as the kernel reads it: microseconds beyond a second carry into the
+/// seconds; `None` for a negative time, which the kernel refuses (`EINVAL`).
+fn timeval(t: *const libc::timeval) -> Option<Option<Duration>> {
+    // SAFETY: the program's timeval, if any.
+    let Some(t) = (unsafe { t.as_ref() }) else { return Some(None) };
+    let secs = t.tv_sec.checked_add(t.tv_usec / 1_000_000)?;
+    let usecs = t.tv_usec % 1_000_000;
+    (secs >= 0 && usecs >= 0).then(|| Some(Duration::new(secs as u64, usecs as u32 * 1000)))
 }
 
 /// Shared by the epoll waits: `None` when the set holds nothing carried.
@@ -1361,8 +1371,8 @@ pub unsafe extern "C" fn epoll_pwait2(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if ts_valid(timeout) {
-        if let Some(n) = epoll_common(epfd, events, max, ts(timeout), mask) {
+    if let Some(timeout) = ts(timeout) {
+        if let Some(n) = epoll_common(epfd, events, max, timeout, mask) {
             return n;
         }
     }
@@ -1448,8 +1458,8 @@ pub unsafe extern "C" fn ppoll(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if ts_valid(timeout) {
-        if let Some(r) = poll_common(fds, n, ts(timeout), mask) {
+    if let Some(t) = ts(timeout) {
+        if let Some(r) = poll_common(fds, n, t, mask) {
             return r;
         }
     }
@@ -1467,9 +1477,9 @@ pub unsafe extern "C" fn __ppoll_chk(
     mask: *const libc::sigset_t,
     size: usize,
 ) -> c_int {
-    if (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>()) <= size && ts_valid(timeout)
-    {
-        if let Some(r) = poll_common(fds, n, ts(timeout), mask) {
+    let fits = (n as usize).saturating_mul(std::mem::size_of::<libc::pollfd>()) <= size;
+    if let (true, Some(t)) = (fits, ts(timeout)) {
+        if let Some(r) = poll_common(fds, n, t, mask) {
             return r;
         }
     }
@@ -1573,23 +1583,7 @@ pub unsafe extern "C" fn select(
     e: *mut libc::fd_set,
     tv: *mut libc::timeval,
 ) -> c_int {
-    // As the kernel reads it: microseconds beyond a second carry into the seconds; a negative
-    // time is the kernel's `EINVAL` (the call goes to it).
-    // SAFETY: the program's timeval, if any.
-    let timeout = match unsafe { tv.as_ref() } {
-        None => Some(None),
-        Some(t) => {
-            let secs = t.tv_sec.checked_add(t.tv_usec / 1_000_000);
-            let usecs = t.tv_usec % 1_000_000;
-            match secs {
-                Some(secs) if secs >= 0 && usecs >= 0 => {
-                    Some(Some(Duration::new(secs as u64, usecs as u32 * 1000)))
-                }
-                _ => None,
-            }
-        }
-    };
-    let ours = timeout.and_then(|t| select_common(nfds, r, w, e, t, std::ptr::null()));
+    let ours = timeval(tv).and_then(|t| select_common(nfds, r, w, e, t, std::ptr::null()));
     if let Some((res, left)) = ours {
         // Linux writes back the time left.
         // SAFETY: the program's timeval, if any.
@@ -1614,8 +1608,8 @@ pub unsafe extern "C" fn pselect(
     timeout: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    if ts_valid(timeout) {
-        if let Some((res, _)) = select_common(nfds, r, w, e, ts(timeout), mask) {
+    if let Some(t) = ts(timeout) {
+        if let Some((res, _)) = select_common(nfds, r, w, e, t, mask) {
             return ret_int(res);
         }
     }
