@@ -162,11 +162,29 @@ pub(crate) fn at_exit() {
 fn print_stats(io_uring_rings: usize) {
     let c = &COUNTERS;
     let get = |x: &AtomicU64| x.load(Ordering::Relaxed);
-    let mut channels = 0;
+    let (mut channels, mut engines) = (0, 0);
     for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
         if e.pid == pid() {
             channels += e.engine.stats().channels.len();
+            engines += 1;
         }
+    }
+    let counted = [
+        &c.carried_connects,
+        &c.carried_accepts,
+        &c.relayed_accepted_elsewhere,
+        &c.relayed_inherited,
+        &c.relayed_by_choice,
+        &c.kernel_no_engine,
+        &c.kernel_not_selected,
+        &c.kernel_other,
+        &c.kernel_listen_only,
+        &c.reentered,
+    ];
+    if engines == 0 && io_uring_rings == 0 && counted.into_iter().all(|x| get(x) == 0) {
+        // A process that never touched TCP (a shell, a helper a wrapper script ran) has
+        // nothing to report: a line of zeros per such process buried the ones that matter.
+        return;
     }
     let relayed =
         get(&c.relayed_accepted_elsewhere) + get(&c.relayed_inherited) + get(&c.relayed_by_choice);

@@ -782,6 +782,29 @@ fn refuses_static_and_setuid() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--stats` prints a line for each process that used TCP, and none for the processes that
+/// never did (a shell, or the helpers a wrapper script runs, printed a line of zeros each).
+#[test]
+fn stats_lines_come_from_the_processes_that_used_tcp() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // bash runs `/bin/true` (a process that never touches TCP), then connects itself.
+    let script = format!("/bin/true; exec 3<>/dev/tcp/127.0.0.1/{port}; echo hello >&3");
+    let out = std::process::Command::new(NETCHANNEL)
+        .args(["run", "--stats", "--", "bash", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (mut peer, _) = listener.accept().unwrap();
+    let mut got = String::new();
+    std::io::Read::read_to_string(&mut peer, &mut got).unwrap();
+    assert_eq!(got, "hello\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("netchannel: pid")).collect();
+    assert_eq!(lines.len(), 1, "one line, from bash alone:\n{stderr}");
+    assert!(lines[0].contains("kernel tcp 1 "), "{stderr}");
+}
+
 /// What cannot be run at all exits as a shell would: 127 for a command that is not there, 126
 /// for a file that is not executable; a non-executable file earlier in PATH is skipped; the
 /// program keeps the name it was given. A stats file that cannot be written is an error at once.

@@ -52,7 +52,8 @@ struct Run {
     /// Carry only TCP connections to, and listeners on, these ports (default: all).
     #[arg(long, value_delimiter = ',', value_name = "P1,P2,...")]
     ports: Vec<u16>,
-    /// Print a one-line summary per process at exit, on stderr.
+    /// Print a one-line summary at exit, on stderr, for each process that used TCP (a
+    /// connection, a listener, an engine); processes that never did print nothing.
     #[arg(long, conflicts_with = "stats_file")]
     stats: bool,
     /// Append the summary to PATH instead.
