@@ -292,6 +292,7 @@ fn killing_one_channel_mid_transfer_loses_nothing(hosts: Hosts) {
     // waiting, acknowledged, for the reader), so the killed connection takes some with it.
     let (a, b) = tb.engines(|c| {
         c.channels = 4;
+        c.max_channels = 4; // the fds below are counted
         c.stream_window = 64 << 20;
     });
     let l = b.listen(1).unwrap();

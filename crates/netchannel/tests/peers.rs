@@ -1,10 +1,11 @@
 //! Many peers: a server engine full of multi-channel sessions still admits new peers, engines
-//! standing in for hosts dial from addresses of their own, and a session's background dials
-//! and its growth together stay within `max_channels`.
+//! standing in for hosts dial from addresses of their own, a session's background dials and its
+//! growth together stay within `max_channels`, and a session's channels follow the threads that
+//! use it, up and down.
 
 mod common;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
 
 use common::*;
@@ -15,6 +16,7 @@ both_testbeds!(
     dialed_channels_leave_from_dial_source,
     a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max,
     one_poller_serves_sockets_of_many_peers_and_of_peers_that_come_later,
+    channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop,
 );
 
 /// Echoes one message over a new socket from `client` to the listener's engine.
@@ -156,4 +158,72 @@ fn one_poller_serves_sockets_of_many_peers_and_of_peers_that_come_later(hosts: H
             }
         }
     }
+}
+
+fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| {
+        c.channels = 2;
+        c.max_channels = 4;
+        c.channel_retire_after = std::time::Duration::from_millis(300);
+    });
+    let l = b.listen(9).unwrap();
+    let throughput = |e: &Engine| {
+        e.stats()
+            .channels
+            .iter()
+            .filter(|c| c.channel.class == netchannel::Class::Throughput)
+            .count()
+    };
+    let wait_for = |e: &Engine, n: usize, what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while throughput(e) != n {
+            assert!(std::time::Instant::now() < deadline, "{what}: {} channels", throughput(e));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    // Four threads each send on a socket of their own, until the session has a channel for
+    // each (the accepting side sees them too).
+    let round = |seed: u64| {
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let s = a.connect(b.local_addr(), 9).unwrap();
+                let p = l.accept().unwrap();
+                let a = &a;
+                scope.spawn(move || {
+                    let reader = std::thread::spawn(move || recv_pattern(&p, seed + t, 64 << 10));
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                    let (mut sent, mut buf) = (0u64, vec![0u8; 64 << 10]);
+                    while throughput(a) < 4 || sent < 4 << 20 {
+                        assert!(std::time::Instant::now() < deadline, "{} channels", throughput(a));
+                        pattern(seed + t, sent, &mut buf);
+                        (&s).write_all(&buf).unwrap();
+                        sent += buf.len() as u64;
+                    }
+                    s.shutdown().unwrap();
+                    assert_eq!(reader.join().unwrap(), sent, "thread {t}: every byte, in order");
+                });
+            }
+        });
+    };
+    round(10);
+    assert_eq!(throughput(&a), 4, "a channel per thread, max_channels 4");
+    wait_for(&b, 4, "the accepting side");
+    // The threads stopped: within a few retire_after, back to `channels`, on both sides, and
+    // nothing dialed again.
+    wait_for(&a, 2, "given back");
+    wait_for(&b, 2, "the accepting side, given back");
+    let st = a.stats();
+    assert_eq!(st.redialed_channels, 0, "a channel given back is not dialed again");
+    let retired = st
+        .closed_channels
+        .iter()
+        .filter(|c| c.channel.close_reason.as_deref().is_some_and(|r| r.contains("retired")));
+    assert_eq!(retired.count(), 2, "{:?}", st.closed_channels);
+    // They come back when the threads do (the indexes given back are taken again).
+    round(20);
+    assert_eq!(throughput(&a), 4);
+    let mut indexes: Vec<u16> = a.stats().channels.iter().map(|c| c.channel.index).collect();
+    indexes.sort();
+    assert!(indexes.iter().all(|&i| i <= 4), "no new indexes: {indexes:?}");
 }

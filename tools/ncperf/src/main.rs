@@ -201,6 +201,9 @@ enum Cmd {
         /// netchannel: `Config::max_peer_buffered`, bytes (default: the engine's).
         #[arg(long)]
         max_peer_buffered: Option<u64>,
+        /// netchannel: `Config::max_channels` (default: the engine's, at least --channels).
+        #[arg(long)]
+        max_channels: Option<usize>,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -310,6 +313,12 @@ pub struct RunArgs {
     /// be granted beyond its streams' minimum windows, in bytes (default: the engine's).
     #[arg(long)]
     pub max_peer_buffered: Option<u64>,
+    /// netchannel: every engine's `Config::max_channels`, the most throughput channels per peer
+    /// (a session starts with --channels and adds one while more application threads send to
+    /// the peer than it has channels; default: the engine's, at least --channels; set it to
+    /// --channels for a fixed count).
+    #[arg(long)]
+    pub max_channels: Option<usize>,
 }
 
 fn main() {
@@ -444,6 +453,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             apps,
             max_sessions,
             max_peer_buffered,
+            max_channels,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
@@ -467,6 +477,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 first_peer: 0,
                 max_sessions,
                 max_peer_buffered,
+                max_channels,
             };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
@@ -513,6 +524,7 @@ fn client(
             first_peer: run.first_peer,
             max_sessions: None,
             max_peer_buffered: run.max_peer_buffered,
+            max_channels: run.max_channels,
         },
         plan,
         rate: run.rate,

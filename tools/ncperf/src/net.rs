@@ -212,6 +212,8 @@ pub struct EngineOpts {
     pub max_sessions: Option<usize>,
     /// `Config::max_peer_buffered` (`None`: the engine's default).
     pub max_peer_buffered: Option<u64>,
+    /// `Config::max_channels` (`None`: the engine's default); at least `channels`.
+    pub max_channels: Option<usize>,
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -262,7 +264,7 @@ fn engine_with(mut config: Config, opts: EngineOpts) -> io::Result<Engine> {
         config.max_peer_buffered = n;
     }
     config.channels = opts.channels;
-    config.max_channels = opts.channels; // measured at a fixed channel count
+    config.max_channels = opts.max_channels.unwrap_or(config.max_channels).max(opts.channels);
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
     if opts.host_congestion {

@@ -300,6 +300,9 @@ pub fn run_with(
         if let Some(n) = args.max_peer_buffered {
             v.extend(["--max-peer-buffered".into(), n.to_string()]);
         }
+        if let Some(n) = args.max_channels {
+            v.extend(["--max-channels".into(), n.to_string()]);
+        }
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

@@ -48,6 +48,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         first_peer: 0,
         max_sessions: None,
         max_peer_buffered: None,
+        max_channels: None,
     }
 }
 

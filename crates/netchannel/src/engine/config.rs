@@ -43,8 +43,14 @@ pub struct Config {
     /// background.
     pub channels: usize,
     /// Most throughput-class channels per peer. While senders find every channel of the class
-    /// holding its share of unsent bytes, the dialing engine adds one, up to this.
+    /// holding its share of unsent bytes, or more application threads send to the peer than
+    /// it has channels (each thread's streams keep to a channel of their own), the dialing
+    /// engine adds one, up to this.
     pub max_channels: usize,
+    /// A session of this engine's dialing with more throughput channels than `channels` and
+    /// than the application threads that used it within the last second, for this long,
+    /// closes one (then waits as long again before the next).
+    pub channel_retire_after: Duration,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).
     pub latency_channels: usize,
     /// How the scheduler picks the channel of a stream's next chunk.
@@ -215,7 +221,8 @@ impl Default for Config {
             dial_source: None,
             netns: None,
             channels: 4,
-            max_channels: 4,
+            max_channels: 8,
+            channel_retire_after: Duration::from_secs(10),
             latency_channels: 1,
             policy: Policy::RoundRobin,
             channel_queue_threshold: 2 << 20,
@@ -283,6 +290,9 @@ impl Config {
                 "max_channels ({}) is below channels ({})",
                 self.max_channels, self.channels
             ));
+        }
+        if self.channel_retire_after < Duration::from_millis(10) {
+            return bad("channel_retire_after must be at least 10 ms".into());
         }
         if self.max_channels + self.latency_channels > 64 {
             return bad(format!(

@@ -362,6 +362,9 @@ impl EngineCtx {
             max_retained_bytes: c.max_retained_bytes,
             max_retained_frames: c.max_retained_frames,
             ack_timeout: c.ack_timeout,
+            max_channels: c.max_channels,
+            min_channels: c.channels,
+            retire_after: c.channel_retire_after,
         }
     }
 
@@ -603,9 +606,12 @@ impl EngineCtx {
 
     /// Adds a throughput channel to a session this engine dialed (NetScheduler's channel
     /// scaling), if it is below `max_channels` and not already adding one. `class` is the class
-    /// whose senders ran short of room: only one that throughput channels serve gains by it (a
-    /// latency class with channels of its own does not).
+    /// whose senders ran short of room or outnumber the channels: only one that throughput
+    /// channels serve gains by it (a latency class with channels of its own does not).
     pub fn grow(self: &Arc<Self>, session: &Arc<SessionRt>, class: Class) {
+        if !session.initiator {
+            return;
+        }
         // A throughput class lent the latency channels (its own lost, redial pending) still
         // grows its own.
         let served_by_throughput = class == Class::Throughput
@@ -615,9 +621,9 @@ impl EngineCtx {
                 .is_none_or(|c| c.meta.class == Class::Throughput);
         let count = session.serving_channels(Class::Throughput).len();
         if !served_by_throughput
-            || !session.initiator
             || self.stopping.load(Ordering::Acquire)
             || count >= self.config.max_channels
+            || session.grow_after_ns.load(Ordering::Relaxed) > session::clock_ns()
             || session.growing.swap(true, Ordering::AcqRel)
         {
             return;
@@ -625,29 +631,55 @@ impl EngineCtx {
         self.add_channel_async(session.clone(), Class::Throughput);
     }
 
+    /// A dial to add channel `id` to `session` failed: do not try again for a while, since
+    /// every send that finds the session short of channels asks (100 ms; 5 s when the
+    /// acceptor refused at one of its limits, which a full server keeps doing). The index is
+    /// kept for the next try, so that failures do not use up the 64: as it is when the
+    /// acceptor refused it (it took nothing), else in its next incarnation (the peer may have
+    /// taken this one).
+    fn grow_failed(session: &SessionRt, id: ChannelId, e: &io::Error) {
+        let at_limit = tcp::refused_at_limit(e);
+        let next =
+            if at_limit { id } else { ChannelId::new(id.index, id.incarnation.wrapping_add(1)) };
+        session.free_ids.lock().push(next);
+        let wait_ms = if at_limit { 5_000 } else { 100 };
+        session.grow_after_ns.store(session::clock_ns() + wait_ms * 1_000_000, Ordering::Relaxed);
+    }
+
     /// Dials one more channel of `class` for `session` in the background.
     fn add_channel_async(self: &Arc<Self>, session: Arc<SessionRt>, class: Class) {
-        let index = session.next_index.fetch_add(1, Ordering::AcqRel);
-        if index > crate::wire::handshake::MAX_CHANNEL_INDEX {
-            session.growing.store(false, Ordering::Release);
-            return; // indexes are spent (channels came and went); stay at this size
-        }
+        let free = session.free_ids.lock().pop();
+        let id = match free {
+            Some(id) => id,
+            None => {
+                let index = session.next_index.fetch_add(1, Ordering::AcqRel);
+                if index > crate::wire::handshake::MAX_CHANNEL_INDEX {
+                    session.growing.store(false, Ordering::Release);
+                    return; // indexes are spent; stay at this size
+                }
+                ChannelId::new(index, 0)
+            }
+        };
         let me = self.clone();
         let growing = session.clone();
         let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
-            let (id, timeout) = (ChannelId::new(index, 0), me.config.dial_timeout);
+            let timeout = me.config.dial_timeout;
             let r = me.dial_in_netns(session.peer_addr, id, class, budget::Purpose::More, timeout);
             match r {
                 Ok(ch) => {
-                    me.join_dialed(&session, ch);
+                    if me.join_dialed(&session, ch) {
+                        // The worker's timers now include whether it is surplus.
+                        session.timers_changed();
+                    }
                 }
-                // Do not redial a refusing or unreachable peer on every full queue.
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+                Err(e) => Self::grow_failed(&session, id, &e),
             }
             session.growing.store(false, Ordering::Release);
         });
         if spawned.is_err() {
-            growing.growing.store(false, Ordering::Release); // out of threads: stay at this size
+            // Out of threads: stay at this size for now, keeping the id for the next try.
+            growing.free_ids.lock().push(id);
+            growing.growing.store(false, Ordering::Release);
         }
     }
 
@@ -895,7 +927,7 @@ impl EngineCtx {
             return;
         }
         if session.is_alive() {
-            if session.initiator {
+            if session.initiator && !session.was_retired(ch) {
                 self.redial(session.clone(), ch.meta.index, ch.meta.class);
             }
             return;

@@ -105,6 +105,13 @@ pub(crate) struct SessionRt {
     pub next_index: AtomicU16,
     /// A channel is being added.
     pub growing: AtomicBool,
+    /// No channel is added before this time (`clock_ns`): a dial to add one failed.
+    pub grow_after_ns: AtomicU64,
+    /// Channel ids the next added channels take before a new index (`EngineCtx::grow`): the
+    /// next incarnation of a retired channel's index (`retire_surplus`), or an id whose dial
+    /// the acceptor refused. A channel closed while its next id is listed here was retired,
+    /// and is not dialed again.
+    pub free_ids: Mutex<Vec<ChannelId>>,
     /// Which channel an inline send tries first.
     cursor: AtomicUsize,
     /// `core.rx_held()` as last added to the engine's total.
@@ -156,6 +163,8 @@ impl SessionRt {
             initiator,
             next_index: AtomicU16::new(first_index),
             growing: AtomicBool::new(false),
+            grow_after_ns: AtomicU64::new(0),
+            free_ids: Mutex::new(Vec::new()),
             cursor: AtomicUsize::new(0),
             held_seen: AtomicU64::new(0),
             app_addrs: Mutex::new(std::collections::HashMap::new()),
@@ -693,14 +702,23 @@ impl SessionRt {
     /// Runs the core's timers (connect and linger deadlines) and closes channels whose peer
     /// acknowledged nothing for `ack_timeout` while frames waited for it.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
-        let (pending, dead) = self.with_core(|core| {
+        let (pending, dead, surplus) = self.with_core(|core| {
             let dead = core.unacknowledging_channels(now);
+            // Only the dialing side adds channels, so only it gives them back.
+            let surplus = if self.initiator && core.next_surplus_check().is_some_and(|t| t <= now) {
+                core.surplus_channel(now)
+            } else {
+                None
+            };
             if core.poll_timeout().is_none_or(|t| t > now) {
-                return (false, dead);
+                return (false, dead, surplus);
             }
             core.handle_timeout(now);
-            (core.control_backlog() > 0, dead)
+            (core.control_backlog() > 0, dead, surplus)
         });
+        if let Some(ch) = surplus.and_then(|id| self.channel(id)) {
+            self.retire(&ch);
+        }
         for id in dead {
             if let Some(ch) = self.channel(id) {
                 let why = format!(
@@ -719,10 +737,28 @@ impl SessionRt {
     }
 
     /// When the worker must next run this session's timers (stream deadlines, the peer's
-    /// acknowledgement deadline).
+    /// acknowledgement deadline, whether a channel is surplus).
     pub fn next_deadline(self: &Arc<Self>) -> Option<Instant> {
         let mut core = self.core();
-        [core.poll_timeout(), core.next_ack_deadline()].into_iter().flatten().min()
+        let surplus = if self.initiator { core.next_surplus_check() } else { None };
+        [core.poll_timeout(), core.next_ack_deadline(), surplus].into_iter().flatten().min()
+    }
+
+    /// Closes a throughput channel the session no longer needs (`Session::surplus_channel`):
+    /// it is lost to the session as any channel is (whatever the peer still had in flight on
+    /// it comes again on the others), but not dialed again; its index's next incarnation is
+    /// the next channel added.
+    fn retire(self: &Arc<Self>, ch: &Arc<Channel>) {
+        let next = ChannelId::new(ch.meta.index.index, ch.meta.index.incarnation.wrapping_add(1));
+        self.free_ids.lock().push(next);
+        let why = "retired: fewer threads use the session than it has channels";
+        self.channel_failed(ch, ChannelError::Io(io::Error::other(why)));
+    }
+
+    /// Whether `ch` was retired (`retire`) rather than lost.
+    pub fn was_retired(&self, ch: &Channel) -> bool {
+        let next = ChannelId::new(ch.meta.index.index, ch.meta.index.incarnation.wrapping_add(1));
+        self.free_ids.lock().contains(&next)
     }
 
     // ------------------------------------------------------------------ failures

@@ -800,7 +800,7 @@ fn a_thread_s_messages_and_their_answers_keep_to_its_channel() {
     assert!(data_channels(&mut p, 0).len() > 1, "a bulk stream uses several channels");
     assert_eq!(read_all(&mut p, 1, b, 400 * 1024), vec![1u8; 400 * 1024]);
     // A second thread uses the stream: its messages follow it to the second channel.
-    p.sides[0].set_thread(a, 7);
+    p.sides[0].set_thread(a, 7, p.now);
     p.sides[0].handle(a).send(&[2u8; 100]).unwrap();
     assert_eq!(data_channels(&mut p, 0), vec![1]);
     assert_eq!(read_all(&mut p, 1, b, 100), vec![2u8; 100]);
@@ -811,6 +811,158 @@ fn a_thread_s_messages_and_their_answers_keep_to_its_channel() {
     assert_eq!(used.len(), 1, "{used:?}");
     assert_ne!(used, vec![1]);
     assert_eq!(read_all(&mut p, 1, b, 100), vec![3u8; 100]);
+}
+
+/// Opens a stream from side 0 as application thread `thread` and waits until it is open.
+fn open_as(p: &mut Pair, thread: u16) -> (StreamId, StreamId) {
+    let a = p.sides[0].open_from(80, Class::Throughput, (), p.now, Some(thread)).unwrap();
+    for _ in 0..1000 {
+        if p.sides[0].stream(a).is_some_and(|s| s.phase == Phase::Open) {
+            break;
+        }
+        p.step();
+    }
+    (a, StreamId(p.sides[0].stream(a).unwrap().peer.get()))
+}
+
+#[test]
+fn bulk_streams_of_several_threads_keep_to_their_threads_channels() {
+    let mut p = Pair::new(15, &[Class::Throughput; 4], config());
+    p.listening[1].insert(80);
+    let (a, b) = open_as(&mut p, 3);
+    // One thread alone: its backlog spreads over every channel with room.
+    p.sides[0].set_thread(a, 3, p.now);
+    p.sides[0].handle(a).send(&vec![1u8; 400 * 1024]).unwrap();
+    assert!(data_channels(&mut p, 0).len() > 1, "a lone bulk stream uses several channels");
+    assert_eq!(read_all(&mut p, 1, b, 400 * 1024), vec![1u8; 400 * 1024]);
+    // A second thread sends too: each backlog keeps to its thread's channel, so that each
+    // channel carries one thread's streams and their reader reads its own payloads.
+    let (c, d) = open_as(&mut p, 9);
+    p.sides[0].set_thread(a, 3, p.now);
+    p.sides[0].set_thread(c, 9, p.now);
+    p.sides[0].handle(a).send(&vec![2u8; 400 * 1024]).unwrap();
+    p.sides[0].handle(c).send(&vec![3u8; 400 * 1024]).unwrap();
+    let mut used = [Vec::new(), Vec::new()];
+    for _ in 0..200 {
+        let mut out = Vec::new();
+        for l in p.links.iter_mut().filter(|l| l.alive) {
+            p.sides[0].poll_transmit(l.index, 128 * 1024, 64, false, &mut out);
+            for f in out.drain(..) {
+                if f.header[0] == 1 {
+                    let dst = u64::from_be_bytes(f.header[4..12].try_into().unwrap());
+                    let which = usize::from(dst != b.0);
+                    if !used[which].contains(&l.index.index) {
+                        used[which].push(l.index.index);
+                    }
+                }
+                l.dirs[0].pipe.extend(&f.header[..f.header_len as usize]);
+                l.dirs[0].pipe.extend(&f.payload[..]);
+            }
+        }
+        p.step();
+    }
+    assert_eq!(used, [vec![0], vec![1]], "each thread's backlog on its own channel");
+    assert_eq!(read_all(&mut p, 1, b, 400 * 1024), vec![2u8; 400 * 1024]);
+    assert_eq!(read_all(&mut p, 1, d, 400 * 1024), vec![3u8; 400 * 1024]);
+}
+
+#[test]
+fn a_session_wants_a_channel_per_active_thread_up_to_max_channels() {
+    let cfg = || CoreConfig { max_channels: 3, ..config() };
+    let classes = [Class::Throughput, Class::Throughput, Class::Latency];
+    let mut p = Pair::new(16, &classes, cfg());
+    p.listening[1].insert(80);
+    let streams: Vec<_> = (0..4).map(|t| (t, open_as(&mut p, 20 + t).0)).collect();
+    let use_all = |p: &mut Pair, threads: std::ops::Range<u16>| {
+        for &(t, a) in &streams {
+            if threads.contains(&t) {
+                p.sides[0].set_thread(a, 20 + t, p.now);
+            }
+        }
+    };
+    // Four threads opened a stream each: opening alone does not make a thread active (it
+    // may hand the stream to another); sending does.
+    assert!(!p.sides[0].wants_channel(Class::Throughput), "nobody sent yet");
+    use_all(&mut p, 0..4);
+    assert!(p.sides[0].wants_channel(Class::Throughput), "four threads, two channels");
+    assert!(!p.sides[0].wants_channel(Class::Latency), "latency channels do not grow");
+    // Two of them stop: a second later only two count (counted at most every 10 ms).
+    p.now += Duration::from_millis(1500);
+    use_all(&mut p, 0..2);
+    assert!(!p.sides[0].wants_channel(Class::Throughput), "two active threads, two channels");
+    p.now += Duration::from_millis(20);
+    use_all(&mut p, 0..4);
+    assert!(p.sides[0].wants_channel(Class::Throughput), "four again");
+    p.now += Duration::from_millis(1500);
+    use_all(&mut p, 0..2);
+    assert!(!p.sides[0].wants_channel(Class::Throughput), "two active threads, two channels");
+    // At max_channels the session wants no more, however many threads send.
+    let mut p = Pair::new(17, &[Class::Throughput; 3], cfg());
+    p.listening[1].insert(80);
+    for t in 0..6 {
+        let (a, _) = open_as(&mut p, 40 + t);
+        p.sides[0].set_thread(a, 40 + t, p.now);
+    }
+    assert!(!p.sides[0].wants_channel(Class::Throughput), "three channels, max_channels 3");
+}
+
+#[test]
+fn a_session_gives_back_channels_its_threads_no_longer_need() {
+    let cfg = CoreConfig {
+        max_channels: 4,
+        min_channels: 2,
+        retire_after: Duration::from_secs(1),
+        ..config()
+    };
+    let classes = [Class::Throughput, Class::Throughput, Class::Throughput, Class::Throughput];
+    let mut p = Pair::new(18, &classes, cfg);
+    p.listening[1].insert(80);
+    let streams: Vec<_> = (0..4).map(|t| open_as(&mut p, 30 + t)).collect();
+    for _ in 0..100 {
+        p.step(); // the SYNs and SYN_ACKs acknowledged
+    }
+    assert!(p.sides[0].next_surplus_check().is_some(), "four channels, two kept");
+    // Four threads active: nothing is surplus however long.
+    assert_eq!(p.sides[0].surplus_channel(p.now), None);
+    p.now += Duration::from_millis(500);
+    for &(a, _) in &streams {
+        let t = p.sides[0].stream(a).unwrap().thread_number;
+        p.sides[0].set_thread(a, t, p.now);
+    }
+    assert_eq!(p.sides[0].surplus_channel(p.now), None);
+    // One thread goes on; the others stop. A second after they were last active the
+    // session has more channels than it needs, and a second later gives back the highest.
+    let (a, b) = streams[0];
+    for step in 0..4 {
+        p.now += Duration::from_millis(500);
+        p.sides[0].set_thread(a, 30, p.now);
+        let expected = (step == 3).then_some(3);
+        assert_eq!(p.sides[0].surplus_channel(p.now).map(|c| c.index), expected, "step {step}");
+    }
+    p.kill(3); // what the runtime does with the channel given back
+               // A channel with frames unacknowledged is not given back until they are.
+    p.sides[0].handle(a).send(&vec![4u8; 300 * 1024]).unwrap();
+    let mut out = Vec::new();
+    p.sides[0].poll_transmit(ChannelId::new(2, 0), 512 * 1024, 64, false, &mut out);
+    assert!(!out.is_empty());
+    p.now += Duration::from_millis(1100);
+    assert_eq!(p.sides[0].surplus_channel(p.now), None, "channel 2 holds frames");
+    let l = p.links.iter_mut().find(|l| l.index.index == 2).unwrap();
+    for f in out.drain(..) {
+        l.dirs[0].pipe.extend(&f.header[..f.header_len as usize]);
+        l.dirs[0].pipe.extend(&f.payload[..]);
+    }
+    assert_eq!(read_all(&mut p, 1, b, 300 * 1024), vec![4u8; 300 * 1024]);
+    for _ in 0..100 {
+        p.step();
+    }
+    p.now += Duration::from_millis(1100);
+    assert_eq!(p.sides[0].surplus_channel(p.now).map(|c| c.index), Some(2));
+    // Down to `min_channels`: nothing more to give back, nothing more to check.
+    p.kill(2);
+    assert_eq!(p.sides[0].next_surplus_check(), None);
+    p.now += Duration::from_secs(5);
+    assert_eq!(p.sides[0].surplus_channel(p.now), None);
 }
 
 #[test]

@@ -417,7 +417,7 @@ impl VSocket {
         let s = &self.session;
         let (n, class, congested, channels, work) = {
             let mut core = s.core();
-            core.set_thread(self.id, waiter::thread_number());
+            core.set_thread(self.id, waiter::thread_number(), Instant::now());
             let r = if data.len() < COPY_OUTSIDE_LOCK {
                 core.handle(self.id).send(data)
             } else {
@@ -445,7 +445,9 @@ impl VSocket {
                 }
             };
             let class = core.stream(self.id).map_or(Class::Throughput, |st| st.class);
-            let congested = core.take_congestion(class);
+            // Short of room, or more of this process's threads send to the peer than it has
+            // channels: one more channel (the dialing side adds it, up to `max_channels`).
+            let congested = core.take_congestion(class) | core.wants_channel(class);
             let channels = core.wait_channels(self.id);
             let work = core.transmit_work(class);
             drop(core);

@@ -36,7 +36,7 @@ impl<U: Default> Session<U> {
             return Err(OpenError::NoChannels);
         }
         let window = self.cfg.window;
-        let turn = thread.map(|t| (t, self.thread_turn(t)));
+        let turn = thread.map(|t| (t, self.thread_turn(t, None)));
         let id = self
             .streams
             .insert_with(|_| {

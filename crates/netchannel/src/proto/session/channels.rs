@@ -62,6 +62,50 @@ impl ChannelState {
 }
 
 impl<U: Default> Session<U> {
+    /// The throughput channel the dialing side should close, if the session has had more of
+    /// them than active application threads (and than `min_channels`) for `retire_after`: its
+    /// highest-indexed one, once nothing of ours waits on it (nothing unacknowledged, queued
+    /// or half-read). One per `retire_after`, so a session shrinks slowly and grows at once
+    /// (`wants_channel`). Whatever the peer still had in flight on it comes again on the
+    /// others, as after any channel loss.
+    pub fn surplus_channel(&mut self, now: Instant) -> Option<ChannelId> {
+        self.surplus_checked = Some(now);
+        let ticks = self.ticks(now);
+        self.thread_turns.recount(ticks);
+        let keep = self.thread_turns.active().max(self.cfg.min_channels).max(1);
+        let channels = &self.classes[Class::Throughput.index()].channels;
+        if channels.len() <= keep {
+            self.surplus_since = None;
+            return None;
+        }
+        let since = *self.surplus_since.get_or_insert(now);
+        if now.saturating_duration_since(since) < self.cfg.retire_after {
+            return None;
+        }
+        let &ch = channels.iter().max_by_key(|c| c.index)?;
+        let st = self.channel(ch)?;
+        let quiet = st.retained.is_empty()
+            && st.control.is_empty()
+            && st.deferred.is_none()
+            && !self.active.has_own_work(ch);
+        if !quiet {
+            return None;
+        }
+        self.surplus_since = Some(now); // the next one waits its turn
+        Some(ch)
+    }
+
+    /// When the dialing side should next ask `surplus_channel`: while the session has more
+    /// throughput channels than `min_channels`, twice per `retire_after`.
+    pub fn next_surplus_check(&self) -> Option<Instant> {
+        let channels = self.classes[Class::Throughput.index()].channels.len();
+        if channels <= self.cfg.min_channels.max(1) {
+            return None;
+        }
+        let last = self.surplus_checked.or(self.now)?;
+        Some(last + self.cfg.retire_after / 2)
+    }
+
     /// A channel joined the session (a new index, or an index whose previous incarnation was
     /// lost).
     pub fn add_channel(&mut self, index: ChannelId, class: Class) {

@@ -38,7 +38,7 @@ mod transmit;
 
 use channels::ChannelState;
 pub use deferred::DeferredRx;
-use transmit::ClassTx;
+use transmit::{ClassTx, ThreadTurns};
 
 /// Event bits: the stream may have become readable / writable (or failed).
 pub const EV_READ: u8 = 1;
@@ -77,6 +77,15 @@ pub struct CoreConfig {
     pub max_retained_frames: usize,
     /// A channel whose peer acknowledged nothing for this long while frames waited is dead.
     pub ack_timeout: Duration,
+    /// Most throughput-class channels per peer: the session asks for one more while more of
+    /// its application threads send than it has channels (`wants_channel`).
+    pub max_channels: usize,
+    /// Throughput-class channels the session keeps whatever the threads (the ones dialed at
+    /// the start).
+    pub min_channels: usize,
+    /// A session that has had more throughput channels than active threads (and than
+    /// `min_channels`) for this long gives one back (`surplus_channel`).
+    pub retire_after: Duration,
 }
 
 impl Default for CoreConfig {
@@ -98,6 +107,9 @@ impl Default for CoreConfig {
             max_retained_bytes: 8 << 20,
             max_retained_frames: 1 << 16,
             ack_timeout: Duration::from_secs(20),
+            max_channels: 4,
+            min_channels: 4,
+            retire_after: Duration::from_secs(10),
         }
     }
 }
@@ -223,8 +235,13 @@ pub struct Session<U> {
     /// Channels (bits by index) frames were queued for that only they may carry
     /// (`take_kicked`).
     kicked: u64,
-    /// Application threads that used the session's streams, with their turn (`thread_turn`).
-    thread_turns: Vec<(u16, u16)>,
+    /// Application threads that used the session's streams: their turns and which are active
+    /// (`thread_turn`, `ThreadTurns`).
+    thread_turns: ThreadTurns,
+    /// Since when the session has had more throughput channels than it needs, and when that
+    /// was last looked at (`surplus_channel`).
+    surplus_since: Option<Instant>,
+    surplus_checked: Option<Instant>,
 }
 
 impl<U: Default> Session<U> {
@@ -255,7 +272,9 @@ impl<U: Default> Session<U> {
             spares: SpareChunks::default(),
             acked_streams: Vec::new(),
             kicked: 0,
-            thread_turns: Vec::new(),
+            thread_turns: ThreadTurns::default(),
+            surplus_since: None,
+            surplus_checked: None,
         }
     }
 

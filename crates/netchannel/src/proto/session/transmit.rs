@@ -13,9 +13,59 @@ const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 /// Application threads a session tells apart for homes (`Session::thread_turn`).
 const MAX_THREAD_TURNS: usize = 256;
 
+/// A thread that sent on one of the session's streams within this long (nanoseconds) is
+/// active (opening one does not count: the opener may hand it to another thread):
+/// the session wants a throughput channel for each (`wants_channel`), and a backlog keeps to
+/// its thread's channel while more than one is (`data_home`).
+const ACTIVE_THREAD_NS: u64 = 1_000_000_000;
+
+/// The active threads are counted again at most this often (nanoseconds): the count is read on
+/// every chunk pulled. A thread that starts sending counts at once.
+const RECOUNT_NS: u64 = 10_000_000;
+
 /// A stream with at most this many unsent bytes keeps to its home channel (`Session::home`);
-/// beyond, its chunks go to whichever channel has room.
+/// beyond, its chunks go to whichever channel has room, unless other threads send too
+/// (`data_home`).
 const AFFINE_BYTES: u64 = 64 * 1024;
+
+/// The application threads that used a session's streams opened here, in order of first use
+/// (a thread's place is its turn: `Session::thread_turn`), with when each last did, and how
+/// many did within `ACTIVE_THREAD_NS` as last counted.
+#[derive(Default)]
+pub(super) struct ThreadTurns {
+    /// Thread number and last use (`Session::ticks`), by turn.
+    threads: Vec<(u16, u64)>,
+    active: usize,
+    counted_at: u64,
+}
+
+impl ThreadTurns {
+    /// Thread `turn` sent on a stream at `now`. One that was not active at the last count
+    /// counts at once; those that stop are found by the next count.
+    fn used(&mut self, turn: u16, now: u64) {
+        if let Some(t) = self.threads.get_mut(turn as usize) {
+            if t.1 == 0 || self.counted_at.saturating_sub(t.1) >= ACTIVE_THREAD_NS {
+                self.active += 1;
+            }
+            t.1 = now;
+        }
+        if now.saturating_sub(self.counted_at) >= RECOUNT_NS {
+            self.recount(now);
+        }
+    }
+
+    pub(super) fn recount(&mut self, now: u64) {
+        // 0: it never sent (ticks start at 1).
+        let recent = |&&(_, at): &&(u16, u64)| at != 0 && now.saturating_sub(at) < ACTIVE_THREAD_NS;
+        self.active = self.threads.iter().filter(recent).count();
+        self.counted_at = now;
+    }
+
+    /// Threads that used the session's streams within `ACTIVE_THREAD_NS`, as last counted.
+    pub(super) fn active(&self) -> usize {
+        self.active
+    }
+}
 
 /// Per class: its channels and what waits for them.
 #[derive(Default)]
@@ -319,15 +369,32 @@ impl<U: Default> Session<U> {
         }
     }
 
-    /// The home channel stream `id`'s next chunks keep to: none while it holds a backlog
-    /// (a bulk stream's chunks spread over every channel with room).
+    /// The home channel stream `id`'s next chunks keep to. None while it holds a backlog and
+    /// is the only stream waiting to send: a lone bulk stream's chunks spread over every
+    /// channel with room. Beside other senders it keeps to its home, so that each channel
+    /// carries the streams of one thread and the thread reading it is their reader: spread
+    /// over channels read by eight receiving threads, eight bulk streams had their payloads
+    /// read by the wrong thread, staged and copied a second time (docs/BENCHMARKS.md,
+    /// "Bulk streams of several threads keep to their channels").
     fn data_home(&self, id: StreamId) -> Option<ChannelId> {
         let backlog = self.streams.get(id)?.tx.bytes() > AFFINE_BYTES;
-        if backlog {
+        if backlog && self.thread_turns.active() <= 1 {
             None
         } else {
             self.home(id)
         }
+    }
+
+    /// Whether the session should have one more channel of the class that serves `class`:
+    /// more application threads are active on it than it has channels (each thread's streams
+    /// keep to a channel of their own, `home`), and it has fewer than `max_channels`. The
+    /// runtime of the dialing side adds one (the paper's "channels scale with cores").
+    pub fn wants_channel(&self, class: Class) -> bool {
+        if self.serving(class) != Class::Throughput {
+            return false; // latency channels do not grow
+        }
+        let serving = self.classes[Class::Throughput.index()].channels.len();
+        self.thread_turns.active() > serving && serving < self.cfg.max_channels
     }
 
     /// The channel stream `id` keeps to, among the open channels that carry its class (round-
@@ -372,12 +439,19 @@ impl<U: Default> Session<U> {
 
     /// Application thread `thread` uses stream `id` (a number the runtime gives each thread):
     /// for a stream opened here, its frames keep to that thread's channel (see `home`).
-    pub fn set_thread(&mut self, id: StreamId, thread: u16) {
+    /// `now` marks the thread active (`active_threads`).
+    pub fn set_thread(&mut self, id: StreamId, thread: u16, now: Instant) {
         let Some(s) = self.streams.get(id) else { return };
-        if s.flags & F_LOCAL == 0 || s.thread_number == thread {
+        if s.flags & F_LOCAL == 0 {
             return;
         }
-        let turn = self.thread_turn(thread);
+        let (turn, number) = (s.thread, s.thread_number);
+        let now = self.ticks(now);
+        if turn != 0 && number == thread {
+            self.thread_turns.used(turn - 1, now);
+            return;
+        }
+        let turn = self.thread_turn(thread, Some(now));
         let s = self.streams.get_mut(id).expect("live");
         s.thread_number = thread;
         s.thread = turn.wrapping_add(1);
@@ -387,16 +461,22 @@ impl<U: Default> Session<U> {
     /// The place of application thread `thread` among those that used this session's streams
     /// (in order of first use): the `k`-th thread's streams keep to the `k`-th channel (modulo
     /// the channels), so threads spread evenly over the channels whatever numbers the process
-    /// gave them. Remembers `MAX_THREAD_TURNS` threads; later ones take their number's turn.
-    pub(super) fn thread_turn(&mut self, thread: u16) -> u16 {
-        if let Some(&(_, turn)) = self.thread_turns.iter().find(|(t, _)| *t == thread) {
-            return turn;
+    /// gave them. Remembers `MAX_THREAD_TURNS` threads; later ones take their number's turn
+    /// (and do not count as active). `sent_at`: when the thread sends (`ticks`), which makes
+    /// it active; `None` for a thread that only opens a stream (it may hand it to another).
+    pub(super) fn thread_turn(&mut self, thread: u16, sent_at: Option<u64>) -> u16 {
+        let turns = &mut self.thread_turns;
+        let turn = match turns.threads.iter().position(|&(t, _)| t == thread) {
+            Some(turn) => turn as u16,
+            None if turns.threads.len() >= MAX_THREAD_TURNS => return thread,
+            None => {
+                turns.threads.push((thread, 0));
+                (turns.threads.len() - 1) as u16
+            }
+        };
+        if let Some(now) = sent_at {
+            turns.used(turn, now);
         }
-        if self.thread_turns.len() >= MAX_THREAD_TURNS {
-            return thread;
-        }
-        let turn = self.thread_turns.len() as u16;
-        self.thread_turns.push((thread, turn));
         turn
     }
 
