@@ -48,7 +48,7 @@ pub struct Config {
     /// engine adds one, up to this.
     pub max_channels: usize,
     /// A session of this engine's dialing with more throughput channels than `channels` and
-    /// than the application threads that used it within the last second, for this long,
+    /// than the application threads that sent on it within the last second, for this long,
     /// closes one (then waits as long again before the next).
     pub channel_retire_after: Duration,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).

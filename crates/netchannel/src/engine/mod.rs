@@ -635,20 +635,25 @@ impl EngineCtx {
     /// every send that finds the session short of channels asks (100 ms; 5 s when the
     /// acceptor refused at one of its limits, which a full server keeps doing). The index is
     /// kept for the next try, so that failures do not use up the 64: as it is when the
-    /// acceptor refused it (it took nothing), else in its next incarnation (the peer may have
-    /// taken this one).
+    /// acceptor refused at a limit (it took nothing), else in its next incarnation (the peer
+    /// may have taken this one).
     fn grow_failed(session: &SessionRt, id: ChannelId, e: &io::Error) {
         let at_limit = tcp::refused_at_limit(e);
         let next =
             if at_limit { id } else { ChannelId::new(id.index, id.incarnation.wrapping_add(1)) };
-        session.free_ids.lock().push(next);
+        session.free_id(next);
         let wait_ms = if at_limit { 5_000 } else { 100 };
         session.grow_after_ns.store(session::clock_ns() + wait_ms * 1_000_000, Ordering::Relaxed);
     }
 
     /// Dials one more channel of `class` for `session` in the background.
     fn add_channel_async(self: &Arc<Self>, session: Arc<SessionRt>, class: Class) {
-        let free = session.free_ids.lock().pop();
+        // A free id whose index is open again (a redial took it) is dropped.
+        let free = {
+            let mut ids = session.free_ids.lock();
+            ids.retain(|id| !session.has_index(id.index));
+            ids.pop()
+        };
         let id = match free {
             Some(id) => id,
             None => {
@@ -678,7 +683,7 @@ impl EngineCtx {
         });
         if spawned.is_err() {
             // Out of threads: stay at this size for now, keeping the id for the next try.
-            growing.free_ids.lock().push(id);
+            growing.free_id(id);
             growing.growing.store(false, Ordering::Release);
         }
     }

@@ -108,10 +108,11 @@ pub(crate) struct SessionRt {
     /// No channel is added before this time (`clock_ns`): a dial to add one failed.
     pub grow_after_ns: AtomicU64,
     /// Channel ids the next added channels take before a new index (`EngineCtx::grow`): the
-    /// next incarnation of a retired channel's index (`retire_surplus`), or an id whose dial
-    /// the acceptor refused. A channel closed while its next id is listed here was retired,
-    /// and is not dialed again.
+    /// next incarnation of a retired channel's index (`retire`), or of one whose dial to add
+    /// it failed. At most one per index, so at most 64.
     pub free_ids: Mutex<Vec<ChannelId>>,
+    /// The channel `retire` is closing: it is not dialed again (`was_retired`).
+    retiring: Mutex<Option<ChannelId>>,
     /// Which channel an inline send tries first.
     cursor: AtomicUsize,
     /// `core.rx_held()` as last added to the engine's total.
@@ -165,6 +166,7 @@ impl SessionRt {
             growing: AtomicBool::new(false),
             grow_after_ns: AtomicU64::new(0),
             free_ids: Mutex::new(Vec::new()),
+            retiring: Mutex::new(None),
             cursor: AtomicUsize::new(0),
             held_seen: AtomicU64::new(0),
             app_addrs: Mutex::new(std::collections::HashMap::new()),
@@ -749,16 +751,30 @@ impl SessionRt {
     /// it comes again on the others), but not dialed again; its index's next incarnation is
     /// the next channel added.
     fn retire(self: &Arc<Self>, ch: &Arc<Channel>) {
-        let next = ChannelId::new(ch.meta.index.index, ch.meta.index.incarnation.wrapping_add(1));
-        self.free_ids.lock().push(next);
-        let why = "retired: fewer threads use the session than it has channels";
+        let id = ch.meta.index;
+        *self.retiring.lock() = Some(id);
+        let why = "retired: fewer threads send on the session than it has channels";
         self.channel_failed(ch, ChannelError::Io(io::Error::other(why)));
+        self.retiring.lock().take();
+        // Listed only now that it is out of the session: a growth meanwhile takes a new index.
+        self.free_id(ChannelId::new(id.index, id.incarnation.wrapping_add(1)));
     }
 
-    /// Whether `ch` was retired (`retire`) rather than lost.
+    /// Lists `id` as the next to dial for its index (`free_ids`), in place of any other.
+    pub fn free_id(&self, id: ChannelId) {
+        let mut ids = self.free_ids.lock();
+        ids.retain(|x| x.index != id.index);
+        ids.push(id);
+    }
+
+    /// Whether `ch` is being retired (`retire`) rather than lost.
     pub fn was_retired(&self, ch: &Channel) -> bool {
-        let next = ChannelId::new(ch.meta.index.index, ch.meta.index.incarnation.wrapping_add(1));
-        self.free_ids.lock().contains(&next)
+        *self.retiring.lock() == Some(ch.meta.index)
+    }
+
+    /// Whether a channel with index `index` (any incarnation) is open in the session.
+    pub fn has_index(&self, index: u16) -> bool {
+        self.channels.read().iter().any(|c| c.meta.index.index == index)
     }
 
     // ------------------------------------------------------------------ failures

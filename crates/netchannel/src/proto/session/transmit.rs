@@ -29,11 +29,11 @@ const RECOUNT_NS: u64 = 10_000_000;
 const AFFINE_BYTES: u64 = 64 * 1024;
 
 /// The application threads that used a session's streams opened here, in order of first use
-/// (a thread's place is its turn: `Session::thread_turn`), with when each last did, and how
-/// many did within `ACTIVE_THREAD_NS` as last counted.
+/// (a thread's place is its turn: `Session::thread_turn`), with when each last sent, and how
+/// many sent within `ACTIVE_THREAD_NS` as last counted.
 #[derive(Default)]
 pub(super) struct ThreadTurns {
-    /// Thread number and last use (`Session::ticks`), by turn.
+    /// Thread number and last send (`Session::ticks`; 0: none yet), by turn.
     threads: Vec<(u16, u64)>,
     active: usize,
     counted_at: u64,
@@ -61,7 +61,7 @@ impl ThreadTurns {
         self.counted_at = now;
     }
 
-    /// Threads that used the session's streams within `ACTIVE_THREAD_NS`, as last counted.
+    /// Threads that sent on the session's streams within `ACTIVE_THREAD_NS`, as last counted.
     pub(super) fn active(&self) -> usize {
         self.active
     }
@@ -370,12 +370,12 @@ impl<U: Default> Session<U> {
     }
 
     /// The home channel stream `id`'s next chunks keep to. None while it holds a backlog and
-    /// is the only stream waiting to send: a lone bulk stream's chunks spread over every
-    /// channel with room. Beside other senders it keeps to its home, so that each channel
-    /// carries the streams of one thread and the thread reading it is their reader: spread
-    /// over channels read by eight receiving threads, eight bulk streams had their payloads
-    /// read by the wrong thread, staged and copied a second time (docs/BENCHMARKS.md,
-    /// "Bulk streams of several threads keep to their channels").
+    /// at most one thread sends on the session: that thread's bulk streams spread over every
+    /// channel with room. While several threads send, it keeps to its home, so that each
+    /// channel carries the streams of one thread and the thread reading it is their reader:
+    /// spread over channels read by eight receiving threads, eight bulk streams had their
+    /// payloads read by the wrong thread, staged and copied a second time (docs/BENCHMARKS.md,
+    /// "Channels per thread").
     fn data_home(&self, id: StreamId) -> Option<ChannelId> {
         let backlog = self.streams.get(id)?.tx.bytes() > AFFINE_BYTES;
         if backlog && self.thread_turns.active() <= 1 {
@@ -439,7 +439,7 @@ impl<U: Default> Session<U> {
 
     /// Application thread `thread` uses stream `id` (a number the runtime gives each thread):
     /// for a stream opened here, its frames keep to that thread's channel (see `home`).
-    /// `now` marks the thread active (`active_threads`).
+    /// Called as the thread sends: `now` marks it active (`ThreadTurns`).
     pub fn set_thread(&mut self, id: StreamId, thread: u16, now: Instant) {
         let Some(s) = self.streams.get(id) else { return };
         if s.flags & F_LOCAL == 0 {
@@ -462,7 +462,7 @@ impl<U: Default> Session<U> {
     /// (in order of first use): the `k`-th thread's streams keep to the `k`-th channel (modulo
     /// the channels), so threads spread evenly over the channels whatever numbers the process
     /// gave them. Remembers `MAX_THREAD_TURNS` threads; later ones take their number's turn
-    /// (and do not count as active). `sent_at`: when the thread sends (`ticks`), which makes
+    /// (and count as that turn's thread). `sent_at`: when the thread sends (`ticks`), which makes
     /// it active; `None` for a thread that only opens a stream (it may hand it to another).
     pub(super) fn thread_turn(&mut self, thread: u16, sent_at: Option<u64>) -> u16 {
         let turns = &mut self.thread_turns;
