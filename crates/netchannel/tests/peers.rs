@@ -19,6 +19,11 @@ both_testbeds!(
     channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop,
 );
 
+/// The engine's open throughput channels.
+fn throughput(e: &Engine) -> usize {
+    e.stats().channels.iter().filter(|c| c.channel.class == netchannel::Class::Throughput).count()
+}
+
 /// Echoes one message over a new socket from `client` to the listener's engine.
 fn exchange(client: &Engine, server: SocketAddr, l: &netchannel::Listener, msg: &[u8]) {
     let s = client
@@ -106,13 +111,6 @@ fn a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max(hosts: 
     assert_eq!(reader.join().unwrap(), LEN);
     wait_for_channels(&a, 5);
     std::thread::sleep(std::time::Duration::from_millis(100));
-    let throughput = |e: &Engine| {
-        e.stats()
-            .channels
-            .iter()
-            .filter(|c| c.channel.class == netchannel::Class::Throughput)
-            .count()
-    };
     assert_eq!(throughput(&a), 4, "max_channels throughput channels, the dialed ones included");
     assert_eq!(throughput(&b), 4);
 }
@@ -168,13 +166,6 @@ fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(ho
         c.channel_retire_after = std::time::Duration::from_millis(300);
     });
     let l = b.listen(9).unwrap();
-    let throughput = |e: &Engine| {
-        e.stats()
-            .channels
-            .iter()
-            .filter(|c| c.channel.class == netchannel::Class::Throughput)
-            .count()
-    };
     let wait_for = |e: &Engine, n: usize, what: &str| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while throughput(e) != n {

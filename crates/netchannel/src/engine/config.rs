@@ -43,13 +43,13 @@ pub struct Config {
     /// background.
     pub channels: usize,
     /// Most throughput-class channels per peer. While senders find every channel of the class
-    /// holding its share of unsent bytes, or more application threads send to the peer than
-    /// it has channels (each thread's streams keep to a channel of their own), the dialing
-    /// engine adds one, up to this.
+    /// holding its share of unsent bytes, or more application threads are busy sending to the
+    /// peer (256 sends or more in a second) than it has channels (each thread's streams keep
+    /// to a channel of their own), the dialing engine adds one, up to this.
     pub max_channels: usize,
     /// A session of this engine's dialing with more throughput channels than `channels` and
-    /// than the application threads that sent on it within the last second, for this long,
-    /// closes one (then waits as long again before the next).
+    /// than the application threads busy on it (see `max_channels`), for this long, closes
+    /// one (then waits as long again before the next).
     pub channel_retire_after: Duration,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).
     pub latency_channels: usize,

@@ -825,21 +825,28 @@ fn open_as(p: &mut Pair, thread: u16) -> (StreamId, StreamId) {
     (a, StreamId(p.sides[0].stream(a).unwrap().peer.get()))
 }
 
+/// Side 0's application thread `thread` sends on stream `a` often enough to count as busy
+/// (more than `BUSY_SENDS` sends in a window).
+fn busy(p: &mut Pair, a: StreamId, thread: u16) {
+    for _ in 0..300 {
+        p.sides[0].set_thread(a, thread, p.now);
+    }
+}
+
 #[test]
 fn bulk_streams_of_several_threads_keep_to_their_threads_channels() {
     let mut p = Pair::new(15, &[Class::Throughput; 4], config());
     p.listening[1].insert(80);
     let (a, b) = open_as(&mut p, 3);
     // One thread alone: its backlog spreads over every channel with room.
-    p.sides[0].set_thread(a, 3, p.now);
+    busy(&mut p, a, 3);
     p.sides[0].handle(a).send(&vec![1u8; 400 * 1024]).unwrap();
     assert!(data_channels(&mut p, 0).len() > 1, "a lone bulk stream uses several channels");
     assert_eq!(read_all(&mut p, 1, b, 400 * 1024), vec![1u8; 400 * 1024]);
     // A second thread sends too: each backlog keeps to its thread's channel, so that each
     // channel carries one thread's streams and their reader reads its own payloads.
     let (c, d) = open_as(&mut p, 9);
-    p.sides[0].set_thread(a, 3, p.now);
-    p.sides[0].set_thread(c, 9, p.now);
+    busy(&mut p, c, 9);
     p.sides[0].handle(a).send(&vec![2u8; 400 * 1024]).unwrap();
     p.sides[0].handle(c).send(&vec![3u8; 400 * 1024]).unwrap();
     let mut used = [Vec::new(), Vec::new()];
@@ -873,35 +880,39 @@ fn a_session_wants_a_channel_per_active_thread_up_to_max_channels() {
     let mut p = Pair::new(16, &classes, cfg());
     p.listening[1].insert(80);
     let streams: Vec<_> = (0..4).map(|t| (t, open_as(&mut p, 20 + t).0)).collect();
-    let use_all = |p: &mut Pair, threads: std::ops::Range<u16>| {
+    let busy_all = |p: &mut Pair, threads: std::ops::Range<u16>| {
         for &(t, a) in &streams {
             if threads.contains(&t) {
-                p.sides[0].set_thread(a, 20 + t, p.now);
+                busy(p, a, 20 + t);
             }
         }
     };
-    // Four threads opened a stream each: opening alone does not make a thread active (it
-    // may hand the stream to another); sending does.
+    // Four threads opened a stream each: opening does not make a thread active (it may hand
+    // the stream to another), nor does a send now and then; sending busily does.
     assert!(!p.sides[0].wants_channel(Class::Throughput), "nobody sent yet");
-    use_all(&mut p, 0..4);
+    for &(t, a) in &streams {
+        p.sides[0].set_thread(a, 20 + t, p.now);
+    }
+    assert!(!p.sides[0].wants_channel(Class::Throughput), "a send each is no reason for one");
+    busy_all(&mut p, 0..4);
     assert!(p.sides[0].wants_channel(Class::Throughput), "four threads, two channels");
     assert!(!p.sides[0].wants_channel(Class::Latency), "latency channels do not grow");
-    // Two of them stop: a second later only two count (counted at most every 10 ms).
-    p.now += Duration::from_millis(1500);
-    use_all(&mut p, 0..2);
+    // Two of them stop: once a whole window has passed without them, only two count.
+    for _ in 0..2 {
+        p.now += Duration::from_millis(1100);
+        busy_all(&mut p, 0..2);
+    }
     assert!(!p.sides[0].wants_channel(Class::Throughput), "two active threads, two channels");
+    // They come back: they count as soon as they are busy again.
     p.now += Duration::from_millis(20);
-    use_all(&mut p, 0..4);
+    busy_all(&mut p, 0..4);
     assert!(p.sides[0].wants_channel(Class::Throughput), "four again");
-    p.now += Duration::from_millis(1500);
-    use_all(&mut p, 0..2);
-    assert!(!p.sides[0].wants_channel(Class::Throughput), "two active threads, two channels");
     // At max_channels the session wants no more, however many threads send.
     let mut p = Pair::new(17, &[Class::Throughput; 3], cfg());
     p.listening[1].insert(80);
     for t in 0..6 {
         let (a, _) = open_as(&mut p, 40 + t);
-        p.sides[0].set_thread(a, 40 + t, p.now);
+        busy(&mut p, a, 40 + t);
     }
     assert!(!p.sides[0].wants_channel(Class::Throughput), "three channels, max_channels 3");
 }
@@ -927,20 +938,22 @@ fn a_session_gives_back_channels_its_threads_no_longer_need() {
     p.now += Duration::from_millis(500);
     for &(a, _) in &streams {
         let t = p.sides[0].stream(a).unwrap().thread_number;
-        p.sides[0].set_thread(a, t, p.now);
+        busy(&mut p, a, t);
     }
     assert_eq!(p.sides[0].surplus_channel(p.now), None);
-    // One thread goes on; the others stop. A second after they were last active the
-    // session has more channels than it needs, and a second later gives back the highest.
+    // One thread goes on; the others stop. Once a whole window (1 s) has passed without
+    // them the session has more channels than it needs, and `retire_after` later it gives
+    // back the highest.
     let (a, b) = streams[0];
-    for step in 0..4 {
+    for step in 0..5 {
         p.now += Duration::from_millis(500);
-        p.sides[0].set_thread(a, 30, p.now);
-        let expected = (step == 3).then_some(3);
+        busy(&mut p, a, 30);
+        let expected = (step == 4).then_some(3);
         assert_eq!(p.sides[0].surplus_channel(p.now).map(|c| c.index), expected, "step {step}");
     }
-    p.kill(3); // what the runtime does with the channel given back
-               // A channel with frames unacknowledged is not given back until they are.
+    // What the runtime does with the channel given back.
+    p.kill(3);
+    // A channel with frames unacknowledged is not given back until they are.
     p.sides[0].handle(a).send(&vec![4u8; 300 * 1024]).unwrap();
     let mut out = Vec::new();
     p.sides[0].poll_transmit(ChannelId::new(2, 0), 512 * 1024, 64, false, &mut out);

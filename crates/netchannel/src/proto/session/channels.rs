@@ -63,7 +63,7 @@ impl ChannelState {
 
 impl<U: Default> Session<U> {
     /// The throughput channel the dialing side should close, if the session has had more of
-    /// them than active application threads (and than `min_channels`) for `retire_after`: its
+    /// them than busy application threads (and than `min_channels`) for `retire_after`: its
     /// highest-indexed one, once nothing of ours waits on it (nothing unacknowledged, queued
     /// or half-read). One per `retire_after`, so a session shrinks slowly and grows at once
     /// (`wants_channel`). Whatever the peer still had in flight on it comes again on the

@@ -13,14 +13,17 @@ const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 /// Application threads a session tells apart for homes (`Session::thread_turn`).
 const MAX_THREAD_TURNS: usize = 256;
 
-/// A thread that sent on one of the session's streams within this long (nanoseconds) is
-/// active (opening one does not count: the opener may hand it to another thread):
-/// the session wants a throughput channel for each (`wants_channel`), and a backlog keeps to
-/// its thread's channel while more than one is (`data_home`).
-const ACTIVE_THREAD_NS: u64 = 1_000_000_000;
+/// A thread that made at least `BUSY_SENDS` sends on the session's streams within one of the
+/// last two windows of this many nanoseconds is active (opening a stream does not count: the
+/// opener may hand it to another thread): the session wants a throughput channel for each
+/// (`wants_channel`), and a backlog keeps to its thread's channel while more than one is
+/// (`data_home`). A thread that sends now and then costs no channel: a peer of a few
+/// requests a second from each of eight threads keeps the channels it started with.
+const ACTIVE_WINDOW_NS: u64 = 1_000_000_000;
+const BUSY_SENDS: u32 = 256;
 
 /// The active threads are counted again at most this often (nanoseconds): the count is read on
-/// every chunk pulled. A thread that starts sending counts at once.
+/// every chunk pulled. A thread that becomes busy counts at once.
 const RECOUNT_NS: u64 = 10_000_000;
 
 /// A stream with at most this many unsent bytes keeps to its home channel (`Session::home`);
@@ -28,40 +31,66 @@ const RECOUNT_NS: u64 = 10_000_000;
 /// (`data_home`).
 const AFFINE_BYTES: u64 = 64 * 1024;
 
+/// One application thread of `ThreadTurns`: its number and its sends in the current window
+/// and the one before.
+#[derive(Clone, Copy)]
+struct ThreadUse {
+    thread: u16,
+    sends: u32,
+    sends_before: u32,
+}
+
+impl ThreadUse {
+    fn busy(&self) -> bool {
+        self.sends.max(self.sends_before) >= BUSY_SENDS
+    }
+}
+
 /// The application threads that used a session's streams opened here, in order of first use
-/// (a thread's place is its turn: `Session::thread_turn`), with when each last sent, and how
-/// many sent within `ACTIVE_THREAD_NS` as last counted.
+/// (a thread's place is its turn: `Session::thread_turn`), with how much each sends, and how
+/// many are active (busy in this window or the last) as last counted.
 #[derive(Default)]
 pub(super) struct ThreadTurns {
-    /// Thread number and last send (`Session::ticks`; 0: none yet), by turn.
-    threads: Vec<(u16, u64)>,
+    threads: Vec<ThreadUse>,
+    /// When the current window began (`Session::ticks`).
+    window: u64,
     active: usize,
     counted_at: u64,
 }
 
 impl ThreadTurns {
-    /// Thread `turn` sent on a stream at `now`. One that was not active at the last count
-    /// counts at once; those that stop are found by the next count.
+    /// Thread `turn` sent on a stream at `now`. One that becomes busy counts at once; those
+    /// that stop are found by the next count.
     fn used(&mut self, turn: u16, now: u64) {
-        if let Some(t) = self.threads.get_mut(turn as usize) {
-            if t.1 == 0 || self.counted_at.saturating_sub(t.1) >= ACTIVE_THREAD_NS {
-                self.active += 1;
-            }
-            t.1 = now;
-        }
         if now.saturating_sub(self.counted_at) >= RECOUNT_NS {
             self.recount(now);
         }
+        if let Some(t) = self.threads.get_mut(turn as usize) {
+            let was = t.busy();
+            t.sends = t.sends.saturating_add(1);
+            if !was && t.busy() {
+                self.active += 1;
+            }
+        }
     }
 
+    /// Counts the active threads again, first closing the window if it is over.
     pub(super) fn recount(&mut self, now: u64) {
-        // 0: it never sent (ticks start at 1).
-        let recent = |&&(_, at): &&(u16, u64)| at != 0 && now.saturating_sub(at) < ACTIVE_THREAD_NS;
-        self.active = self.threads.iter().filter(recent).count();
+        let elapsed = now.saturating_sub(self.window);
+        if elapsed >= ACTIVE_WINDOW_NS {
+            // Two windows or more without a look: the last one saw nothing either.
+            let idle = elapsed >= 2 * ACTIVE_WINDOW_NS;
+            for t in &mut self.threads {
+                t.sends_before = if idle { 0 } else { t.sends };
+                t.sends = 0;
+            }
+            self.window = now;
+        }
+        self.active = self.threads.iter().filter(|t| t.busy()).count();
         self.counted_at = now;
     }
 
-    /// Threads that sent on the session's streams within `ACTIVE_THREAD_NS`, as last counted.
+    /// Threads busy on the session's streams in this window or the last, as last counted.
     pub(super) fn active(&self) -> usize {
         self.active
     }
@@ -466,11 +495,11 @@ impl<U: Default> Session<U> {
     /// it active; `None` for a thread that only opens a stream (it may hand it to another).
     pub(super) fn thread_turn(&mut self, thread: u16, sent_at: Option<u64>) -> u16 {
         let turns = &mut self.thread_turns;
-        let turn = match turns.threads.iter().position(|&(t, _)| t == thread) {
+        let turn = match turns.threads.iter().position(|t| t.thread == thread) {
             Some(turn) => turn as u16,
             None if turns.threads.len() >= MAX_THREAD_TURNS => return thread,
             None => {
-                turns.threads.push((thread, 0));
+                turns.threads.push(ThreadUse { thread, sends: 0, sends_before: 0 });
                 (turns.threads.len() - 1) as u16
             }
         };
