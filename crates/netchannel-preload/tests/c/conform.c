@@ -739,6 +739,27 @@ static void mixed_sets(const char *host, int port) {
                FD_ISSET(s, &rs), FD_ISSET(pp[0], &rs), FD_ISSET(u, &rs));
     }
     read_full(s, b, 10);
+    /* A wait that sleeps until the socket's bytes come (sent 300 ms later), in poll and in
+     * select; then one until the peer's FIN. */
+    for (int round = 0; round < 3; round++) {
+        cmd(s, round < 2 ? "l" : "s");
+        int ready;
+        if (round != 1) {
+            struct pollfd p[3];
+            for (int i = 0; i < 3; i++) p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+            ready = poll(p, 3, 3000);
+            printf("mixed, sleeping until %s: poll=%d revents socket=%#x pipe=%#x udp=%#x",
+                   round ? "FIN" : "data", ready, p[0].revents, p[1].revents, p[2].revents);
+        } else {
+            fd_set rs; FD_ZERO(&rs);
+            for (int i = 0; i < 3; i++) FD_SET(fds[i], &rs);
+            struct timeval tv = {3, 0};
+            ready = select(max + 1, &rs, NULL, NULL, &tv);
+            printf("mixed, sleeping until data: select=%d isset %d%d%d", ready, FD_ISSET(s, &rs),
+                   FD_ISSET(pp[0], &rs), FD_ISSET(u, &rs));
+        }
+        printf(" read %d\n", round < 2 ? read_full(s, b, 10) : (int)read(s, b, sizeof b));
+    }
     close(s); close(pp[0]); close(pp[1]); close(u);
 }
 
