@@ -44,7 +44,7 @@ pub struct Config {
     pub channels: usize,
     /// Most throughput-class channels per peer. While senders find every channel of the class
     /// holding its share of unsent bytes, or more application threads are busy sending to the
-    /// peer (256 sends or more in a second) than it has channels (each thread's streams keep
+    /// peer (64 MiB or more in a second) than it has channels (each thread's streams keep
     /// to a channel of their own), the dialing engine adds one, up to this.
     pub max_channels: usize,
     /// A session of this engine's dialing with more throughput channels than `channels` and

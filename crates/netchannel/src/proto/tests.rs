@@ -800,7 +800,7 @@ fn a_thread_s_messages_and_their_answers_keep_to_its_channel() {
     assert!(data_channels(&mut p, 0).len() > 1, "a bulk stream uses several channels");
     assert_eq!(read_all(&mut p, 1, b, 400 * 1024), vec![1u8; 400 * 1024]);
     // A second thread uses the stream: its messages follow it to the second channel.
-    p.sides[0].set_thread(a, 7, p.now);
+    p.sides[0].set_thread(a, 7, p.now, 100);
     p.sides[0].handle(a).send(&[2u8; 100]).unwrap();
     assert_eq!(data_channels(&mut p, 0), vec![1]);
     assert_eq!(read_all(&mut p, 1, b, 100), vec![2u8; 100]);
@@ -825,11 +825,11 @@ fn open_as(p: &mut Pair, thread: u16) -> (StreamId, StreamId) {
     (a, StreamId(p.sides[0].stream(a).unwrap().peer.get()))
 }
 
-/// Side 0's application thread `thread` sends on stream `a` often enough to count as busy
-/// (more than `BUSY_SENDS` sends in a window).
+/// Side 0's application thread `thread` sends enough on stream `a` to count as busy (more than
+/// `BUSY_BYTES` in a window).
 fn busy(p: &mut Pair, a: StreamId, thread: u16) {
-    for _ in 0..300 {
-        p.sides[0].set_thread(a, thread, p.now);
+    for _ in 0..100 {
+        p.sides[0].set_thread(a, thread, p.now, 1 << 20);
     }
 }
 
@@ -887,13 +887,15 @@ fn a_session_wants_a_channel_per_active_thread_up_to_max_channels() {
             }
         }
     };
-    // Four threads opened a stream each: opening does not make a thread active (it may hand
-    // the stream to another), nor does a send now and then; sending busily does.
+    // Four threads opened a stream each: opening does not make a thread busy (it may hand
+    // the stream to another), nor do small messages, however many; many bytes do.
     assert!(!p.sides[0].wants_channel(Class::Throughput), "nobody sent yet");
-    for &(t, a) in &streams {
-        p.sides[0].set_thread(a, 20 + t, p.now);
+    for _ in 0..10_000 {
+        for &(t, a) in &streams {
+            p.sides[0].set_thread(a, 20 + t, p.now, 100);
+        }
     }
-    assert!(!p.sides[0].wants_channel(Class::Throughput), "a send each is no reason for one");
+    assert!(!p.sides[0].wants_channel(Class::Throughput), "small messages are no reason for one");
     busy_all(&mut p, 0..4);
     assert!(p.sides[0].wants_channel(Class::Throughput), "four threads, two channels");
     assert!(!p.sides[0].wants_channel(Class::Latency), "latency channels do not grow");

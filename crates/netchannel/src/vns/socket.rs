@@ -417,7 +417,7 @@ impl VSocket {
         let s = &self.session;
         let (n, class, congested, channels, work) = {
             let mut core = s.core();
-            core.set_thread(self.id, waiter::thread_number(), Instant::now());
+            core.set_thread(self.id, waiter::thread_number(), Instant::now(), data.len());
             let r = if data.len() < COPY_OUTSIDE_LOCK {
                 core.handle(self.id).send(data)
             } else {

@@ -13,14 +13,21 @@ const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 /// Application threads a session tells apart for homes (`Session::thread_turn`).
 const MAX_THREAD_TURNS: usize = 256;
 
-/// A thread that made at least `BUSY_SENDS` sends on the session's streams within one of the
-/// last two windows of this many nanoseconds is active (opening a stream does not count: the
-/// opener may hand it to another thread): the session wants a throughput channel for each
+/// A thread that sent at least `BUSY_BYTES` on the session's streams within one of the last two
+/// windows of this many nanoseconds is busy (opening a stream does not count: the opener may
+/// hand it to another thread): the session wants a throughput channel for each
 /// (`wants_channel`), and a backlog keeps to its thread's channel while more than one is
-/// (`data_home`). A thread that sends now and then costs no channel: a peer of a few
-/// requests a second from each of eight threads keeps the channels it started with.
+/// (`data_home`). A channel of its own pays for a thread that moves many bytes (the staging
+/// copy and the hand-off it saves are per byte and per message read for another thread); one
+/// that sends small messages is better off sharing, since a shared channel carries several
+/// threads' messages in each read and write (memcslap's 16 threads of small requests took 11%
+/// longer on 8 channels than on 4; docs/BENCHMARKS.md, "Channels per thread").
 const ACTIVE_WINDOW_NS: u64 = 1_000_000_000;
-const BUSY_SENDS: u32 = 256;
+const BUSY_BYTES: u64 = 64 << 20;
+
+/// What one send counts toward `BUSY_BYTES` at most (a large write is sent in several calls,
+/// each with all that is left of it).
+const MAX_COUNTED_SEND: u64 = 4 << 20;
 
 /// The active threads are counted again at most this often (nanoseconds): the count is read on
 /// every chunk pulled. A thread that becomes busy counts at once.
@@ -31,24 +38,24 @@ const RECOUNT_NS: u64 = 10_000_000;
 /// (`data_home`).
 const AFFINE_BYTES: u64 = 64 * 1024;
 
-/// One application thread of `ThreadTurns`: its number and its sends in the current window
-/// and the one before.
+/// One application thread of `ThreadTurns`: its number and the bytes it sent in the current
+/// window and the one before.
 #[derive(Clone, Copy)]
 struct ThreadUse {
     thread: u16,
-    sends: u32,
-    sends_before: u32,
+    bytes: u64,
+    bytes_before: u64,
 }
 
 impl ThreadUse {
     fn busy(&self) -> bool {
-        self.sends.max(self.sends_before) >= BUSY_SENDS
+        self.bytes.max(self.bytes_before) >= BUSY_BYTES
     }
 }
 
 /// The application threads that used a session's streams opened here, in order of first use
-/// (a thread's place is its turn: `Session::thread_turn`), with how much each sends, and how
-/// many are active (busy in this window or the last) as last counted.
+/// (a thread's place is its turn: `Session::thread_turn`), with how much each sent, and how
+/// many are busy (in this window or the last) as last counted.
 #[derive(Default)]
 pub(super) struct ThreadTurns {
     threads: Vec<ThreadUse>,
@@ -59,15 +66,15 @@ pub(super) struct ThreadTurns {
 }
 
 impl ThreadTurns {
-    /// Thread `turn` sent on a stream at `now`. One that becomes busy counts at once; those
-    /// that stop are found by the next count.
-    fn used(&mut self, turn: u16, now: u64) {
+    /// Thread `turn` sends `bytes` on a stream at `now`. One that becomes busy counts at once;
+    /// those that stop are found by the next count.
+    fn used(&mut self, turn: u16, now: u64, bytes: u64) {
         if now.saturating_sub(self.counted_at) >= RECOUNT_NS {
             self.recount(now);
         }
         if let Some(t) = self.threads.get_mut(turn as usize) {
             let was = t.busy();
-            t.sends = t.sends.saturating_add(1);
+            t.bytes = t.bytes.saturating_add(bytes.min(MAX_COUNTED_SEND));
             if !was && t.busy() {
                 self.active += 1;
             }
@@ -81,8 +88,8 @@ impl ThreadTurns {
             // Two windows or more without a look: the last one saw nothing either.
             let idle = elapsed >= 2 * ACTIVE_WINDOW_NS;
             for t in &mut self.threads {
-                t.sends_before = if idle { 0 } else { t.sends };
-                t.sends = 0;
+                t.bytes_before = if idle { 0 } else { t.bytes };
+                t.bytes = 0;
             }
             self.window = now;
         }
@@ -468,8 +475,9 @@ impl<U: Default> Session<U> {
 
     /// Application thread `thread` uses stream `id` (a number the runtime gives each thread):
     /// for a stream opened here, its frames keep to that thread's channel (see `home`).
-    /// Called as the thread sends: `now` marks it active (`ThreadTurns`).
-    pub fn set_thread(&mut self, id: StreamId, thread: u16, now: Instant) {
+    /// Called as the thread sends `bytes` at `now`, which count toward it being busy
+    /// (`ThreadTurns`).
+    pub fn set_thread(&mut self, id: StreamId, thread: u16, now: Instant, bytes: usize) {
         let Some(s) = self.streams.get(id) else { return };
         if s.flags & F_LOCAL == 0 {
             return;
@@ -477,10 +485,10 @@ impl<U: Default> Session<U> {
         let (turn, number) = (s.thread, s.thread_number);
         let now = self.ticks(now);
         if turn != 0 && number == thread {
-            self.thread_turns.used(turn - 1, now);
+            self.thread_turns.used(turn - 1, now, bytes as u64);
             return;
         }
-        let turn = self.thread_turn(thread, Some(now));
+        let turn = self.thread_turn(thread, Some((now, bytes as u64)));
         let s = self.streams.get_mut(id).expect("live");
         s.thread_number = thread;
         s.thread = turn.wrapping_add(1);
@@ -491,20 +499,20 @@ impl<U: Default> Session<U> {
     /// (in order of first use): the `k`-th thread's streams keep to the `k`-th channel (modulo
     /// the channels), so threads spread evenly over the channels whatever numbers the process
     /// gave them. Remembers `MAX_THREAD_TURNS` threads; later ones take their number's turn
-    /// (and count as that turn's thread). `sent_at`: when the thread sends (`ticks`), which makes
-    /// it active; `None` for a thread that only opens a stream (it may hand it to another).
-    pub(super) fn thread_turn(&mut self, thread: u16, sent_at: Option<u64>) -> u16 {
+    /// (and count as that turn's thread). `sent`: when (`ticks`) and how much the thread sends;
+    /// `None` for a thread that only opens a stream (it may hand it to another).
+    pub(super) fn thread_turn(&mut self, thread: u16, sent: Option<(u64, u64)>) -> u16 {
         let turns = &mut self.thread_turns;
         let turn = match turns.threads.iter().position(|t| t.thread == thread) {
             Some(turn) => turn as u16,
             None if turns.threads.len() >= MAX_THREAD_TURNS => return thread,
             None => {
-                turns.threads.push(ThreadUse { thread, sends: 0, sends_before: 0 });
+                turns.threads.push(ThreadUse { thread, bytes: 0, bytes_before: 0 });
                 (turns.threads.len() - 1) as u16
             }
         };
-        if let Some(now) = sent_at {
-            turns.used(turn, now);
+        if let Some((now, bytes)) = sent {
+            turns.used(turn, now, bytes);
         }
         turn
     }
