@@ -34,7 +34,7 @@ const MAX_COUNTED_SEND: u64 = 4 << 20;
 const RECOUNT_NS: u64 = 10_000_000;
 
 /// A stream with at most this many unsent bytes keeps to its home channel (`Session::home`);
-/// beyond, its chunks go to whichever channel has room, unless other threads send too
+/// beyond, its chunks go to whichever channel has room, unless other threads are busy too
 /// (`data_home`).
 const AFFINE_BYTES: u64 = 64 * 1024;
 
@@ -406,8 +406,8 @@ impl<U: Default> Session<U> {
     }
 
     /// The home channel stream `id`'s next chunks keep to. None while it holds a backlog and
-    /// at most one thread sends on the session: that thread's bulk streams spread over every
-    /// channel with room. While several threads send, it keeps to its home, so that each
+    /// at most one thread is busy on the session: that thread's bulk streams spread over every
+    /// channel with room. While several are busy, it keeps to its home, so that each
     /// channel carries the streams of one thread and the thread reading it is their reader:
     /// spread over channels read by eight receiving threads, eight bulk streams had their
     /// payloads read by the wrong thread, staged and copied a second time (docs/BENCHMARKS.md,
