@@ -904,7 +904,7 @@ fn a_session_wants_a_channel_per_active_thread_up_to_max_channels() {
         p.now += Duration::from_millis(1100);
         busy_all(&mut p, 0..2);
     }
-    assert!(!p.sides[0].wants_channel(Class::Throughput), "two active threads, two channels");
+    assert!(!p.sides[0].wants_channel(Class::Throughput), "two busy threads, two channels");
     // They come back: they count as soon as they are busy again.
     p.now += Duration::from_millis(20);
     busy_all(&mut p, 0..4);

@@ -78,12 +78,12 @@ pub struct CoreConfig {
     /// A channel whose peer acknowledged nothing for this long while frames waited is dead.
     pub ack_timeout: Duration,
     /// Most throughput-class channels per peer: the session asks for one more while more of
-    /// its application threads send than it has channels (`wants_channel`).
+    /// its application threads are busy on it than it has channels (`wants_channel`).
     pub max_channels: usize,
     /// Throughput-class channels the session keeps whatever the threads (the ones dialed at
     /// the start).
     pub min_channels: usize,
-    /// A session that has had more throughput channels than active threads (and than
+    /// A session that has had more throughput channels than busy threads (and than
     /// `min_channels`) for this long gives one back (`surplus_channel`).
     pub retire_after: Duration,
 }
@@ -235,7 +235,7 @@ pub struct Session<U> {
     /// Channels (bits by index) frames were queued for that only they may carry
     /// (`take_kicked`).
     kicked: u64,
-    /// Application threads that used the session's streams: their turns and which are active
+    /// Application threads that used the session's streams: their turns and which are busy
     /// (`thread_turn`, `ThreadTurns`).
     thread_turns: ThreadTurns,
     /// Since when the session has had more throughput channels than it needs, and when that

@@ -29,7 +29,7 @@ const BUSY_BYTES: u64 = 64 << 20;
 /// each with all that is left of it).
 const MAX_COUNTED_SEND: u64 = 4 << 20;
 
-/// The active threads are counted again at most this often (nanoseconds): the count is read on
+/// The busy threads are counted again at most this often (nanoseconds): the count is read on
 /// every chunk pulled. A thread that becomes busy counts at once.
 const RECOUNT_NS: u64 = 10_000_000;
 
@@ -81,7 +81,7 @@ impl ThreadTurns {
         }
     }
 
-    /// Counts the active threads again, first closing the window if it is over.
+    /// Counts the busy threads again, first closing the window if it is over.
     pub(super) fn recount(&mut self, now: u64) {
         let elapsed = now.saturating_sub(self.window);
         if elapsed >= ACTIVE_WINDOW_NS {
@@ -422,7 +422,7 @@ impl<U: Default> Session<U> {
     }
 
     /// Whether the session should have one more channel of the class that serves `class`:
-    /// more application threads are active on it than it has channels (each thread's streams
+    /// more application threads are busy on it than it has channels (each thread's streams
     /// keep to a channel of their own, `home`), and it has fewer than `max_channels`. The
     /// runtime of the dialing side adds one (the paper's "channels scale with cores").
     pub fn wants_channel(&self, class: Class) -> bool {
