@@ -20,7 +20,7 @@ use std::ffi::c_int;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -47,13 +47,33 @@ const CLAIM: u8 = b'C';
 struct Injected {
     vs: Option<VSocket>,
     peer: SocketAddr,
+    /// Which injection holds the port now. A port is not unique over time, even while the
+    /// acceptor still holds the injection's socket: when the owner takes an injected
+    /// connection over, its kernel socket closes with the preamble unread, the injector's
+    /// socket is reset, and the kernel frees a port bound as port 0 at the reset, so the next
+    /// injection can get it before the acceptor has seen the reset.
+    serial: u64,
 }
 
 static INJECTED: Mutex<Option<HashMap<u16, Injected>>> = Mutex::new(None);
 static INJECTED_COUNT: AtomicUsize = AtomicUsize::new(0);
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(0);
 
 fn injected<T>(f: impl FnOnce(&mut HashMap<u16, Injected>) -> T) -> T {
     f(INJECTED.lock().get_or_insert_with(HashMap::new))
+}
+
+/// Forgets the injection `serial` on `port`, if the port still names it (see
+/// [`Injected::serial`]): a later injection on the same port is left alone.
+fn forget(port: u16, serial: u64) -> Option<Injected> {
+    let inj = injected(|m| match m.get(&port) {
+        Some(i) if i.serial == serial => m.remove(&port),
+        _ => None,
+    });
+    if inj.is_some() {
+        INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
+    }
+    inj
 }
 
 /// A carried listening socket's engine side.
@@ -181,8 +201,8 @@ fn acceptor(
     target: SocketAddr,
 ) {
     let relayed = settings().path == DataPath::Relay;
-    // Injected connections not accepted yet: (socket, injector port).
-    let mut waiting: Vec<(TcpStream, u16)> = Vec::new();
+    // Injected connections not accepted yet: (socket, injector port, serial).
+    let mut waiting: Vec<(TcpStream, u16, u64)> = Vec::new();
     loop {
         {
             // Held only while accepting: closing the program's listener frees the virtual
@@ -205,7 +225,7 @@ fn acceptor(
         }
         let mut fds =
             vec![PollFd::new(&entry.stop, PollFlags::IN), PollFd::new(&ready, PollFlags::IN)];
-        fds.extend(waiting.iter().map(|(s, _)| PollFd::new(s, PollFlags::IN)));
+        fds.extend(waiting.iter().map(|(s, _, _)| PollFd::new(s, PollFlags::IN)));
         let second = rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 };
         if rustix::event::poll(&mut fds, Some(&second)).is_err() {
             continue;
@@ -217,14 +237,10 @@ fn acceptor(
             (2..fds.len()).filter(|&i| !fds[i].revents().is_empty()).map(|i| i - 2).collect();
         drop(fds);
         for i in done.into_iter().rev() {
-            let (mut s, port) = waiting.swap_remove(i);
+            let (mut s, port, serial) = waiting.swap_remove(i);
             let mut b = [0u8; 1];
             let claimed = matches!((&s).read(&mut b), Ok(1) if b[0] == CLAIM);
-            let inj = injected(|m| m.remove(&port));
-            if inj.is_some() {
-                INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
-            }
-            match inj.and_then(|i| i.vs) {
+            match forget(port, serial).and_then(|i| i.vs) {
                 // Accepted by another process: its kernel socket is relayed from now on.
                 Some(vs) if claimed => {
                     let _ = s.set_nonblocking(false);
@@ -240,10 +256,9 @@ fn acceptor(
     }
     // The listener is gone: connections nobody accepted are refused, as the kernel resets
     // the ones in a closed listener's queue.
-    for (_, port) in waiting {
-        if injected(|m| m.remove(&port)).is_some() {
-            INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
-        }
+    for (s, port, serial) in waiting {
+        forget(port, serial);
+        drop(s);
     }
 }
 
@@ -255,7 +270,7 @@ fn inject(
     peer: SocketAddr,
     vs: VSocket,
     relayed: bool,
-) -> Option<(TcpStream, u16)> {
+) -> Option<(TcpStream, u16, u64)> {
     let family = if target.is_ipv4() {
         rustix::net::AddressFamily::INET
     } else {
@@ -279,12 +294,17 @@ fn inject(
     vs.set_app_addresses(target, peer);
     // `--path relay`: relayed from the start; the map only tells the owner's accept the peer.
     let (keep, relay_now) = if relayed { (None, Some(vs)) } else { (Some(vs), None) };
-    injected(|m| m.insert(port, Injected { vs: keep, peer }));
-    INJECTED_COUNT.fetch_add(1, Ordering::AcqRel);
+    let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
+    // An entry still on this port is an injection reset in the program's accept queue
+    // before it was accepted (its port was freed at the reset): it is replaced, and its
+    // virtual socket closes, as the reset connection would.
+    let replaced = injected(|m| m.insert(port, Injected { vs: keep, peer, serial }));
+    if replaced.is_none() {
+        INJECTED_COUNT.fetch_add(1, Ordering::AcqRel);
+    }
+    drop(replaced);
     if rustix::net::connect(&s, &target).is_err() {
-        if injected(|m| m.remove(&port)).is_some() {
-            INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
-        }
+        forget(port, serial);
         return None;
     }
     let _ = rustix::net::sockopt::set_tcp_nodelay(&s, true);
@@ -297,7 +317,7 @@ fn inject(
     }
     let _ = (&s).write_all(PREAMBLE);
     let _ = s.set_nonblocking(true);
-    Some((s, port))
+    Some((s, port, serial))
 }
 
 /// What `accept`/`accept4` do after the real call returned `nfd`: an injected connection is

@@ -737,6 +737,101 @@ fn dual_stack_listener(hosts: Hosts) {
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }
 
+/// A one-process server accepting many short connections at once: every one is served by
+/// the owner directly, none is taken for another process's, none is lost. Between the
+/// namespaces the server's ephemeral port range is narrowed to 16 ports, so the injector's
+/// ports are reused at once: an injection reset when the owner took it over freed its port
+/// before the acceptor saw the reset, and the acceptor then forgot the next injection on that
+/// port (its client read end of stream; redis-benchmark once said "Server closed the
+/// connection").
+fn connection_churn(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("churn-{hosts:?}"), true, true);
+    if let Some(ns) = &p.server.netns {
+        let narrow = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "sysctl", "-q", "net.ipv4.ip_local_port_range=40000 40015"])
+            .status();
+        assert!(narrow.is_ok_and(|s| s.success()), "narrowing the port range");
+    }
+    let port = ports(1);
+    let server_py = p.dir.join("server.py");
+    std::fs::write(
+        &server_py,
+        "import selectors, signal, socket, sys\n\
+         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
+         sel = selectors.DefaultSelector()\n\
+         l = socket.socket()\n\
+         l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         l.bind((sys.argv[1], int(sys.argv[2])))\n\
+         l.listen(512)\n\
+         l.setblocking(False)\n\
+         sel.register(l, selectors.EVENT_READ)\n\
+         while True:\n\
+         \x20   for k, _ in sel.select():\n\
+         \x20       if k.fileobj is l:\n\
+         \x20           try:\n\
+         \x20               while True:\n\
+         \x20                   c, _ = l.accept()\n\
+         \x20                   c.setblocking(False)\n\
+         \x20                   sel.register(c, selectors.EVENT_READ)\n\
+         \x20           except BlockingIOError:\n\
+         \x20               pass\n\
+         \x20       else:\n\
+         \x20           c = k.fileobj\n\
+         \x20           d = c.recv(65536)\n\
+         \x20           if d:\n\
+         \x20               c.sendall(d)\n\
+         \x20           else:\n\
+         \x20               sel.unregister(c)\n\
+         \x20               c.close()\n",
+    )
+    .unwrap();
+    let server = p
+        .server
+        .spawn("python3", &[&server_py.display().to_string(), &p.server.addr, &port.to_string()]);
+    p.server.wait_listening(port);
+    let client = format!(
+        "import socket, threading\n\
+         bad = []\n\
+         def work(k):\n\
+         \x20   for i in range(150):\n\
+         \x20       msg = b'%d-%d' % (k, i)\n\
+         \x20       try:\n\
+         \x20           s = socket.create_connection(('{}', {port}), timeout=10)\n\
+         \x20           s.sendall(msg)\n\
+         \x20           got = b''\n\
+         \x20           while len(got) < len(msg):\n\
+         \x20               d = s.recv(100)\n\
+         \x20               if not d:\n\
+         \x20                   break\n\
+         \x20               got += d\n\
+         \x20           s.close()\n\
+         \x20       except OSError as e:\n\
+         \x20           got = repr(e)\n\
+         \x20       if got != msg:\n\
+         \x20           bad.append((k, i, got))\n\
+         ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]\n\
+         [t.start() for t in ts]\n\
+         [t.join() for t in ts]\n\
+         print('failed', len(bad), bad[:5])\n",
+        p.server.addr
+    );
+    let out = p.client.run("python3", &["-c", &client], T);
+    server.stop();
+    assert_eq!(out, "failed 0 []\n", "{}", stats_text(&p.server.stats));
+    assert_eq!(
+        stat(&p.server.stats, "accepted by another process"),
+        0,
+        "{}",
+        stats_text(&p.server.stats)
+    );
+    assert_eq!(stat(&p.server.stats, "direct"), 1200, "{}", stats_text(&p.server.stats));
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -749,7 +844,8 @@ crate::both_testbeds!(
     postgres,
     haproxy,
     node,
-    dual_stack_listener
+    dual_stack_listener,
+    connection_churn
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.
