@@ -632,18 +632,22 @@ impl EngineCtx {
     }
 
     /// A dial to add channel `id` to `session` failed: do not try again for a while, since
-    /// every send that finds the session short of channels asks (100 ms; 5 s when the
-    /// acceptor refused at one of its limits, which a full server keeps doing). The index is
-    /// kept for the next try, so that failures do not use up the 64: as it is when the
-    /// acceptor refused at a limit (it took nothing), else in its next incarnation (the peer
-    /// may have taken this one).
+    /// every send that finds the session short of channels asks. The wait doubles with each
+    /// failure in a row, from 100 ms (5 s when the acceptor refused at one of its limits,
+    /// which a full server keeps doing) up to 10 s (5 min), and is spread by up to a quarter,
+    /// so that thousands of client sessions turned away by one server neither keep dialing it
+    /// nor come back all at once. The index is kept for the next try, so that failures do not
+    /// use up the 64: as it is when the acceptor refused at a limit (it took nothing), else in
+    /// its next incarnation (the peer may have taken this one).
     fn grow_failed(session: &SessionRt, id: ChannelId, e: &io::Error) {
         let at_limit = tcp::refused_at_limit(e);
         let next =
             if at_limit { id } else { ChannelId::new(id.index, id.incarnation.wrapping_add(1)) };
         session.free_id(next);
-        let wait_ms = if at_limit { 5_000 } else { 100 };
-        session.grow_after_ns.store(session::clock_ns() + wait_ms * 1_000_000, Ordering::Relaxed);
+        let now = session::clock_ns();
+        let wait_ns =
+            growth_backoff_ns(session.grow_failures.fetch_add(1, Ordering::Relaxed), at_limit, now);
+        session.grow_after_ns.store(now + wait_ns, Ordering::Relaxed);
     }
 
     /// Dials one more channel of `class` for `session` in the background.
@@ -672,6 +676,7 @@ impl EngineCtx {
             let r = me.dial_in_netns(session.peer_addr, id, class, budget::Purpose::More, timeout);
             match r {
                 Ok(ch) => {
+                    session.grow_failures.store(0, Ordering::Relaxed);
                     if me.join_dialed(&session, ch) {
                         // The worker's timers now include whether it is surplus.
                         session.timers_changed();
@@ -997,5 +1002,40 @@ impl EngineCtx {
             }
         }
         stats
+    }
+}
+
+/// How long a session waits before it tries again to add a channel, after `failures` earlier
+/// failures in a row and one more now (`EngineCtx::grow_failed`); `now` spreads it.
+fn growth_backoff_ns(failures: u32, at_limit: bool, now: u64) -> u64 {
+    let (first_ms, most_ms): (u64, u64) = if at_limit { (5_000, 300_000) } else { (100, 10_000) };
+    let wait = (first_ms << failures.min(12)).min(most_ms) * 1_000_000;
+    // Up to a quarter more, from the clock's low bits (sessions fail at different instants).
+    wait + (now ^ (now >> 17)) % (wait / 4 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::growth_backoff_ns;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn growth_waits_double_with_each_failure_up_to_a_cap_and_are_spread() {
+        let within = |ns: u64, ms: u64| (ms * MS..=ms * MS + ms * MS / 4).contains(&ns);
+        for now in [0, 1, 123_456_789, u64::MAX / 3] {
+            assert!(within(growth_backoff_ns(0, false, now), 100));
+            assert!(within(growth_backoff_ns(1, false, now), 200));
+            assert!(within(growth_backoff_ns(6, false, now), 6_400));
+            assert!(within(growth_backoff_ns(7, false, now), 10_000));
+            assert!(within(growth_backoff_ns(u32::MAX, false, now), 10_000));
+            assert!(within(growth_backoff_ns(0, true, now), 5_000));
+            assert!(within(growth_backoff_ns(3, true, now), 40_000));
+            assert!(within(growth_backoff_ns(u32::MAX, true, now), 300_000));
+        }
+        // Sessions that fail at different instants come back at different instants.
+        let spread: std::collections::HashSet<u64> =
+            (0..64u64).map(|i| growth_backoff_ns(2, true, i * 7_919 * MS)).collect();
+        assert!(spread.len() > 32, "{spread:?}");
     }
 }

@@ -11,7 +11,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -107,6 +107,8 @@ pub(crate) struct SessionRt {
     pub growing: AtomicBool,
     /// No channel is added before this time (`clock_ns`): a dial to add one failed.
     pub grow_after_ns: AtomicU64,
+    /// Dials to add a channel that failed in a row (the wait after the next failure doubles).
+    pub grow_failures: AtomicU32,
     /// Channel ids the next added channels take before a new index (`EngineCtx::grow`): the
     /// next incarnation of a retired channel's index (`retire`), or of one whose dial to add
     /// it failed. At most one per index, so at most 64.
@@ -165,6 +167,7 @@ impl SessionRt {
             next_index: AtomicU16::new(first_index),
             growing: AtomicBool::new(false),
             grow_after_ns: AtomicU64::new(0),
+            grow_failures: AtomicU32::new(0),
             free_ids: Mutex::new(Vec::new()),
             retiring: Mutex::new(None),
             cursor: AtomicUsize::new(0),
