@@ -373,7 +373,13 @@ pub(crate) fn fd_base() -> c_int {
         let cur = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .current
             .map_or(1 << 20, |c| c.min(1 << 20)) as c_int;
-        (cur / 2).clamp(64, 8192)
+        // The program's own soft limit, below a soft limit `netchannel run` raised to make room
+        // above it; not if the limit has been lowered since (room for at least 64 of ours).
+        let above_program = std::env::var("NETCHANNEL_FD_BASE")
+            .ok()
+            .and_then(|v| v.parse::<c_int>().ok())
+            .filter(|&b| b >= 64 && b.saturating_add(64) <= cur);
+        above_program.unwrap_or((cur / 2).clamp(64, 8192))
     })
 }
 

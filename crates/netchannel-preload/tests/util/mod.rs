@@ -50,6 +50,8 @@ pub struct Side {
     pub stats: PathBuf,
     /// More `netchannel run` options (a key file, budgets).
     pub run_options: Vec<String>,
+    /// The soft fd limit the side's programs start with (the hard one is left as it is).
+    pub soft_fd_limit: Option<u64>,
 }
 
 impl Side {
@@ -71,6 +73,18 @@ impl Side {
         argv.extend(args.iter().map(|s| s.to_string()));
         let mut c = Command::new(&argv[0]);
         c.args(&argv[1..]);
+        if let Some(soft) = self.soft_fd_limit {
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            let limit = rustix::process::Rlimit { current: Some(soft), ..limit };
+            // SAFETY: between fork and exec the closure makes one system call (setrlimit on
+            // the child itself); it allocates nothing and takes no lock.
+            unsafe {
+                c.pre_exec(move || {
+                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                        .map_err(std::io::Error::from)
+                })
+            };
+        }
         c
     }
 
@@ -214,6 +228,7 @@ impl Pair {
             channel_port,
             stats: dir.join("client.stats"),
             run_options: Vec::new(),
+            soft_fd_limit: None,
         };
         let server = Side {
             netns: ns_name(&tb.b),
@@ -222,6 +237,7 @@ impl Pair {
             channel_port,
             stats: dir.join("server.stats"),
             run_options: Vec::new(),
+            soft_fd_limit: None,
         };
         Pair { tb, dir, client, server }
     }

@@ -137,6 +137,30 @@ fn fail(msg: &str) -> ! {
 /// The statuses a shell (and `env`, `timeout`, `nohup`) exits with when the command cannot be
 /// run: scripts that run a program under `netchannel run` tell the cases apart as they would
 /// without it.
+/// A carried connection costs one fd more than on kernel TCP (the placeholder's other end), and
+/// until the program accepts it, an accepted one costs the injector's socket too (as many as
+/// the program's backlog holds); the engine has fds of its own (channels, epoll sets,
+/// eventfds). The library puts all of them above a floor (`NETCHANNEL_FD_BASE`), which is half
+/// the soft fd limit unless this raises the soft limit, within the hard one, to make room
+/// (three times the program's own) above it: the program then opens as many connections as
+/// its limit lets it on kernel TCP (about 1,000 under the usual soft limit, not about 500). The program sees the raised limit; its children inherit
+/// it and the floor. Not raised when the hard limit leaves less room than halving would, nor
+/// above a soft limit of 8,192 (the floor stays at 8,192 there, as the library's `fd_base`
+/// has it: while an engine makes its fds, every free slot below the floor is held).
+fn raise_fd_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    const MOST: u64 = 1 << 20;
+    let lim = getrlimit(Resource::Nofile);
+    let soft = lim.current.unwrap_or(MOST).min(MOST);
+    let hard = lim.maximum.unwrap_or(MOST).min(MOST);
+    let raised = hard.min(soft.saturating_mul(4) + 256);
+    if !(64..=8192).contains(&soft) || raised.saturating_sub(soft) < soft / 2 {
+        return None;
+    }
+    setrlimit(Resource::Nofile, Rlimit { current: Some(raised), maximum: lim.maximum }).ok()?;
+    Some(soft)
+}
+
 const NOT_FOUND: i32 = 127;
 const NOT_EXECUTABLE: i32 = 126;
 
@@ -193,6 +217,9 @@ fn main() {
     limit("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", run.max_channels_per_source.map(|v| v.to_string()));
     limit("NETCHANNEL_MAX_STREAMS", run.max_streams.map(|v| v.to_string()));
     limit("NETCHANNEL_CHANNELS", run.channels.map(|v| v.to_string()));
+    if let Some(base) = raise_fd_limit() {
+        envs.push(("NETCHANNEL_FD_BASE", base.to_string().into()));
+    }
     let command = run.command;
     let lib = run.lib.unwrap_or_else(default_lib);
     if !lib.is_file() {
