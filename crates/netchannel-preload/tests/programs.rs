@@ -881,6 +881,93 @@ fn fd_limit(hosts: Hosts) {
     }
 }
 
+/// A server killed (SIGKILL) with its connections open: the client reads what the server
+/// sent before it died and then the end of the stream, as its kernel's FIN gives it, on a
+/// connection where the server had read everything; and a reset on one where the server left
+/// the client's bytes unread. Before, every carried connection was reset and the bytes the
+/// server had sent were lost with it. (A connection whose few bytes the server had read is
+/// still reset where the kernel gives end-of-stream: the engine hears of a read only every
+/// quarter window; see `Stream::end_with_peer`.)
+fn peer_killed(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let mut outputs = Vec::new();
+    for carried in [false, true] {
+        let Some(tb) = Testbed::of(hosts) else { return };
+        let _one_at_a_time = one_at_a_time();
+        let p = Pair::new(tb, &format!("killed-{hosts:?}-{carried}"), carried, carried);
+        // The probe goes to a second listener, opened after the first: a probe of the first
+        // would be the first connection the server accepts.
+        let port = ports(2);
+        let server_py = p.dir.join("server.py");
+        std::fs::write(
+            &server_py,
+            "import socket, sys, time\n\
+             l = socket.socket()\n\
+             l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             l.bind((sys.argv[1], int(sys.argv[2])))\n\
+             l.listen()\n\
+             ready = socket.create_server((sys.argv[1], int(sys.argv[2]) + 1))\n\
+             answered, _ = l.accept()\n\
+             answered.sendall(b'last words')\n\
+             unread, _ = l.accept()\n\
+             time.sleep(600)\n",
+        )
+        .unwrap();
+        let server = p.server.spawn(
+            "python3",
+            &[&server_py.display().to_string(), &p.server.addr, &port.to_string()],
+        );
+        p.server.wait_listening(port + 1);
+        let (ready, killed) = (p.dir.join("ready"), p.dir.join("killed"));
+        let client = format!(
+            "import os, socket, time\n\
+             answered = socket.create_connection(('{addr}', {port}))\n\
+             time.sleep(0.2)\n\
+             unread = socket.create_connection(('{addr}', {port}))\n\
+             unread.sendall(b'never read')\n\
+             time.sleep(1)\n\
+             open('{ready}', 'w').close()\n\
+             while not os.path.exists('{killed}'):\n\
+             \x20   time.sleep(0.05)\n\
+             time.sleep(0.5)\n\
+             for name, c in (('answered', answered), ('unread', unread)):\n\
+             \x20   got = []\n\
+             \x20   try:\n\
+             \x20       while True:\n\
+             \x20           d = c.recv(100)\n\
+             \x20           got.append(d)\n\
+             \x20           if not d:\n\
+             \x20               break\n\
+             \x20       print(name, got)\n\
+             \x20   except OSError as e:\n\
+             \x20       print(name, got, 'then', e.strerror)\n",
+            addr = p.server.addr,
+            ready = ready.display(),
+            killed = killed.display(),
+        );
+        let side = p.client.clone();
+        let run = std::thread::spawn(move || side.run("python3", &["-c", &client], T));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(server); // SIGKILL to its process group
+        std::fs::write(&killed, b"").unwrap();
+        outputs.push(run.join().expect("client"));
+        if carried {
+            let carried = stat(&p.client.stats, "virtual sockets");
+            assert_eq!(carried, 2, "{}", stats_text(&p.client.stats));
+        }
+    }
+    assert_eq!(
+        outputs[0], "answered [b'last words', b'']\nunread [] then Connection reset by peer\n",
+        "kernel TCP"
+    );
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -895,7 +982,8 @@ crate::both_testbeds!(
     node,
     dual_stack_listener,
     connection_churn,
-    fd_limit
+    fd_limit,
+    peer_killed
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.

@@ -794,7 +794,8 @@ impl SessionRt {
             self.channels_changed(&all);
         }
         self.ctx.workers[ch.worker].remove(ch.uid);
-        self.with_core(|core| core.channel_lost(ch.meta.index));
+        let closed_by_peer = matches!(err, ChannelError::Closed);
+        self.with_core(|core| core.channel_lost(ch.meta.index, closed_by_peer));
         self.ctx.channel_closed(self, ch);
         // What was queued again leaves on the channels that remain.
         self.transmit_all();

@@ -212,6 +212,26 @@ impl<U> Stream<U> {
         Ok(())
     }
 
+    /// The peer's process closed every channel (it exited, or was killed) while this stream was
+    /// open: its kernel would have ended the connection with a FIN had it read everything this
+    /// side sent, and with a reset otherwise. So the stream ends where what arrived in order ends
+    /// (as if the peer's FIN came there) when the peer reported reading every byte sent and
+    /// nothing of its own is missing (out of order, or deferred in a channel now closed).
+    /// Returns whether it did. The peer reports what it read only every quarter window, so
+    /// after a small request the answer is no (a reset) where TCP might have had a FIN.
+    pub(crate) fn end_with_peer(&mut self) -> bool {
+        let clean = self.reset.is_none()
+            && self.phase == Phase::Open
+            && !self.peer_finished()
+            && self.peer_consumed == self.send_next
+            && self.rx.high() == self.rx.contiguous_end()
+            && !self.rx.has_deferred();
+        if clean {
+            self.fin = self.rx.contiguous_end();
+        }
+        clean
+    }
+
     /// FIN carries the final offset: EOF is reported only once every byte before it arrived,
     /// whatever channel it travelled on and whenever the FIN itself arrived.
     pub(crate) fn on_fin(&mut self, final_offset: u64) -> Result<(), Violation> {

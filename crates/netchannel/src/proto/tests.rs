@@ -123,13 +123,19 @@ impl Pair {
 
     /// Kills the live channel with index `index`.
     fn kill(&mut self, index: u16) {
+        self.end_channel(index, false);
+    }
+
+    /// Ends the live channel with index `index`, as a failure or (`closed_by_peer`) as a clean
+    /// close by the other side's process.
+    fn end_channel(&mut self, index: u16, closed_by_peer: bool) {
         let l = self.links.iter_mut().find(|l| l.index.index == index && l.alive).unwrap();
         let index = l.index;
         l.alive = false;
         l.dirs[0].pipe.clear();
         l.dirs[1].pipe.clear();
         for s in &mut self.sides {
-            s.channel_lost(index);
+            s.channel_lost(index, closed_by_peer);
         }
     }
 
@@ -142,7 +148,7 @@ impl Pair {
         // The late side may still read what its socket had received.
         l.dirs[1 - first].pipe.clear();
         l.late_loss = Some((1 - first, after));
-        self.sides[first].channel_lost(index);
+        self.sides[first].channel_lost(index, false);
     }
 
     /// Pulls frames for every channel with room and writes them into the pipes.
@@ -231,7 +237,7 @@ impl Pair {
         for l in &mut self.links {
             match &mut l.late_loss {
                 Some((side, 0)) => {
-                    self.sides[*side].channel_lost(l.index);
+                    self.sides[*side].channel_lost(l.index, false);
                     l.dirs[1 - *side].pipe.clear();
                     l.late_loss = None;
                 }
@@ -1099,6 +1105,59 @@ fn a_peer_that_finished_then_vanished_stays_readable() {
     assert_eq!(&buf[..700], &[9u8; 700][..]);
     assert_eq!(p.recv(0, a, &mut buf), Recv::Eof);
     assert_eq!(p.sides[0].handle(a).send(b"x"), Err(SendError::Reset(ResetCause::ChannelLost)));
+}
+
+#[test]
+fn a_lost_session_gives_what_arrived_in_order_before_the_reset() {
+    let mut p = Pair::new(12, &[Class::Throughput; 2], config());
+    let (a, b) = p.open(80, Class::Throughput);
+    p.sides[1].handle(b).send(&[7u8; 500]).unwrap();
+    for _ in 0..200 {
+        p.step();
+    }
+    p.kill(0);
+    p.kill(1);
+    let mut buf = [0u8; 1024];
+    assert_eq!(p.recv(0, a, &mut buf), Recv::Data(500));
+    assert_eq!(&buf[..500], &[7u8; 500][..]);
+    assert_eq!(p.recv(0, a, &mut buf), Recv::Reset(ResetCause::ChannelLost));
+}
+
+/// The other side's process closed its channels (exited, or was killed): each stream ends as
+/// its kernel would have ended a TCP connection, after what arrived in order. With a FIN where
+/// the peer had read everything sent to it; with a reset where it had not.
+#[test]
+fn a_peer_that_closed_its_channels_ends_streams_it_owed_nothing_with_eof() {
+    let mut p = Pair::new(13, &[Class::Throughput; 2], config());
+    let (quiet, quiet_b) = p.open(80, Class::Throughput);
+    let (unread, _unread_b) = p.open(80, Class::Throughput);
+    p.sides[1].handle(quiet_b).send(&[5u8; 300]).unwrap();
+    p.sides[0].handle(unread).send(&[6u8; 200]).unwrap();
+    for _ in 0..200 {
+        p.step();
+    }
+    p.end_channel(0, true);
+    p.end_channel(1, true);
+    let mut buf = [0u8; 1024];
+    assert_eq!(p.recv(0, quiet, &mut buf), Recv::Data(300));
+    assert_eq!(p.recv(0, quiet, &mut buf), Recv::Eof);
+    assert_eq!(
+        p.sides[0].handle(quiet).send(b"x"),
+        Err(SendError::Reset(ResetCause::ChannelLost)),
+        "writing after the peer went away fails"
+    );
+    assert_eq!(p.recv(0, unread, &mut buf), Recv::Reset(ResetCause::ChannelLost));
+    // The last channel failing (not closed) is a reset whatever was read: the peer may live.
+    let mut p = Pair::new(14, &[Class::Throughput; 2], config());
+    let (quiet, quiet_b) = p.open(80, Class::Throughput);
+    p.sides[1].handle(quiet_b).send(&[5u8; 300]).unwrap();
+    for _ in 0..200 {
+        p.step();
+    }
+    p.end_channel(0, true);
+    p.end_channel(1, false);
+    assert_eq!(p.recv(0, quiet, &mut buf), Recv::Data(300));
+    assert_eq!(p.recv(0, quiet, &mut buf), Recv::Reset(ResetCause::ChannelLost));
 }
 
 /// Feeds 1-byte DATA frames for side 1's stream `id` straight into it, as a hostile peer would,

@@ -158,10 +158,14 @@ impl<U: Default> Session<U> {
         }
     }
 
-    /// A channel failed. What it carried unacknowledged is queued again on the channels that
+    /// A channel failed, or the peer closed it (`closed_by_peer`: a clean end of stream at a
+    /// frame boundary). What it carried unacknowledged is queued again on the channels that
     /// remain; a payload deferred in it is forgotten (the peer sends it again). When it was the
-    /// last channel, every stream is reset.
-    pub fn channel_lost(&mut self, index: ChannelId) {
+    /// last channel, the streams end as TCP connections to a peer host that went away end: what
+    /// arrived in order is still read; then end of stream where the peer finished, or where its
+    /// process closed the channels having read all this side sent (`Stream::end_with_peer`, as
+    /// its kernel would send a FIN); otherwise a reset.
+    pub fn channel_lost(&mut self, index: ChannelId, closed_by_peer: bool) {
         if !self.has_channel(index) {
             return; // another incarnation, or gone already
         }
@@ -180,7 +184,10 @@ impl<U: Default> Session<U> {
         if self.channel_count() == 0 {
             self.dead = true;
             for id in self.streams.ids() {
-                if self.streams.get(id).is_some_and(|s| s.received_everything()) {
+                let ends = self.streams.get_mut(id).is_some_and(|s| {
+                    s.received_everything() || (closed_by_peer && s.end_with_peer())
+                });
+                if ends {
                     self.keep_for_reading(id);
                 } else {
                     self.reset_stream(id, ResetCause::ChannelLost, false);

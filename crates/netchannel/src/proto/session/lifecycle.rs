@@ -100,9 +100,9 @@ impl<U: Default> Session<U> {
         let dropped = s.tx.clear();
         self.rx_held -= s.rx.held_bytes();
         // As TCP's reset: what arrived in order before it is still read, then the error (the
-        // kernel keeps its receive queue). Only for the peer's reset of a stream still open
-        // here; a local abort or a lost session has nobody to read.
-        if matches!(cause, ResetCause::Peer(_)) && !s.app_closed {
+        // kernel keeps its receive queue). For the peer's reset, or the loss of the session,
+        // of a stream still open here; a local abort has nobody to read.
+        if matches!(cause, ResetCause::Peer(_) | ResetCause::ChannelLost) && !s.app_closed {
             s.rx.keep_front();
         } else {
             s.rx.clear();
