@@ -1988,7 +1988,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         && caught(|| with_fd(fd, |app| connect::local_of(app).is_some_and(|a| a.port() != 0)))
             == Some(true);
     let prepared = if bound {
-        caught(|| with_fd(fd, |app| listen::prepare_engine_listener(fd, app))).flatten()
+        caught(|| with_fd(fd, |app| listen::prepare_engine_listener(fd, app, backlog))).flatten()
     } else {
         None
     };
@@ -2001,7 +2001,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
                 let _ = caught(|| listen::start_engine_listener(fd, p));
             }
             None if !bound => {
-                let _ = caught(|| with_fd(fd, |app| listen::add_engine_listener(fd, app)));
+                let _ = caught(|| with_fd(fd, |app| listen::add_engine_listener(fd, app, backlog)));
             }
             None => {}
         }
