@@ -363,9 +363,8 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
 // ---------------------------------------------------------------------------------------------
 // File descriptor numbers. Programs expect their own fds to be numbered from the lowest free
 // slot, and some size tables by their connection count (wrk's event loop holds
-// 10 + 3 x connections fds). The library's and engine's fds therefore live high: ours are moved
-// above `fd_base()`, and while the engine creates its fds (start, first contact with a peer)
-// the free slots below are held, so the kernel's lowest-free rule places them above too.
+// 10 + 3 x connections fds). The library's and engine's fds therefore live high: each is moved
+// above `fd_base()` as soon as it is made (`relocate`, the engine's `keep_fds_above`).
 
 pub(crate) fn fd_base() -> c_int {
     static BASE: OnceLock<c_int> = OnceLock::new();
@@ -388,31 +387,13 @@ pub(crate) fn relocate(fd: OwnedFd) -> OwnedFd {
     rustix::io::fcntl_dupfd_cloexec(fd.as_fd(), fd_base()).unwrap_or(fd)
 }
 
-/// Runs `f` with the free fd slots below `fd_base()` held, so fds it creates land above.
+/// Runs `f` (which starts an engine, or makes its first contact with a peer) with the engine
+/// keeping its fds above `fd_base()` (`keep_fds_above`): each fd it makes, in this thread or its
+/// own, moves there at once. The free slots below are not held meanwhile (they were once): a
+/// thread of the program that made an fd then got a number above them all, and wrk counts a
+/// connection whose fd is beyond its event loop's size as a connect error. A number the engine
+/// takes for an instant only shifts a concurrent fd of the program by one.
 pub(crate) fn fds_high<T>(f: impl FnOnce() -> T) -> T {
-    let base = fd_base();
-    // And every fd an engine creates later, in its own threads (channels dialed or accepted
-    // under load, threads' epoll sets).
-    netchannel::sys::keep_fds_above(base);
-    let mut held = Vec::new();
-    if let Ok(ph) = rustix::fs::open(
-        "/dev/null",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    ) {
-        use std::os::fd::AsRawFd;
-        if ph.as_raw_fd() < base {
-            while let Ok(n) = rustix::io::fcntl_dupfd_cloexec(&ph, 0) {
-                let high = n.as_raw_fd() >= base;
-                held.push(n);
-                if high {
-                    break;
-                }
-            }
-        }
-        held.push(ph);
-    }
-    let out = f();
-    drop(held);
-    out
+    netchannel::sys::keep_fds_above(fd_base());
+    f()
 }

@@ -406,9 +406,10 @@ fn nginx(hosts: Hosts) {
             .unwrap_or_else(|| panic!("no Requests/sec from wrk:\n{out}"));
         assert!(rps > 10.0, "{out}");
         // wrk sizes its event loop to 10 + 3 x connections fds and counts a connection whose
-        // fd lands above as a connect error. The engine's own fds stay above half the fd
-        // limit; a placeholder's socket pair briefly holds two low numbers while one of wrk's
-        // threads connects, which may push the other thread's new socket up (rare).
+        // fd lands above as a connect error. The engine's own fds move above the program's
+        // as they are made; a placeholder's socket pair holds two low numbers for an instant
+        // while one of wrk's threads connects, which shifts the other's new socket by two at
+        // most, far within the loop's size.
         let errors = |kind: &str| -> u64 {
             out.lines()
                 .find_map(|l| l.trim().strip_prefix("Socket errors:"))
@@ -416,8 +417,7 @@ fn nginx(hosts: Hosts) {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0)
         };
-        assert!(errors("connect") <= 2, "{out}");
-        for kind in ["read", "write", "timeout"] {
+        for kind in ["connect", "read", "write", "timeout"] {
             assert_eq!(errors(kind), 0, "{out}");
         }
         assert!(!out.contains("Non-2xx"), "{out}");

@@ -608,12 +608,13 @@ pub fn set_thread_policy(policy: ThreadPolicy, cpus: Option<&[usize]>) -> io::Re
 
 /// An fd kept in reserve (on /dev/null) to be closed when the process runs out of fds: room
 /// to accept one waiting connection and refuse it.
+/// Above the floor like the engine's other fds (`keep_fds_above`).
 pub fn spare_fd() -> io::Result<OwnedFd> {
-    Ok(rustix::fs::open(
+    Ok(raised(rustix::fs::open(
         "/dev/null",
         rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
-    )?)
+    )?))
 }
 
 /// Whether an error says the process (`EMFILE`) or the system (`ENFILE`) is out of fds.
