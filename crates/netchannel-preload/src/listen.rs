@@ -139,14 +139,16 @@ pub(crate) fn prepare_engine_listener(
         bump(&COUNTERS.kernel_listen_only);
         return None;
     };
-    let Ok(listener) = inside(|| engine.listen(local.port())) else {
+    // Bound as the program's socket is: a server on 127.0.0.1 is not reached from other hosts
+    // through the engine either.
+    let v6only = is_v6(app) && rustix::net::sockopt::ipv6_v6only(app).unwrap_or(true);
+    let Ok(listener) = inside(|| engine.listen_on(local, v6only)) else {
         bump(&COUNTERS.kernel_listen_only);
         return None;
     };
     let target = match local.ip() {
         ip if ip.is_unspecified() => {
             // A dual-stack IPv6 listener is reached over IPv4 (from the injector's address).
-            let v6only = is_v6(app) && rustix::net::sockopt::ipv6_v6only(app).unwrap_or(true);
             let ip = if is_v6(app) && !v6only {
                 IpAddr::V4(Ipv4Addr::LOCALHOST)
             } else {

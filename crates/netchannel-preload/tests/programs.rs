@@ -1046,6 +1046,62 @@ fn small_backlog_burst(hosts: Hosts) {
     assert_eq!(after, before, "the server's kernel listener overflowed");
 }
 
+/// A server bound to 127.0.0.1 is reached on that address only, as on kernel TCP: not from
+/// another host through the host's own address, nor through another loopback address. Before,
+/// the engine listened on the virtual port whatever the program had bound, and a server meant
+/// for local clients answered other hosts.
+fn bound_listener(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let mut outputs = Vec::new();
+    for carried in [false, true] {
+        let Some(tb) = Testbed::of(hosts) else { return };
+        let _one_at_a_time = one_at_a_time();
+        let p = Pair::new(tb, &format!("bound-{hosts:?}-{carried}"), carried, carried);
+        let port = ports(1);
+        let server = p.server.spawn(
+            "python3",
+            &[
+                "-c",
+                "import socket, sys\n\
+                 l = socket.create_server(('127.0.0.1', int(sys.argv[1])))\n\
+                 while True:\n\
+                 \x20   c, _ = l.accept()\n\
+                 \x20   c.sendall(b'local only')\n\
+                 \x20   c.close()\n",
+                &port.to_string(),
+            ],
+        );
+        // Reached from outside: the server's address between the namespaces, another loopback
+        // address on loopback (both hosts are this one there).
+        let outside =
+            if p.server.netns.is_some() { p.server.addr.clone() } else { "127.0.0.3".into() };
+        let connect = |to: &str| {
+            format!(
+                "import socket, time\n\
+                 for attempt in range(50):\n\
+                 \x20   try:\n\
+                 \x20       s = socket.create_connection(('{to}', {port}), timeout=5)\n\
+                 \x20       print('{to}:', s.recv(100))\n\
+                 \x20       break\n\
+                 \x20   except ConnectionRefusedError as e:\n\
+                 \x20       if '{to}' != '127.0.0.1':\n\
+                 \x20           print('{to}:', e.strerror)\n\
+                 \x20           break\n\
+                 \x20       time.sleep(0.1)\n"
+            )
+        };
+        // First on the server's host, at the bound address (waits until the server listens).
+        let mut out = p.server.run("python3", &["-c", &connect("127.0.0.1")], T);
+        out += &p.client.run("python3", &["-c", &connect(&outside)], T);
+        drop(server);
+        outputs.push(out.replace(&outside, "OUTSIDE"));
+    }
+    assert_eq!(outputs[0], "127.0.0.1: b'local only'\nOUTSIDE: Connection refused\n", "kernel TCP");
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -1062,7 +1118,8 @@ crate::both_testbeds!(
     connection_churn,
     fd_limit,
     peer_killed,
-    small_backlog_burst
+    small_backlog_burst,
+    bound_listener
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.

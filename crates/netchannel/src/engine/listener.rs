@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -28,6 +29,33 @@ pub(crate) struct ListenerShared {
     closed: AtomicBool,
     waiters: Mutex<Vec<Arc<Waiter>>>,
     readiness: OnceLock<EventFd>,
+    /// The address the listener is bound to, as a kernel socket is: only streams whose
+    /// session the peer dialed to an address it covers reach it (`admits`).
+    bound: OnceLock<Bound>,
+}
+
+/// A listener's local address (`Engine::listen_on`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bound {
+    pub ip: IpAddr,
+    /// For the IPv6 wildcard: IPv4 peers are not admitted (`IPV6_V6ONLY`).
+    pub v6only: bool,
+}
+
+impl Bound {
+    /// Whether a stream that came over a channel dialed to `local` (this host's address, as
+    /// the peer dialed it) reaches a listener bound here, as the kernel decides for a SYN: a
+    /// wildcard covers its family (the IPv6 one IPv4 too, unless `v6only`); an address covers
+    /// itself only (a server bound to 127.0.0.1 is not reached through the host's other
+    /// addresses, nor from another host).
+    pub fn admits(&self, local: IpAddr) -> bool {
+        let local = local.to_canonical();
+        match self.ip.to_canonical() {
+            IpAddr::V4(b) if b.is_unspecified() => local.is_ipv4(),
+            IpAddr::V6(b) if b.is_unspecified() => !(self.v6only && local.is_ipv4()),
+            b => b == local,
+        }
+    }
 }
 
 /// What a listener did with a stream the peer opened.
@@ -50,7 +78,23 @@ impl ListenerShared {
             closed: AtomicBool::new(false),
             waiters: Mutex::new(Vec::new()),
             readiness: OnceLock::new(),
+            bound: OnceLock::new(),
         })
+    }
+
+    /// Binds the listener to a local address (before anything can reach it).
+    pub fn bind_to(&self, bound: Bound) {
+        let _ = self.bound.set(bound);
+    }
+
+    /// Whether a stream over a session whose channels the peer dialed to `local` may reach
+    /// this listener (unbound: any; an unknown local address: only an unbound listener).
+    pub fn admits(&self, local: Option<IpAddr>) -> bool {
+        match (self.bound.get(), local) {
+            (None, _) => true,
+            (Some(b), Some(local)) => b.admits(local),
+            (Some(_), None) => false,
+        }
     }
 
     /// The next stream for the application, if any: it gets its full window now, and a stream
@@ -210,5 +254,34 @@ impl ListenerShared {
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bound;
+    use std::net::IpAddr;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_bound_listener_admits_what_a_kernel_socket_bound_there_would() {
+        let at = |b: &str, v6only: bool| Bound { ip: ip(b), v6only };
+        let loopback = at("127.0.0.1", false);
+        assert!(loopback.admits(ip("127.0.0.1")));
+        assert!(loopback.admits(ip("::ffff:127.0.0.1")), "dialed through a dual-stack socket");
+        assert!(!loopback.admits(ip("127.0.0.3")));
+        assert!(!loopback.admits(ip("10.0.0.2")));
+        assert!(!loopback.admits(ip("::1")));
+        let any4 = at("0.0.0.0", false);
+        assert!(any4.admits(ip("10.0.0.2")) && any4.admits(ip("::ffff:10.0.0.2")));
+        assert!(!any4.admits(ip("fd00::2")));
+        let dual = at("::", false);
+        assert!(dual.admits(ip("10.0.0.2")) && dual.admits(ip("fd00::2")));
+        let v6only = at("::", true);
+        assert!(v6only.admits(ip("fd00::2")) && !v6only.admits(ip("::ffff:10.0.0.2")));
+        assert!(at("::1", true).admits(ip("::1")) && !at("::1", true).admits(ip("127.0.0.1")));
     }
 }

@@ -303,8 +303,13 @@ impl Drop for Engine {
 }
 
 impl EngineCtx {
-    /// A listener for virtual `port`.
-    pub fn bind_listener(&self, port: u16) -> io::Result<Arc<ListenerShared>> {
+    /// A listener for virtual `port`, bound to a local address if `bound` (before anything can
+    /// reach it).
+    pub fn bind_listener(
+        &self,
+        port: u16,
+        bound: Option<listener::Bound>,
+    ) -> io::Result<Arc<ListenerShared>> {
         if self.stopping.load(Ordering::Acquire) {
             return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
         }
@@ -316,6 +321,9 @@ impl EngineCtx {
             ));
         }
         let shared = ListenerShared::new(self.config.accept_backlog);
+        if let Some(b) = bound {
+            shared.bind_to(b);
+        }
         map.insert(port, shared.clone());
         Ok(shared)
     }

@@ -97,6 +97,9 @@ pub(crate) struct SessionRt {
     /// registered them once knows it need not look again.
     channels_generation: AtomicU64,
     pub peer_addr: SocketAddr,
+    /// This host's address on the session's first channel: the one the peer dialed (for a
+    /// session it opened), which a bound listener checks (`ListenerShared::admits`).
+    pub local_ip: std::sync::OnceLock<std::net::IpAddr>,
     /// The peer engine's id (its sessions are keyed by it on the accepting side).
     pub peer_engine: u64,
     /// This engine dialed the session, so it can add channels.
@@ -162,6 +165,7 @@ impl SessionRt {
             serving: RwLock::new([Arc::from([]), Arc::from([])]),
             channels_generation: AtomicU64::new(next_generation()),
             peer_addr,
+            local_ip: std::sync::OnceLock::new(),
             peer_engine,
             initiator,
             next_index: AtomicU16::new(first_index),
@@ -257,6 +261,11 @@ impl SessionRt {
 
     /// Adds an open channel: to the core, to the session, and to its worker's epoll set.
     pub fn add_channel(self: &Arc<Self>, ch: Arc<Channel>) -> bool {
+        if self.local_ip.get().is_none() {
+            if let Some(a) = crate::sys::local_addr(ch.fd()) {
+                let _ = self.local_ip.set(a.ip());
+            }
+        }
         {
             let mut core = self.core();
             if core.has_channel(ch.meta.index) {
@@ -295,6 +304,7 @@ impl SessionRt {
         self.account_held(core);
         while let Some((id, port)) = core.poll_incoming() {
             let listener = self.ctx.listeners.lock().get(&port).cloned();
+            let listener = listener.filter(|l| l.admits(self.local_ip.get().copied()));
             match listener {
                 None => core.handle(id).refuse(RstReason::NoListener),
                 Some(l) => {

@@ -25,7 +25,17 @@ use socket::{Listener, VSocket};
 impl Engine {
     /// Listens for virtual sockets on a virtual `port` (its own namespace, not kernel ports).
     pub fn listen(&self, port: u16) -> io::Result<Listener> {
-        Listener::bind(self.ctx.clone(), port)
+        Listener::bind(self.ctx.clone(), port, None)
+    }
+
+    /// Listens on virtual port `addr.port()` for peers that reach this host at `addr`'s
+    /// address, as a kernel socket bound there is reached: an address admits only sessions its
+    /// peer dialed to that address (a listener on 127.0.0.1 is not reached from another host),
+    /// a wildcard those of its family (IPv6's IPv4 ones too, unless `v6only`). Others are
+    /// refused as if nothing listened.
+    pub fn listen_on(&self, addr: SocketAddr, v6only: bool) -> io::Result<Listener> {
+        let bound = crate::engine::listener::Bound { ip: addr.ip(), v6only };
+        Listener::bind(self.ctx.clone(), addr.port(), Some(bound))
     }
 
     /// Opens a virtual socket of `Config::default_class` to `port` on the engine at `peer`.

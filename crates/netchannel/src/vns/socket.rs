@@ -1014,8 +1014,12 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub(crate) fn bind(ctx: Arc<EngineCtx>, port: u16) -> io::Result<Listener> {
-        let shared = ctx.bind_listener(port)?;
+    pub(crate) fn bind(
+        ctx: Arc<EngineCtx>,
+        port: u16,
+        bound: Option<crate::engine::listener::Bound>,
+    ) -> io::Result<Listener> {
+        let shared = ctx.bind_listener(port, bound)?;
         Ok(Listener { ctx, port, shared, nonblocking: AtomicBool::new(false) })
     }
 
