@@ -14,21 +14,64 @@ use parking_lot::Mutex;
 
 use crate::carried::{errno_of, Carried};
 use crate::interpose::{dup_onto, real_connect};
-use crate::process::{
-    bump, client_engine, fds_high, in_owner, inside, settings, DataPath, COUNTERS,
-};
+use crate::process::{bump, client_engine, in_owner, inside, settings, DataPath, COUNTERS};
 use crate::table;
 
-/// Destinations refused by the peer's engine (none there, or no listener on that port): left
-/// to kernel TCP without asking again for a while.
-static NO_ENGINE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None);
-/// Peer engines this process has connected to (their channels exist).
-static CONTACTED: Mutex<Option<HashMap<SocketAddr, ()>>> = Mutex::new(None);
+/// Destinations the peer's engine refused (none there, or no listener on that port) or that
+/// did not answer at the channel port: left to kernel TCP without asking again until
+/// `retry_at`. A refusal costs a round trip, and is asked again after 2 s. Silence costs the
+/// connect `DIAL_TIMEOUT` (250 ms), so the wait after it doubles with each silence in a row up
+/// to a minute: a host that drops the channel port stalls one connect a minute, not one every
+/// 2 s. At most `NO_ENGINE_MAX` destinations are kept (expired ones go first, then all): a
+/// program that reaches millions of kernel-TCP destinations keeps a bounded map, and pays at
+/// worst a dial more.
+static NO_ENGINE: Mutex<NoEngineMap> = Mutex::new(NoEngineMap(None));
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
+const SILENT_MOST: Duration = Duration::from_secs(60);
+const NO_ENGINE_MAX: usize = 4096;
 
-fn with<K, V, T>(m: &Mutex<Option<HashMap<K, V>>>, f: impl FnOnce(&mut HashMap<K, V>) -> T) -> T {
-    let mut g = m.lock();
-    f(g.get_or_insert_with(HashMap::new))
+struct NoEngine {
+    retry_at: Instant,
+    wait: Duration,
+    /// The last try found silence (not a refusal).
+    silent: bool,
+}
+
+/// The destinations left to kernel TCP for now (see `NO_ENGINE`).
+struct NoEngineMap(Option<HashMap<SocketAddr, NoEngine>>);
+
+impl NoEngineMap {
+    /// Whether a connect to `dest` asks the engine at `now`.
+    fn asks(&self, dest: &SocketAddr, now: Instant) -> bool {
+        self.0.as_ref().and_then(|m| m.get(dest)).is_none_or(|e| now >= e.retry_at)
+    }
+
+    /// `dest`'s engine refused, or (`silent`) nothing answered at its channel port.
+    fn refused(&mut self, dest: SocketAddr, silent: bool, now: Instant) {
+        let m = self.0.get_or_insert_with(HashMap::new);
+        let wait = match m.get(&dest) {
+            Some(e) if silent && e.silent => (e.wait * 2).clamp(NO_ENGINE_TTL, SILENT_MOST),
+            _ => NO_ENGINE_TTL,
+        };
+        if m.len() >= NO_ENGINE_MAX && !m.contains_key(&dest) {
+            m.retain(|_, e| e.retry_at > now);
+            if m.len() >= NO_ENGINE_MAX {
+                m.clear();
+            }
+        }
+        m.insert(dest, NoEngine { retry_at: now + wait, wait, silent });
+    }
+
+    /// `dest`'s engine took a connection.
+    fn answered(&mut self, dest: &SocketAddr) {
+        if let Some(m) = self.0.as_mut() {
+            m.remove(dest);
+        }
+    }
+}
+
+fn no_engine(dest: SocketAddr, silent: bool) {
+    NO_ENGINE.lock().refused(dest, silent, Instant::now());
 }
 
 /// Carries the connection when selected and an engine answers at the peer's host: `Some` with
@@ -54,7 +97,7 @@ pub(crate) fn try_carry(
         bump(&COUNTERS.kernel_other);
         return None;
     }
-    if with(&NO_ENGINE, |m| m.get(&dest).is_some_and(|t| t.elapsed() < NO_ENGINE_TTL)) {
+    if !NO_ENGINE.lock().asks(&dest, Instant::now()) {
         bump(&COUNTERS.kernel_no_engine);
         return None;
     }
@@ -63,25 +106,30 @@ pub(crate) fn try_carry(
         return None;
     };
     let engine_addr = SocketAddr::new(dest.ip(), s.channel_port);
-    // The first connect to a peer dials its channels in this thread.
-    let first = !with(&CONTACTED, |m| m.contains_key(&engine_addr));
-    let connect = || inside(|| engine.connect(engine_addr, dest.port()));
-    let vs = match if first { fds_high(connect) } else { connect() } {
+    // The first connect to a peer dials its channels in this thread (their fds go above the
+    // program's, as the engine's all do).
+    let vs = match inside(|| engine.connect(engine_addr, dest.port())) {
         Ok(vs) => {
-            with(&CONTACTED, |m| m.insert(engine_addr, ()));
+            NO_ENGINE.lock().answered(&dest);
             vs
         }
         Err(e) => {
             match e.kind() {
                 io::ErrorKind::ConnectionRefused => {
-                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
+                    no_engine(dest, false);
                     bump(&COUNTERS.kernel_no_engine);
                 }
                 // Nothing answered at the channel port within the dial timeout (a host that
                 // drops packets): not asked again for a while either, so that the program's
                 // next connects there do not wait again.
+                // The engine is there but its listener's backlog stayed full: this connect
+                // alone goes to kernel TCP (the program's kernel listener, full too, makes it
+                // wait as a kernel client would); the next ones ask the engine again.
+                io::ErrorKind::TimedOut if netchannel::is_unanswered_open(&e) => {
+                    bump(&COUNTERS.kernel_other);
+                }
                 io::ErrorKind::TimedOut => {
-                    with(&NO_ENGINE, |m| m.insert(dest, Instant::now()));
+                    no_engine(dest, true);
                     bump(&COUNTERS.kernel_other);
                 }
                 _ => bump(&COUNTERS.kernel_other),
@@ -220,5 +268,43 @@ pub(crate) fn loopback_of(a: &SocketAddr) -> IpAddr {
             IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())
         }
         SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_without_engine_wait_longer_when_silent_and_stay_few() {
+        let mut m = NoEngineMap(None);
+        let dest: SocketAddr = "10.0.0.2:80".parse().unwrap();
+        let t0 = Instant::now();
+        assert!(m.asks(&dest, t0));
+        // A refusal: asked again after 2 s, every time.
+        m.refused(dest, false, t0);
+        assert!(!m.asks(&dest, t0 + Duration::from_millis(1999)));
+        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL));
+        m.refused(dest, false, t0 + NO_ENGINE_TTL);
+        assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL));
+        // Silence in a row: 2, 4, 8, ... s, at most a minute.
+        let mut now = t0;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            m.refused(dest, true, now);
+            let e = &m.0.as_ref().unwrap()[&dest];
+            waits.push(e.wait.as_secs());
+            now = e.retry_at;
+            assert!(m.asks(&dest, now));
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60]);
+        m.answered(&dest);
+        assert!(m.asks(&dest, t0));
+        // Bounded: expired destinations go first, then all.
+        for i in 0..10_000u32 {
+            let d = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 80));
+            m.refused(d, false, t0);
+        }
+        assert!(m.0.as_ref().unwrap().len() <= NO_ENGINE_MAX);
     }
 }

@@ -58,5 +58,5 @@ pub use vns::poller::Poller;
 /// Serving channels from a program's own waits: for the interposition library.
 #[cfg(feature = "internals")]
 pub use vns::serve::{ServeSet, ThreadWake};
-pub use vns::socket::{flush_sends, Listener, Readiness, VSocket};
+pub use vns::socket::{flush_sends, is_unanswered_open, Listener, Readiness, VSocket};
 pub use wire::Class;

@@ -227,13 +227,9 @@ impl VSocket {
             })
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::TimedOut {
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "no answer from {} within {:?}",
-                            sock.session.peer_addr, sock.session.ctx.config.connect_timeout
-                        ),
-                    )
+                    let peer = sock.session.peer_addr;
+                    let waited = sock.session.ctx.config.connect_timeout;
+                    io::Error::new(io::ErrorKind::TimedOut, UnansweredOpen { peer, waited })
                 } else {
                     e
                 }
@@ -1011,6 +1007,29 @@ pub struct Listener {
     port: u16,
     shared: Arc<ListenerShared>,
     nonblocking: AtomicBool,
+}
+
+/// The error of a connect whose peer engine is there (the session is up) but did not answer
+/// the virtual socket's SYN in time: its listener's backlog stayed full. Told from a peer that
+/// cannot be reached at all (the dial's `TimedOut`) by [`is_unanswered_open`].
+#[derive(Debug)]
+struct UnansweredOpen {
+    peer: std::net::SocketAddr,
+    waited: Duration,
+}
+
+impl std::fmt::Display for UnansweredOpen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no answer from {} within {:?}", self.peer, self.waited)
+    }
+}
+
+impl std::error::Error for UnansweredOpen {}
+
+/// Whether `e` says the peer engine was reached but did not answer the virtual socket's SYN
+/// within `Config::connect_timeout` (a full backlog), rather than that no engine answered.
+pub fn is_unanswered_open(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<UnansweredOpen>())
 }
 
 impl Listener {
