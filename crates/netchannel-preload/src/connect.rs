@@ -241,7 +241,7 @@ fn carry_relayed(
         let any = SocketAddr::new(loopback_of(&local), 0);
         rustix::net::bind(app, &any).ok()?;
     }
-    let local_port = local_of(app)?.port();
+    let from = local_of(app)?;
     if let SocketAddr::V6(v6) = &local {
         if v6.ip().to_ipv4_mapped().is_some() {
             let v4 = crate::relay::relay_addr(false)?;
@@ -249,14 +249,14 @@ fn carry_relayed(
         }
     }
     vs.set_app_addresses(local, dest);
-    crate::relay::expect(local_port, vs);
+    crate::relay::expect(from, vs);
     let r = real_connect(fd, relay);
     match r {
         Ok(()) | Err(libc::EINPROGRESS) => {
             crate::relay::note_relayed_peer(fd, dest);
             bump(&COUNTERS.relayed_by_choice);
         }
-        Err(_) => crate::relay::unexpect(local_port),
+        Err(_) => crate::relay::unexpect(from),
     }
     Some(r)
 }

@@ -323,22 +323,29 @@ fn reset(s: &TcpStream) {
 // The relay listeners (one per address family): the program's end of a relayed connection is a
 // loopback connection to one of them, matched by its port to what waits for it here.
 
-/// What waits for a loopback connection from a given local port.
-static PENDING: Mutex<Option<HashMap<u16, Held>>> = Mutex::new(None);
+/// What waits for a loopback connection from a given address and port. The address counts,
+/// not only the port: any local process may connect to the relay listener, and from another
+/// loopback address (127.0.0.2) it can bind the port a pending connection holds on 127.0.0.1.
+static PENDING: Mutex<Option<HashMap<SocketAddr, Held>>> = Mutex::new(None);
 
-/// A connection from local port `port` will come for `held`.
-pub(crate) fn expect_held(port: u16, held: Held) {
-    PENDING.lock().get_or_insert_with(HashMap::new).insert(port, held);
+/// The form `relay_listener` sees the address in (an IPv4 one, not IPv4-mapped).
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
-/// `--path relay`: the program's fd will connect from `port` for `vs`.
-pub(crate) fn expect(port: u16, vs: VSocket) {
-    expect_held(port, Held::Own(vs));
+/// A connection from `from` will come for `held`.
+pub(crate) fn expect_held(from: SocketAddr, held: Held) {
+    PENDING.lock().get_or_insert_with(HashMap::new).insert(canonical(from), held);
 }
 
-/// The connect from `port` failed: what waited is dropped (the virtual socket closes).
-pub(crate) fn unexpect(port: u16) {
-    PENDING.lock().get_or_insert_with(HashMap::new).remove(&port);
+/// `--path relay`: the program's fd will connect from `from` for `vs`.
+pub(crate) fn expect(from: SocketAddr, vs: VSocket) {
+    expect_held(from, Held::Own(vs));
+}
+
+/// The connect from `from` failed: what waited is dropped (the virtual socket closes).
+pub(crate) fn unexpect(from: SocketAddr) {
+    PENDING.lock().get_or_insert_with(HashMap::new).remove(&canonical(from));
 }
 
 /// The relay listener's address for one family, started on first use.
@@ -372,7 +379,7 @@ fn relay_listener(l: TcpListener) {
             continue;
         }
         let s = TcpStream::from(relocate(OwnedFd::from(s)));
-        let held = PENDING.lock().get_or_insert_with(HashMap::new).remove(&peer.port());
+        let held = PENDING.lock().get_or_insert_with(HashMap::new).remove(&canonical(peer));
         // Anything else knocking on the relay's port is dropped.
         if let Some(held) = held {
             relay(s, held);
@@ -396,10 +403,11 @@ pub(crate) fn relayed_pair(held: Held) -> io::Result<OwnedFd> {
             None,
         )?;
         rustix::net::bind(&s, &SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0))?;
-        let port = crate::connect::local_of(s.as_fd()).map_or(0, |a| a.port());
-        expect_held(port, held);
+        let from = crate::connect::local_of(s.as_fd())
+            .ok_or_else(|| io::Error::other("relay socket without an address"))?;
+        expect_held(from, held);
         if let Err(e) = rustix::net::connect(&s, &relay) {
-            unexpect(port);
+            unexpect(from);
             return Err(e.into());
         }
         let _ = rustix::net::sockopt::set_tcp_nodelay(&s, true);
