@@ -199,6 +199,10 @@ pub(crate) fn start_engine_listener(fd: c_int, prepared: Prepared) {
         bump(&COUNTERS.kernel_listen_only);
         return;
     };
+    // The acceptor reads the kernel listener's queue through a copy of it (closed as soon as
+    // the program closes its own: `ListenEntry::close` stops the acceptor).
+    let queue_of =
+        crate::interpose::with_fd(fd, |app| rustix::io::fcntl_dupfd_cloexec(app, fd_base()).ok());
     // The acceptor holds the listener only weakly (see `ListenEntry::close`).
     let listener = Arc::new(listener);
     let weak = Arc::downgrade(&listener);
@@ -207,22 +211,37 @@ pub(crate) fn start_engine_listener(fd: c_int, prepared: Prepared) {
     table::map_listener(fd, entry.clone());
     let _ = std::thread::Builder::new()
         .name("nc-listen".into())
-        .spawn(move || inside(|| acceptor(entry, weak, ready, target, queue)));
+        .spawn(move || inside(|| acceptor(entry, weak, ready, target, (queue, queue_of))));
+}
+
+/// Whether the program's kernel listener has room for one more connection in its accept queue
+/// (`TCP_INFO` of a listening socket: `tcpi_unacked` is the queue's length, `tcpi_sacked` its
+/// bound; a SYN is dropped once the length is above the bound). `None` if it cannot tell.
+fn queue_has_room(listener: BorrowedFd<'_>) -> Option<bool> {
+    let mut info = [0u8; 32];
+    let n =
+        crate::interpose::raw_getsockopt(listener, libc::IPPROTO_TCP, libc::TCP_INFO, &mut info)
+            .ok()?;
+    let field =
+        |at: usize| u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]);
+    (n >= 32).then(|| field(24) <= field(28))
 }
 
 /// The acceptor thread of one listener: injects each virtual connection the engine accepts,
-/// and watches the injected connections until someone accepts them. It keeps no more injected
-/// and unaccepted than the program's kernel listener queues (`queue`): one more would find the
-/// queue full, and its SYN, dropped, would be sent again only a second later, with this thread
-/// blocked in the connect meanwhile (a Python `http.server`, whose backlog is 5, under `wrk -c 8`
-/// served 6 requests a second instead of 1,900). The rest wait in the engine's backlog, their
-/// clients' connects unanswered, as the kernel leaves SYNs to a full listener.
+/// and watches the injected connections until someone accepts them. It injects only while the
+/// program's kernel listener has room in its accept queue (read from the kernel through
+/// `queue_of`; failing that, no more injected and unaccepted than the `listen` backlog allows):
+/// one more would find the queue full, and its SYN, dropped, would be sent again only a second
+/// later, with this thread blocked in the connect meanwhile (a Python `http.server`, whose
+/// backlog is 5, under `wrk -c 8` served 6 requests a second instead of 1,900). The rest wait in
+/// the engine's backlog, their clients' connects unanswered, as the kernel leaves SYNs to a
+/// full listener.
 fn acceptor(
     entry: Arc<ListenEntry>,
     weak: Weak<netchannel::Listener>,
     ready: OwnedFd,
     target: SocketAddr,
-    queue: usize,
+    (queue, queue_of): (usize, Option<OwnedFd>),
 ) {
     let relayed = settings().path == DataPath::Relay;
     // Injected connections not accepted yet: (socket, injector port, serial).
@@ -235,7 +254,14 @@ fn acceptor(
             l.clear_readiness();
             // `waiting` also holds connections taken over but not yet seen reset: it counts
             // high for a moment, never low.
-            while waiting.len() < queue {
+            let room = |waiting: &Vec<_>| match queue_of
+                .as_ref()
+                .and_then(|l| queue_has_room(l.as_fd()))
+            {
+                Some(room) => room,
+                None => waiting.len() < queue,
+            };
+            while room(&waiting) {
                 match l.accept() {
                     Ok(vs) => {
                         let peer = vs.peer_engine_addr();
