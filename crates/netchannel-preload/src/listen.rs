@@ -85,12 +85,18 @@ pub(crate) struct ListenEntry {
     owner: u32,
     /// The listener's own address (what accepted connections report as local).
     local: SocketAddr,
+    /// A copy of the program's listening socket, through which the acceptor reads its accept
+    /// queue (`queue_has_room`); closed with the program's fd (`close`), so that it never
+    /// keeps the port listening after the program closed it (iperf3 listens again at once).
+    queue_of: Mutex<Option<OwnedFd>>,
 }
 
 impl ListenEntry {
     /// The program closed its listening fd: the virtual port is free at once (iperf3 closes
     /// and re-creates its listener on the same port between control and data connections).
     pub(crate) fn close(&self) {
+        // Each process's copy (a forked child's too) goes with its fd.
+        drop(self.queue_of.lock().take());
         if self.owner != pid() {
             return;
         }
@@ -206,12 +212,17 @@ pub(crate) fn start_engine_listener(fd: c_int, prepared: Prepared) {
     // The acceptor holds the listener only weakly (see `ListenEntry::close`).
     let listener = Arc::new(listener);
     let weak = Arc::downgrade(&listener);
-    let entry =
-        Arc::new(ListenEntry { listener: Mutex::new(Some(listener)), stop, owner: pid(), local });
+    let entry = Arc::new(ListenEntry {
+        listener: Mutex::new(Some(listener)),
+        stop,
+        owner: pid(),
+        local,
+        queue_of: Mutex::new(queue_of),
+    });
     table::map_listener(fd, entry.clone());
     let _ = std::thread::Builder::new()
         .name("nc-listen".into())
-        .spawn(move || inside(|| acceptor(entry, weak, ready, target, (queue, queue_of))));
+        .spawn(move || inside(|| acceptor(entry, weak, ready, target, queue)));
 }
 
 /// Whether the program's kernel listener has room for one more connection in its accept queue
@@ -230,7 +241,7 @@ fn queue_has_room(listener: BorrowedFd<'_>) -> Option<bool> {
 /// The acceptor thread of one listener: injects each virtual connection the engine accepts,
 /// and watches the injected connections until someone accepts them. It injects only while the
 /// program's kernel listener has room in its accept queue (read from the kernel through
-/// `queue_of`; failing that, no more injected and unaccepted than the `listen` backlog allows):
+/// `ListenEntry::queue_of`; failing that, no more injected and unaccepted than the `listen` backlog allows):
 /// one more would find the queue full, and its SYN, dropped, would be sent again only a second
 /// later, with this thread blocked in the connect meanwhile (a Python `http.server`, whose
 /// backlog is 5, under `wrk -c 8` served 6 requests a second instead of 1,900). The rest wait in
@@ -241,7 +252,7 @@ fn acceptor(
     weak: Weak<netchannel::Listener>,
     ready: OwnedFd,
     target: SocketAddr,
-    (queue, queue_of): (usize, Option<OwnedFd>),
+    queue: usize,
 ) {
     let relayed = settings().path == DataPath::Relay;
     // Injected connections not accepted yet: (socket, injector port, serial).
@@ -254,12 +265,9 @@ fn acceptor(
             l.clear_readiness();
             // `waiting` also holds connections taken over but not yet seen reset: it counts
             // high for a moment, never low.
-            let room = |waiting: &Vec<_>| match queue_of
-                .as_ref()
-                .and_then(|l| queue_has_room(l.as_fd()))
-            {
-                Some(room) => room,
-                None => waiting.len() < queue,
+            let room = |waiting: &Vec<_>| {
+                let kernel = entry.queue_of.lock().as_ref().and_then(|l| queue_has_room(l.as_fd()));
+                kernel.unwrap_or(waiting.len() < queue)
             };
             while room(&waiting) {
                 match l.accept() {
