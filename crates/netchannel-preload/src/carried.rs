@@ -208,10 +208,11 @@ impl Carried {
             SocketFlags::CLOEXEC,
             None,
         )?;
-        // Both ends above the program's numbers at once: while they sit low, another thread
-        // of the program creating an fd gets a higher number than it would (event loops sized
-        // to their own fds, select's 1024). P moves under the program's number later.
-        let (p, l) = (relocate(p), relocate(l));
+        // L above the program's numbers at once. P stays low for the few calls until it is
+        // moved under the program's number (`install`): moving it up first would cost two
+        // calls per connection to spare another thread of the program a number one higher for
+        // a moment.
+        let l = relocate(l);
         // Named, so that a process that inherits P (exec, SCM_RIGHTS) recognises it and finds
         // the connection ("nc/<owner pid>/<id>" in the abstract namespace), through the owner's
         // attach socket.

@@ -186,15 +186,27 @@ pub(crate) fn in_family(a: SocketAddr, v6: bool) -> SocketAddr {
 
 /// Puts a new placeholder for `vs` under the program's fd number `fd` (its flags kept) and
 /// starts serving it directly.
+/// What a new fd's flags are, when its maker says so (`accept4`'s flags).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FdModes {
+    pub nonblocking: bool,
+    pub cloexec: bool,
+}
+
+/// `known`: the socket's family (IPv6) and modes when the caller knows them, which saves
+/// asking the kernel (an accept's).
 pub(crate) fn install(
     fd: c_int,
     app: BorrowedFd<'_>,
     vs: VSocket,
     peer: SocketAddr,
     local: SocketAddr,
+    known: Option<(bool, FdModes)>,
 ) -> Result<(), i32> {
-    let v6 = is_v6(app);
-    let (nb, cx) = (nonblocking(app), cloexec(app));
+    let (v6, nb, cx) = match known {
+        Some((v6, m)) => (v6, m.nonblocking, m.cloexec),
+        None => (is_v6(app), nonblocking(app), cloexec(app)),
+    };
     vs.set_app_addresses(local, peer);
     let (c, p) = Carried::create(vs, in_family(peer, v6), in_family(local, v6), v6, nb)
         .map_err(|e| errno_of(&e))?;
@@ -224,7 +236,7 @@ fn carry_direct(
     dest: SocketAddr,
 ) -> Option<Result<(), i32>> {
     let local = local_for(app, &vs);
-    Some(install(fd, app, vs, dest, local))
+    Some(install(fd, app, vs, dest, local, None))
 }
 
 /// `--path relay`: the program's fd connects to a relay loop's loopback listener, which moves

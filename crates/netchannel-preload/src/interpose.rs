@@ -2014,7 +2014,15 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 ///
 /// # Safety
 /// `addr` and `len` as the caller passed them to the real accept.
-unsafe fn after_accept(fd: c_int, nfd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+/// `flags`: `accept4`'s (0 for `accept`), which set the new fd's `O_NONBLOCK` and
+/// `FD_CLOEXEC` (nothing is inherited from the listener on Linux).
+unsafe fn after_accept(
+    fd: c_int,
+    nfd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
     if is_inside() {
         bump(&COUNTERS.reentered);
         return nfd;
@@ -2023,7 +2031,11 @@ unsafe fn after_accept(fd: c_int, nfd: c_int, addr: *mut sockaddr, len: *mut soc
         return nfd;
     }
     let saved = errno();
-    let peer = caught(|| with_fd(nfd, |app| listen::accepted(fd, nfd, app)));
+    let modes = connect::FdModes {
+        nonblocking: flags & libc::SOCK_NONBLOCK != 0,
+        cloexec: flags & libc::SOCK_CLOEXEC != 0,
+    };
+    let peer = caught(|| with_fd(nfd, |app| listen::accepted(fd, nfd, app, modes)));
     if let Some(Some(p)) = peer {
         // SAFETY: forwarded from the caller.
         unsafe { write_addr(p, addr, len) };
@@ -2039,7 +2051,7 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
     // SAFETY: forwarding the caller's arguments unchanged.
     let nfd = unsafe { real!(accept)(fd, addr, len) };
     // SAFETY: the caller's arguments, as the real accept just used them.
-    unsafe { after_accept(fd, nfd, addr, len) }
+    unsafe { after_accept(fd, nfd, addr, len, 0) }
 }
 
 /// # Safety
@@ -2054,5 +2066,5 @@ pub unsafe extern "C" fn accept4(
     // SAFETY: forwarding the caller's arguments unchanged.
     let nfd = unsafe { real!(accept4)(fd, addr, len, flags) };
     // SAFETY: the caller's arguments, as the real accept4 just used them.
-    unsafe { after_accept(fd, nfd, addr, len) }
+    unsafe { after_accept(fd, nfd, addr, len, flags) }
 }

@@ -29,7 +29,7 @@ use netchannel::VSocket;
 use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags};
 
-use crate::connect::{in_family, install, is_v6, local_of, loopback_of, peer_of};
+use crate::connect::{in_family, install, is_v6, local_of, loopback_of, peer_of, FdModes};
 use crate::process::{
     bump, fd_base, in_owner, inside, pid, relocate, server_engine, settings, DataPath, COUNTERS,
 };
@@ -383,7 +383,12 @@ fn inject(
 /// What `accept`/`accept4` do after the real call returned `nfd`: an injected connection is
 /// turned into what the accepting process should hold (see the module doc). Returns the
 /// address to report as the peer's, if it is not the kernel's.
-pub(crate) fn accepted(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>) -> Option<SocketAddr> {
+pub(crate) fn accepted(
+    listen_fd: c_int,
+    nfd: c_int,
+    app: BorrowedFd<'_>,
+    modes: FdModes,
+) -> Option<SocketAddr> {
     let peer = peer_of(app)?;
     let from_injector = match peer {
         SocketAddr::V4(a) => *a.ip() == INJECTOR_V4,
@@ -394,7 +399,7 @@ pub(crate) fn accepted(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>) -> Opt
     if ours && INJECTED_COUNT.load(Ordering::Acquire) > 0 {
         if let Some(inj) = injected(|m| m.remove(&peer.port())) {
             INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
-            return Some(take_over(listen_fd, nfd, app, inj));
+            return Some(take_over(listen_fd, nfd, app, inj, modes));
         }
     }
     let maybe_injected = from_injector
@@ -408,10 +413,17 @@ pub(crate) fn accepted(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>) -> Opt
 }
 
 /// The owner accepted an injected connection.
-fn take_over(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>, inj: Injected) -> SocketAddr {
+fn take_over(
+    listen_fd: c_int,
+    nfd: c_int,
+    app: BorrowedFd<'_>,
+    inj: Injected,
+    modes: FdModes,
+) -> SocketAddr {
     // In the accepted socket's family, as the kernel reports it: an IPv4 peer of a dual-stack
     // IPv6 listener is `::ffff:a.b.c.d` (the injection itself came over IPv4).
-    let peer = in_family(inj.peer, is_v6(app));
+    let v6 = is_v6(app);
+    let peer = in_family(inj.peer, v6);
     let Some(vs) = inj.vs else {
         // `--path relay`: the kernel socket is already relayed; only its peer's address is
         // the virtual one.
@@ -430,7 +442,7 @@ fn take_over(listen_fd: c_int, nfd: c_int, app: BorrowedFd<'_>, inj: Injected) -
     } else {
         local
     };
-    if install(nfd, app, vs, peer, local).is_err() {
+    if install(nfd, app, vs, peer, local, Some((v6, modes))).is_err() {
         // The accepted kernel socket stays: its injector end closes with the virtual socket,
         // so the program reads end of stream (nothing is delivered on a broken carry).
         bump(&COUNTERS.kernel_other);
