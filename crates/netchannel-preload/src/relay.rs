@@ -59,10 +59,9 @@ pub(crate) struct Loop {
     wake: EventFd,
 }
 
-/// The relay loops, started on first use. Called where the process's engine is created, with
-/// the low fd slots held (`fds_high`), so the loops' own fds land above the application's: a
-/// loop started later from one of our threads would hold those slots while the application
-/// accepts, and push its fds past select's 1024.
+/// The relay loops, started on first use. Called where the process's engine is created, once
+/// `fds_high` has set the floor: the loops' own fds move above the application's as they are
+/// made (`moved_above`, and the engine's poller by the floor).
 pub(crate) fn loops() -> &'static [Arc<Loop>] {
     static LOOPS: OnceLock<Vec<Arc<Loop>>> = OnceLock::new();
     LOOPS.get_or_init(|| {
