@@ -63,17 +63,22 @@ fn injected<T>(f: impl FnOnce(&mut HashMap<u16, Injected>) -> T) -> T {
     f(INJECTED.lock().get_or_insert_with(HashMap::new))
 }
 
-/// Forgets the injection `serial` on `port`, if the port still names it (see
-/// [`Injected::serial`]): a later injection on the same port is left alone.
-fn forget(port: u16, serial: u64) -> Option<Injected> {
+/// Takes the injection on `port` out of the map: any (the owner's `accept` of it), or only
+/// the one `serial` names, if the port still names it (see [`Injected::serial`]): a later
+/// injection on the same port is left alone.
+fn take_injected(port: u16, serial: Option<u64>) -> Option<Injected> {
     let inj = injected(|m| match m.get(&port) {
-        Some(i) if i.serial == serial => m.remove(&port),
+        Some(i) if serial.is_none_or(|s| s == i.serial) => m.remove(&port),
         _ => None,
     });
     if inj.is_some() {
         INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
     }
     inj
+}
+
+fn forget(port: u16, serial: u64) -> Option<Injected> {
+    take_injected(port, Some(serial))
 }
 
 /// A carried listening socket's engine side.
@@ -229,20 +234,22 @@ pub(crate) fn start_engine_listener(fd: c_int, prepared: Prepared) {
 /// (`TCP_INFO` of a listening socket: `tcpi_unacked` is the queue's length, `tcpi_sacked` its
 /// bound; a SYN is dropped once the length is above the bound). `None` if it cannot tell.
 fn queue_has_room(listener: BorrowedFd<'_>) -> Option<bool> {
-    let mut info = [0u8; 32];
+    use std::mem::offset_of;
+    let (length, bound) =
+        (offset_of!(libc::tcp_info, tcpi_unacked), offset_of!(libc::tcp_info, tcpi_sacked));
+    let mut info = [0u8; 64];
     let n =
         crate::interpose::raw_getsockopt(listener, libc::IPPROTO_TCP, libc::TCP_INFO, &mut info)
             .ok()?;
-    let field =
-        |at: usize| u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]);
-    (n >= 32).then(|| field(24) <= field(28))
+    let field = |at: usize| u32::from_ne_bytes(info[at..at + 4].try_into().expect("4 bytes"));
+    (n >= bound + 4).then(|| field(length) <= field(bound))
 }
 
 /// The acceptor thread of one listener: injects each virtual connection the engine accepts,
 /// and watches the injected connections until someone accepts them. It injects only while the
 /// program's kernel listener has room in its accept queue (read from the kernel through
-/// `ListenEntry::queue_of`; failing that, no more injected and unaccepted than the `listen` backlog allows):
-/// one more would find the queue full, and its SYN, dropped, would be sent again only a second
+/// `ListenEntry::queue_of`; failing that, no more injected and unaccepted than the `listen`
+/// backlog allows): one more would find the queue full, and its SYN, dropped, would be sent again only a second
 /// later, with this thread blocked in the connect meanwhile (a Python `http.server`, whose
 /// backlog is 5, under `wrk -c 8` served 6 requests a second instead of 1,900). The rest wait in
 /// the engine's backlog, their clients' connects unanswered, as the kernel leaves SYNs to a
@@ -397,8 +404,7 @@ pub(crate) fn accepted(
     let ours = table::kind(listen_fd) & table::LISTENING != 0
         && table::TABLES.listeners.lock().get(&listen_fd).is_some_and(|e| e.owner == pid());
     if ours && INJECTED_COUNT.load(Ordering::Acquire) > 0 {
-        if let Some(inj) = injected(|m| m.remove(&peer.port())) {
-            INJECTED_COUNT.fetch_sub(1, Ordering::AcqRel);
+        if let Some(inj) = take_injected(peer.port(), None) {
             return Some(take_over(listen_fd, nfd, app, inj, modes));
         }
     }
