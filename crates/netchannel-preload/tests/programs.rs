@@ -697,11 +697,7 @@ fn dual_stack_listener(hosts: Hosts) {
     if !have("python3") {
         return;
     }
-    let mut outputs = Vec::new();
-    for carried in [false, true] {
-        let Some(tb) = Testbed::of(hosts) else { return };
-        let _one_at_a_time = one_at_a_time();
-        let p = Pair::new(tb, &format!("dual-{hosts:?}-{carried}"), carried, carried);
+    let Some(outputs) = kernel_then_carried(hosts, "dual", |p, _| {
         let port = ports(1);
         let server_py = p.dir.join("server.py");
         std::fs::write(
@@ -731,8 +727,10 @@ fn dual_stack_listener(hosts: Hosts) {
         );
         let out = p.client.run("python3", &["-c", &client], T);
         server.stop();
-        outputs.push(out);
-    }
+        out
+    }) else {
+        return;
+    };
     assert!(outputs[0].starts_with("AF_INET6 peer ::ffff:"), "kernel: {}", outputs[0]);
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }
@@ -892,11 +890,7 @@ fn peer_killed(hosts: Hosts) {
     if !have("python3") {
         return;
     }
-    let mut outputs = Vec::new();
-    for carried in [false, true] {
-        let Some(tb) = Testbed::of(hosts) else { return };
-        let _one_at_a_time = one_at_a_time();
-        let p = Pair::new(tb, &format!("killed-{hosts:?}-{carried}"), carried, carried);
+    let Some(outputs) = kernel_then_carried(hosts, "killed", |p, carried| {
         // The probe goes to a second listener, opened after the first: a probe of the first
         // would be the first connection the server accepts.
         let port = ports(2);
@@ -955,12 +949,15 @@ fn peer_killed(hosts: Hosts) {
         }
         drop(server); // SIGKILL to its process group
         std::fs::write(&killed, b"").unwrap();
-        outputs.push(run.join().expect("client"));
+        let out = run.join().expect("client");
         if carried {
             let carried = stat(&p.client.stats, "virtual sockets");
             assert_eq!(carried, 2, "{}", stats_text(&p.client.stats));
         }
-    }
+        out
+    }) else {
+        return;
+    };
     assert_eq!(
         outputs[0], "answered [b'last words', b'']\nunread [] then Connection reset by peer\n",
         "kernel TCP"
@@ -1054,11 +1051,7 @@ fn bound_listener(hosts: Hosts) {
     if !have("python3") {
         return;
     }
-    let mut outputs = Vec::new();
-    for carried in [false, true] {
-        let Some(tb) = Testbed::of(hosts) else { return };
-        let _one_at_a_time = one_at_a_time();
-        let p = Pair::new(tb, &format!("bound-{hosts:?}-{carried}"), carried, carried);
+    let Some(outputs) = kernel_then_carried(hosts, "bound", |p, _| {
         let port = ports(1);
         let server = p.server.spawn(
             "python3",
@@ -1096,8 +1089,10 @@ fn bound_listener(hosts: Hosts) {
         let mut out = p.server.run("python3", &["-c", &connect("127.0.0.1")], T);
         out += &p.client.run("python3", &["-c", &connect(&outside)], T);
         drop(server);
-        outputs.push(out.replace(&outside, "OUTSIDE"));
-    }
+        out.replace(&outside, "OUTSIDE")
+    }) else {
+        return;
+    };
     assert_eq!(outputs[0], "127.0.0.1: b'local only'\nOUTSIDE: Connection refused\n", "kernel TCP");
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }

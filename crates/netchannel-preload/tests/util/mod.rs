@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::common::Testbed;
+use crate::common::{Hosts, Testbed};
 
 pub const NETCHANNEL: &str = env!("CARGO_BIN_EXE_netchannel");
 
@@ -241,6 +241,22 @@ impl Pair {
         };
         Pair { tb, dir, client, server }
     }
+}
+
+/// Runs `f` twice on a fresh pair of hosts, one program test at a time: first with both sides
+/// on kernel TCP, then with both carried (`f`'s flag). Its two outputs, kernel TCP's first;
+/// `None` where the testbed cannot be made (namespaces outside CI).
+pub fn kernel_then_carried(
+    hosts: Hosts,
+    name: &str,
+    mut f: impl FnMut(Pair, bool) -> String,
+) -> Option<[String; 2]> {
+    let mut run = |carried: bool| {
+        let tb = Testbed::of(hosts)?;
+        let _one_at_a_time = one_at_a_time();
+        Some(f(Pair::new(tb, &format!("{name}-{hosts:?}-{carried}"), carried, carried), carried))
+    };
+    Some([run(false)?, run(true)?])
 }
 
 /// Runs the program tests one at a time. Each starts several multi-process programs and their
