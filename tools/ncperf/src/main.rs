@@ -204,6 +204,9 @@ enum Cmd {
         /// netchannel: `Config::max_channels` (default: the engine's, at least --channels).
         #[arg(long)]
         max_channels: Option<usize>,
+        /// netchannel: `Config::session_shards` (default: the engine's).
+        #[arg(long)]
+        shards: Option<usize>,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -319,6 +322,11 @@ pub struct RunArgs {
     /// --channels for a fixed count).
     #[arg(long)]
     pub max_channels: Option<usize>,
+    /// netchannel: every engine's `Config::session_shards`, the sessions a client engine opens
+    /// to the server, one per application thread modulo this (default: the engine's, a
+    /// quarter of the cores from 1 to 8)
+    #[arg(long)]
+    pub shards: Option<usize>,
 }
 
 fn main() {
@@ -454,6 +462,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             max_sessions,
             max_peer_buffered,
             max_channels,
+            shards,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
@@ -478,6 +487,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 max_sessions,
                 max_peer_buffered,
                 max_channels,
+                shards,
             };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
@@ -525,6 +535,7 @@ fn client(
             max_sessions: None,
             max_peer_buffered: run.max_peer_buffered,
             max_channels: run.max_channels,
+            shards: run.shards,
         },
         plan,
         rate: run.rate,

@@ -214,6 +214,8 @@ pub struct EngineOpts {
     pub max_peer_buffered: Option<u64>,
     /// `Config::max_channels` (`None`: the engine's default); at least `channels`.
     pub max_channels: Option<usize>,
+    /// `Config::session_shards` (`None`: the engine's default).
+    pub shards: Option<usize>,
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -265,6 +267,9 @@ fn engine_with(mut config: Config, opts: EngineOpts) -> io::Result<Engine> {
     }
     config.channels = opts.channels;
     config.max_channels = opts.max_channels.unwrap_or(config.max_channels).max(opts.channels);
+    if let Some(n) = opts.shards {
+        config.session_shards = n;
+    }
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
     if opts.host_congestion {

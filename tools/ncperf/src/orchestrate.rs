@@ -303,6 +303,9 @@ pub fn run_with(
         if let Some(n) = args.max_channels {
             v.extend(["--max-channels".into(), n.to_string()]);
         }
+        if let Some(n) = args.shards {
+            v.extend(["--shards".into(), n.to_string()]);
+        }
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

@@ -49,6 +49,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         max_sessions: None,
         max_peer_buffered: None,
         max_channels: None,
+        shards: None,
     }
 }
 

@@ -220,7 +220,7 @@ pub fn dial(
     write_by(&mut sock, &hello.encode(), deadline)?;
     let denied = |msg: String| io::Error::new(io::ErrorKind::PermissionDenied, msg);
     let challenge = expect(&mut sock, addr, HandshakeKind::Challenge, deadline)?;
-    if challenge.engine_id == engine_id {
+    if crate::wire::handshake::same_engine(challenge.engine_id, engine_id) {
         // A connection to ourselves, or our own messages reflected back by a machine in the
         // middle: never a channel.
         let _ = write_by(
@@ -383,8 +383,9 @@ impl Incoming {
             };
             match (self.sent, msg.kind) {
                 (None, HandshakeKind::Hello) => {
-                    if msg.engine_id == local {
-                        // Our own id: a connection to ourselves, or our Hello reflected back.
+                    if crate::wire::handshake::same_engine(msg.engine_id, local) {
+                        // Our own id (or a shard's): a connection to ourselves, or our Hello
+                        // reflected back.
                         let why = "channel refused: the dialer claims this engine's id".into();
                         return self.reject(local, RejectReason::BadField, why);
                     }

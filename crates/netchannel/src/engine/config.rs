@@ -11,6 +11,9 @@ use crate::sys::ThreadPolicy;
 use crate::wire::frame::{MAX_PAYLOAD, MAX_WINDOW};
 use crate::wire::Class;
 
+/// Most sessions (shards) an engine opens to one peer (`Config::session_shards`).
+pub const MAX_SHARDS: usize = crate::wire::handshake::MAX_SHARD_IDS as usize;
+
 /// When the engine demotes throughput-class work (`Config::isolation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isolation {
@@ -53,6 +56,18 @@ pub struct Config {
     pub channel_retire_after: Duration,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).
     pub latency_channels: usize,
+    /// Sessions this engine may open to one peer (shards). A stream opened here belongs to
+    /// the shard of the application thread that opened it (threads in order of first use,
+    /// modulo this), dialed on that thread's first connect: streams of different shards share
+    /// no session lock, channel or wake-up. The first shard (the first thread's) starts with
+    /// `channels` throughput channels, the others with `channels / session_shards` (at least
+    /// one): a one-thread program's session is what it was without shards, and more threads
+    /// do not multiply the first channels. `max_channels` and `latency_channels` apply to
+    /// each shard. The peer keys each shard as a session, but counts it as a new peer against its
+    /// `max_sessions` only when it is the engine's first there. A shard the peer refuses
+    /// leaves its threads on another shard of that peer for a while. Default: one per core,
+    /// at most 16.
+    pub session_shards: usize,
     /// How the scheduler picks the channel of a stream's next chunk.
     pub policy: Policy,
     /// Unsent bytes a class may hold per channel before senders wait (paper: 2 MB per queue).
@@ -105,7 +120,8 @@ pub struct Config {
     pub linger: Duration,
     /// Channel handshakes in progress at once; more connections are refused.
     pub max_handshakes: usize,
-    /// Peers (sessions) this engine accepts at once; a channel from one more is refused (and
+    /// Peer engines this engine accepts sessions from at once (the shards of one peer,
+    /// `session_shards`, count once); a channel from one more is refused (and
     /// its dialer tries again within its `dial_timeout`). A server for more peers raises it:
     /// a peer costs about 28-61 KB and 2.5-10 fds (docs/BENCHMARKS.md, "Many peers"), and
     /// each session's receive share is one `stream_window` at least.
@@ -224,6 +240,7 @@ impl Default for Config {
             max_channels: 8,
             channel_retire_after: Duration::from_secs(10),
             latency_channels: 1,
+            session_shards: cores().clamp(1, 16),
             policy: Policy::RoundRobin,
             channel_queue_threshold: 2 << 20,
             max_frame_payload: 256 * 1024,
@@ -275,6 +292,14 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Throughput channels shard `shard` of a session starts with (see `session_shards`).
+    pub(crate) fn shard_channels(&self, shard: u16) -> usize {
+        if shard == 0 {
+            return self.channels;
+        }
+        self.channels.div_ceil(self.session_shards).max(1)
+    }
+
     /// The defaults, with the channel listener on `listen_addr`.
     pub fn new(listen_addr: SocketAddr) -> Self {
         Config { listen_addr, ..Config::default() }
@@ -290,6 +315,9 @@ impl Config {
                 "max_channels ({}) is below channels ({})",
                 self.max_channels, self.channels
             ));
+        }
+        if self.session_shards == 0 || self.session_shards > MAX_SHARDS {
+            return bad(format!("session_shards must be in 1..={MAX_SHARDS}"));
         }
         if self.channel_retire_after < Duration::from_millis(10) {
             return bad("channel_retire_after must be at least 10 ms".into());

@@ -52,12 +52,39 @@ pub(crate) struct EngineCounters {
 
 #[derive(Default)]
 struct Sessions {
-    dialed: HashMap<SocketAddr, Arc<SessionRt>>,
+    /// By peer address and shard (`Config::session_shards`).
+    dialed: HashMap<(SocketAddr, u16), Arc<SessionRt>>,
     accepted: HashMap<u64, Arc<SessionRt>>,
     /// Destinations being dialed: a second connect to one waits for that dial, and dials to
     /// other peers go on meanwhile (no engine-wide lock is held across a dial).
-    dialing: HashMap<SocketAddr, Arc<DialSlot>>,
+    dialing: HashMap<(SocketAddr, u16), Arc<DialSlot>>,
+    /// Peers that refused a shard beyond the first, until when their threads use a shard
+    /// they have (bounded: `MAX_SHARD_REFUSALS`).
+    shard_refused: HashMap<SocketAddr, std::time::Instant>,
 }
+
+impl Sessions {
+    /// The distinct peer engines of the live accepted sessions (each shard of a peer is a
+    /// session: `Config::session_shards`), and whether the engine of `id` is among them.
+    fn accepted_engines(&self, id: u64) -> (usize, bool) {
+        use crate::wire::handshake::engine_key;
+        let mut keys: Vec<u64> = self
+            .accepted
+            .values()
+            .filter(|s| s.is_alive())
+            .map(|s| engine_key(s.peer_engine))
+            .collect();
+        let known = keys.contains(&engine_key(id));
+        keys.sort_unstable();
+        keys.dedup();
+        (keys.len(), known)
+    }
+}
+
+/// How long a peer that refused a new shard is not asked for another.
+const SHARD_REFUSAL_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+/// Most peers remembered as refusing shards (older entries are dropped past it).
+const MAX_SHARD_REFUSALS: usize = 4096;
 
 /// How a dial ended, for the connects that waited for it (an `io::Error` is not `Clone`).
 type DialResult = Result<Arc<SessionRt>, (io::ErrorKind, String)>;
@@ -94,6 +121,8 @@ pub(crate) struct EngineCtx {
     pub stopping: AtomicBool,
     pub counters: EngineCounters,
     sessions: Mutex<Sessions>,
+    /// The shard the next application thread to open a stream gets (`thread_shard`).
+    next_shard: std::sync::atomic::AtomicUsize,
     /// `can_shed`'s last answer and when: connections knocking at a full engine do not each
     /// walk every session.
     shed_answer: Mutex<Option<(std::time::Instant, bool)>>,
@@ -173,6 +202,7 @@ impl Engine {
             stopping: AtomicBool::new(false),
             counters: EngineCounters::default(),
             sessions: Mutex::new(Sessions::default()),
+            next_shard: std::sync::atomic::AtomicUsize::new(0),
             shed_answer: Mutex::new(None),
             channel_budget: budget::ChannelBudget::new(
                 config.effective_max_channels_total(),
@@ -382,12 +412,17 @@ impl EngineCtx {
     }
 
     /// The worker for a new channel: latency channels get the last worker when it is theirs.
-    fn pick_worker(&self, index: u16, class: Class) -> usize {
+    /// `session_id` is the id the session's channels present (ours or a shard's when we
+    /// dialed, the peer's when it did): its shard bits spread the first channels of the
+    /// shards of one peer (and of different peers) over the workers, rather than putting
+    /// every session's channel 0 on worker 0.
+    fn pick_worker(&self, index: u16, class: Class, session_id: u64) -> usize {
         let throughput = self.config.workers;
         if class == Class::Latency && self.workers.len() > throughput {
             return throughput;
         }
-        index as usize % throughput
+        let spread = crate::wire::handshake::shard_bits(session_id) as usize;
+        (index as usize + spread) % throughput
     }
 
     /// The session to the engine at `addr`, dialing it if there is none. Only the first
@@ -396,16 +431,87 @@ impl EngineCtx {
     /// throughput channels are dialed in the background, and streams use the channels there are
     /// meanwhile. Only connects to `addr` wait for this dial: no lock shared with other peers
     /// is held while dialing.
+    ///
+    /// With `Config::session_shards` above 1, the session is the calling thread's shard of
+    /// the sessions to `addr`; if the peer refuses a new shard while another shard to it
+    /// lives, the thread uses that one (and no new shard is asked of the peer for
+    /// `SHARD_REFUSAL_HOLD`).
     pub fn session_to(self: &Arc<Self>, addr: SocketAddr) -> io::Result<Arc<SessionRt>> {
+        let shards = self.config.session_shards;
+        let shard = self.thread_shard();
+        if shard == 0 {
+            return self.session_shard(addr, 0);
+        }
+        let fallback = || {
+            let s = self.sessions.lock();
+            let held = s.shard_refused.get(&addr).is_some_and(|&t| t > std::time::Instant::now());
+            let live = |k: u16| s.dialed.get(&(addr, k)).filter(|x| x.is_alive()).cloned();
+            let other = (0..shards as u16).find_map(live);
+            (held, other)
+        };
+        if let (true, Some(other)) = fallback() {
+            return Ok(other);
+        }
+        match self.session_shard(addr, shard) {
+            Ok(session) => Ok(session),
+            Err(e) => {
+                let (_, other) = fallback();
+                let Some(other) = other else { return Err(e) };
+                let mut s = self.sessions.lock();
+                if s.shard_refused.len() >= MAX_SHARD_REFUSALS {
+                    let now = std::time::Instant::now();
+                    s.shard_refused.retain(|_, &mut t| t > now);
+                    if s.shard_refused.len() >= MAX_SHARD_REFUSALS {
+                        s.shard_refused.clear();
+                    }
+                }
+                s.shard_refused.insert(addr, std::time::Instant::now() + SHARD_REFUSAL_HOLD);
+                Ok(other)
+            }
+        }
+    }
+
+    /// The calling thread's shard (`Config::session_shards`): the n-th thread to open a
+    /// stream through this engine gets shard n modulo the shards, and keeps it.
+    fn thread_shard(&self) -> u16 {
+        let shards = self.config.session_shards;
+        if shards <= 1 {
+            return 0;
+        }
+        thread_local! {
+            /// (engine id, shard) of the engines this thread opened streams through, the
+            /// latest last (a thread that used more engines than it holds is given new shards).
+            static SHARD_OF: std::cell::RefCell<Vec<(u64, u16)>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SHARD_OF
+            .try_with(|own| {
+                let mut own = own.borrow_mut();
+                if let Some(&(_, shard)) = own.iter().find(|(id, _)| *id == self.id) {
+                    return shard;
+                }
+                let shard = (self.next_shard.fetch_add(1, Ordering::Relaxed) % shards) as u16;
+                if own.len() >= 16 {
+                    own.remove(0);
+                }
+                own.push((self.id, shard));
+                shard
+            })
+            .unwrap_or(0)
+    }
+
+    /// The session of shard `shard` to the engine at `addr`, dialing it if there is none.
+    fn session_shard(self: &Arc<Self>, addr: SocketAddr, shard: u16) -> io::Result<Arc<SessionRt>> {
+        let key = (addr, shard);
         let slot = loop {
             let mut s = self.sessions.lock();
-            if let Some(existing) = s.dialed.get(&addr).filter(|s| s.is_alive()) {
+            if let Some(existing) = s.dialed.get(&key).filter(|s| s.is_alive()) {
                 return Ok(existing.clone());
             }
             if self.stopping.load(Ordering::Acquire) {
                 return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
             }
-            if let Some(slot) = s.dialing.get(&addr).cloned() {
+            if let Some(slot) = s.dialing.get(&key).cloned() {
                 drop(s);
                 let mut r = slot.result.lock();
                 while r.is_none() {
@@ -418,14 +524,14 @@ impl EngineCtx {
                 }
             }
             let slot = Arc::new(DialSlot::default());
-            s.dialing.insert(addr, slot.clone());
+            s.dialing.insert(key, slot.clone());
             break slot;
         };
-        let r = self.dial_session(addr);
+        let r = self.dial_session(addr, shard);
         let mut s = self.sessions.lock();
-        s.dialing.remove(&addr);
+        s.dialing.remove(&key);
         if let Ok((session, _)) = &r {
-            s.dialed.insert(addr, session.clone());
+            s.dialed.insert(key, session.clone());
         }
         drop(s);
         let r = r.map(|(session, rest)| {
@@ -444,19 +550,26 @@ impl EngineCtx {
 
     /// Dials the first channel of a new session to `addr` (see `session_to`): the session,
     /// and the channels still to dial.
-    fn dial_session(self: &Arc<Self>, addr: SocketAddr) -> io::Result<(Arc<SessionRt>, DialPlan)> {
-        let plan: DialPlan = std::iter::repeat_n(Class::Throughput, self.config.channels)
-            .chain(std::iter::repeat_n(Class::Latency, self.config.latency_channels))
-            .enumerate()
-            .map(|(i, c)| (i as u16, c))
-            .collect();
+    fn dial_session(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        shard: u16,
+    ) -> io::Result<(Arc<SessionRt>, DialPlan)> {
+        let local_id = self.shard_engine_id(shard);
+        let plan: DialPlan =
+            std::iter::repeat_n(Class::Throughput, self.config.shard_channels(shard))
+                .chain(std::iter::repeat_n(Class::Latency, self.config.latency_channels))
+                .enumerate()
+                .map(|(i, c)| (i as u16, c))
+                .collect();
         let (first, rest) = (plan[0], plan[1..].to_vec());
         let deadline = std::time::Instant::now() + self.config.dial_timeout;
         let mut backoff = std::time::Duration::from_millis(5);
         let ch = loop {
             let id = ChannelId::new(first.0, 0);
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let r = self.dial_in_netns(addr, id, first.1, budget::Purpose::FirstOfSession, left);
+            let purpose = budget::Purpose::FirstOfSession;
+            let r = self.dial_in_netns(addr, local_id, id, first.1, purpose, left);
             match r {
                 // A busy acceptor (many peers arriving at once): try again within the deadline,
                 // after a random part of a doubling backoff, so that the peers spread out.
@@ -473,7 +586,7 @@ impl EngineCtx {
             }
         };
         let peer = ch.meta.peer_engine;
-        let session = SessionRt::new(self.clone(), addr, peer, true, plan.len() as u16);
+        let session = SessionRt::new(self.clone(), addr, peer, true, plan.len() as u16, shard);
         session.add_channel(ch);
         // The latency class's first channel too, before any stream: a latency socket never
         // shares a throughput channel for want of its own (one more handshake, not four).
@@ -483,7 +596,7 @@ impl EngineCtx {
             let id = ChannelId::new(index, 0);
             // Within the same deadline as the first: a connect waits `dial_timeout` at most.
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let r = self.dial_in_netns(addr, id, class, budget::Purpose::More, left);
+            let r = self.dial_in_netns(addr, local_id, id, class, budget::Purpose::More, left);
             match r {
                 Ok(ch) if ch.meta.peer_engine == peer => {
                     session.add_channel(ch);
@@ -517,8 +630,7 @@ impl EngineCtx {
                 }
                 let id = ChannelId::new(index, 0);
                 let timeout = me.config.dial_timeout;
-                let r =
-                    me.dial_in_netns(session.peer_addr, id, class, budget::Purpose::More, timeout);
+                let r = me.dial_for(&session, id, class, timeout);
                 match r {
                     Ok(ch) => {
                         me.join_dialed(&session, ch);
@@ -542,6 +654,7 @@ impl EngineCtx {
     fn dial_in_netns(
         self: &Arc<Self>,
         addr: SocketAddr,
+        local_id: u64,
         id: ChannelId,
         class: Class,
         purpose: budget::Purpose,
@@ -549,14 +662,33 @@ impl EngineCtx {
     ) -> io::Result<Arc<Channel>> {
         let me = self.clone();
         in_netns(self.config.netns.clone(), move || {
-            me.dial_channel(addr, id, class, purpose, timeout)
+            me.dial_channel(addr, local_id, id, class, purpose, timeout)
         })
+    }
+
+    /// Dials one more channel of `session` (beyond its first ones: `Purpose::More`).
+    fn dial_for(
+        self: &Arc<Self>,
+        session: &SessionRt,
+        id: ChannelId,
+        class: Class,
+        timeout: std::time::Duration,
+    ) -> io::Result<Arc<Channel>> {
+        let purpose = budget::Purpose::More;
+        self.dial_in_netns(session.peer_addr, session.local_id, id, class, purpose, timeout)
+    }
+
+    /// The engine id a dialed session of shard `shard` presents to its peer
+    /// (`wire::handshake::shard_engine_id`).
+    pub(crate) fn shard_engine_id(&self, shard: u16) -> u64 {
+        crate::wire::handshake::shard_engine_id(self.id, shard)
     }
 
     /// Dials one channel within `timeout`, holding a place in the channel budget.
     fn dial_channel(
         &self,
         addr: SocketAddr,
+        local_id: u64,
         id: ChannelId,
         class: Class,
         purpose: budget::Purpose,
@@ -572,7 +704,7 @@ impl EngineCtx {
         })?;
         let (sock, peer) = tcp::dial(
             addr,
-            self.id,
+            local_id,
             id,
             class,
             self.config.psk.as_deref(),
@@ -580,7 +712,7 @@ impl EngineCtx {
             &self.tcp_options,
         )?;
         let meta = ChannelMeta { index: id, class, peer_engine: peer };
-        let worker = self.pick_worker(id.index, class);
+        let worker = self.pick_worker(id.index, class, local_id);
         let transport = Box::new(TcpTransport::new(sock));
         let large = self.config.defer_min.max(1);
         let pool = self.pool.clone();
@@ -592,7 +724,7 @@ impl EngineCtx {
     fn is_current(&self, session: &Arc<SessionRt>) -> bool {
         let s = self.sessions.lock();
         let found = if session.initiator {
-            s.dialed.get(&session.peer_addr)
+            s.dialed.get(&(session.peer_addr, session.shard))
         } else {
             s.accepted.get(&session.peer_engine)
         };
@@ -681,7 +813,7 @@ impl EngineCtx {
         let growing = session.clone();
         let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
             let timeout = me.config.dial_timeout;
-            let r = me.dial_in_netns(session.peer_addr, id, class, budget::Purpose::More, timeout);
+            let r = me.dial_for(&session, id, class, timeout);
             match r {
                 Ok(ch) => {
                     session.grow_failures.store(0, Ordering::Relaxed);
@@ -714,13 +846,7 @@ impl EngineCtx {
                     return;
                 }
                 let timeout = me.config.dial_timeout;
-                let r = me.dial_in_netns(
-                    session.peer_addr,
-                    next,
-                    class,
-                    budget::Purpose::More,
-                    timeout,
-                );
+                let r = me.dial_for(&session, next, class, timeout);
                 let ch = match r {
                     Ok(ch) => ch,
                     // A full acceptor (it may have shed this very channel for a new peer):
@@ -741,18 +867,19 @@ impl EngineCtx {
     }
 
     /// Refuses a hello before anything is answered: the channel index is taken in that
-    /// engine's session, or a new session would exceed `max_sessions`.
+    /// engine's session, or a new session would exceed `max_sessions` (which counts peer
+    /// engines: a new shard of a peer with sessions here is not a new peer).
     pub fn check_hello(&self, hello: &Handshake) -> Result<(), RejectReason> {
-        let (existing, count) = {
+        let (existing, (engines, known)) = {
             let sessions = self.sessions.lock();
             let existing =
                 sessions.accepted.get(&hello.engine_id).filter(|s| s.is_alive()).cloned();
-            (existing, sessions.accepted.values().filter(|s| s.is_alive()).count())
+            (existing, sessions.accepted_engines(hello.engine_id))
         };
         match existing {
             Some(s) if s.core().slot_taken(hello.channel) => Err(RejectReason::BadField),
             Some(_) => Ok(()),
-            None if count >= self.config.max_sessions => {
+            None if !known && engines >= self.config.max_sessions => {
                 self.refused("sessions at max_sessions");
                 Err(RejectReason::Limit)
             }
@@ -768,8 +895,9 @@ impl EngineCtx {
         }
         let peer_addr = inc.peer.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let source = inc.peer.map(budget::SourceKey::of);
-        let known =
-            self.sessions.lock().accepted.get(&hello.engine_id).is_some_and(|x| x.is_alive());
+        // A shard of a peer with sessions here takes a place as that peer's further channels
+        // do: the first-of-session places are for new peers.
+        let known = self.sessions.lock().accepted_engines(hello.engine_id).1;
         let purpose = if known { budget::Purpose::More } else { budget::Purpose::FirstOfSession };
         let ticket = match self.channel_budget.take(source, purpose) {
             Ok(t) => t,
@@ -793,15 +921,21 @@ impl EngineCtx {
             let s = self.sessions.lock();
             match s.accepted.get(&hello.engine_id).filter(|x| x.is_alive()) {
                 Some(existing) => (existing.clone(), false),
-                None if s.accepted.values().filter(|x| x.is_alive()).count()
-                    >= self.config.max_sessions =>
+                None if {
+                    let (engines, known) = s.accepted_engines(hello.engine_id);
+                    !known && engines >= self.config.max_sessions
+                } =>
                 {
                     drop(s);
                     self.refused("sessions at max_sessions");
                     inc.refuse(self.id, RejectReason::Limit);
                     return;
                 }
-                None => (SessionRt::new(self.clone(), peer_addr, hello.engine_id, false, 0), true),
+                None => {
+                    let session =
+                        SessionRt::new(self.clone(), peer_addr, hello.engine_id, false, 0, 0);
+                    (session, true)
+                }
             }
         };
         if session.core().slot_taken(hello.channel) {
@@ -814,7 +948,7 @@ impl EngineCtx {
             Err(e) => return self.handshake_failed(Some(peer_addr), format!("{e}")),
         };
         let meta = ChannelMeta { index: id, class: hello.class, peer_engine: hello.engine_id };
-        let worker = self.pick_worker(hello.channel, hello.class);
+        let worker = self.pick_worker(hello.channel, hello.class, hello.engine_id);
         let transport = Box::new(TcpTransport::new(sock));
         let large = self.config.defer_min.max(1);
         let pool = self.pool.clone();

@@ -104,6 +104,12 @@ pub(crate) struct SessionRt {
     pub peer_engine: u64,
     /// This engine dialed the session, so it can add channels.
     pub initiator: bool,
+    /// Which of this engine's sessions to the peer it is (`Config::session_shards`; 0 for a
+    /// session the peer dialed).
+    pub shard: u16,
+    /// The engine id this session's channels present to the peer: the engine's own, or its
+    /// shard's (`EngineCtx::shard_engine_id`).
+    pub local_id: u64,
     /// Index the next added channel gets.
     pub next_index: AtomicU16,
     /// A channel is being added.
@@ -156,9 +162,16 @@ impl SessionRt {
         peer_engine: u64,
         initiator: bool,
         first_index: u16,
+        shard: u16,
     ) -> Arc<SessionRt> {
-        let core = Session::new(ctx.core_config());
+        let mut config = ctx.core_config();
+        // A shard's floor when giving channels back is what it started with.
+        config.min_channels = ctx.config.shard_channels(shard);
+        let core = Session::new(config);
+        let local_id = if initiator { ctx.shard_engine_id(shard) } else { ctx.id };
         Arc::new(SessionRt {
+            shard,
+            local_id,
             ctx,
             core: Mutex::new(core),
             channels: RwLock::new(Vec::new()),

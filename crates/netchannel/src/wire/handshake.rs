@@ -39,6 +39,33 @@ pub const HANDSHAKE_LEN: usize = 72;
 pub const MAX_CHANNEL_INDEX: u16 = 63;
 /// Flag: the sender authenticates (holds a pre-shared key).
 pub const FLAG_AUTH: u32 = 1;
+/// Most engine ids one engine presents: its own and one per session shard beyond the first.
+pub const MAX_SHARD_IDS: u16 = 64;
+/// The bits of an engine id a shard changes (the top six): the rest identify the engine.
+const SHARD_SHIFT: u32 = 58;
+
+/// The engine id a session shard presents to its peer: `engine_id` itself for shard 0, for
+/// the others `engine_id` with its top six bits changed, so that the peer keys each shard as
+/// a session of its own and still tells which engine it belongs to (`engine_key`).
+pub fn shard_engine_id(engine_id: u64, shard: u16) -> u64 {
+    engine_id ^ (u64::from(shard % MAX_SHARD_IDS) << SHARD_SHIFT)
+}
+
+/// What every id of one engine (its own and its shards') has in common.
+pub fn engine_key(id: u64) -> u64 {
+    id & ((1 << SHARD_SHIFT) - 1)
+}
+
+/// The bits of an id that tell an engine's shards apart (six; random between engines).
+pub fn shard_bits(id: u64) -> u64 {
+    id >> SHARD_SHIFT
+}
+
+/// Whether `a` and `b` are ids of one engine (its own, or one of its shards'): a handshake
+/// answered with such an id is a connection to itself or a reflection.
+pub fn same_engine(a: u64, b: u64) -> bool {
+    engine_key(a) == engine_key(b)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 /// Which message of the handshake.
@@ -412,6 +439,21 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn shard_ids_are_distinct_and_of_one_engine() {
+        for engine in [1u64, 0x0123_4567_89ab_cdef, u64::MAX] {
+            let ids: Vec<u64> = (0..MAX_SHARD_IDS).map(|k| shard_engine_id(engine, k)).collect();
+            assert_eq!(ids[0], engine);
+            let mut unique = ids.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), ids.len());
+            assert!(ids.iter().all(|&a| ids.iter().all(|&b| same_engine(a, b))));
+            assert!(!same_engine(engine, engine ^ 1));
+            assert!(!same_engine(engine, engine ^ (1 << 57)));
+        }
     }
 
     #[test]

@@ -109,12 +109,23 @@ impl Testbed {
         }
     }
 
+    /// One session per peer (`session_shards` 1, whatever the cores): the tests count a
+    /// session's channels and streams; `tests/shards.rs` tests the shards.
     pub fn config_a(&self) -> Config {
-        Config { netns: self.a.clone(), ..Config::new(SocketAddr::new(self.addr_a, 0)) }
+        Config {
+            netns: self.a.clone(),
+            session_shards: 1,
+            ..Config::new(SocketAddr::new(self.addr_a, 0))
+        }
     }
 
+    /// See `config_a`.
     pub fn config_b(&self) -> Config {
-        Config { netns: self.b.clone(), ..Config::new(SocketAddr::new(self.addr_b, 0)) }
+        Config {
+            netns: self.b.clone(),
+            session_shards: 1,
+            ..Config::new(SocketAddr::new(self.addr_b, 0))
+        }
     }
 
     /// Client engine on host A, server engine on host B.
