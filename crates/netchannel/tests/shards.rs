@@ -14,6 +14,7 @@ use netchannel::{Class, Config, Engine};
 
 both_testbeds!(
     each_thread_gets_a_session_of_its_own,
+    latency_streams_take_a_shard_of_their_own,
     the_shards_of_one_peer_count_once_at_max_sessions,
     a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has,
 );
@@ -84,6 +85,15 @@ fn each_thread_gets_a_session_of_its_own(hosts: Hosts) {
     assert_eq!(ids.len(), 4, "{ids:x?}");
     assert!(ids.iter().all(|&id| handshake::same_engine(id, client.id())), "{ids:x?}");
     assert!(ids.contains(&client.id()), "shard 0 presents the engine's own id");
+    // Both ends name each session by the id its dialer presents (`netchannel stat` shows it).
+    let sessions = |e: &Engine| {
+        let mut v: Vec<u64> = e.stats().channels.iter().map(|c| c.session).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    assert_eq!(sessions(&client), ids);
+    assert_eq!(sessions(&server), ids);
     // A fifth thread shares a shard: no new session.
     let c = client.clone();
     std::thread::spawn(move || echo_exact(&c.connect(addr, 7).unwrap(), 4096, 9)).join().unwrap();
@@ -157,4 +167,39 @@ fn a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has(hosts: Hosts) {
     assert_eq!(client.stats().sessions, 1);
     assert_eq!(server.stats().sessions, 1);
     echo_exact(&first, 4096, 5);
+}
+
+fn latency_streams_take_a_shard_of_their_own(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let server = Arc::new(Engine::new(tb.config_b()).unwrap());
+    echo_server(&server, 7);
+    let client = Engine::new(Config { session_shards: 2, ..tb.config_a() }).unwrap();
+    let addr = server.local_addr();
+    // One thread, both classes: the throughput stream on the thread's shard, the latency
+    // stream on the latency shard, which no throughput stream of this engine uses.
+    let bulk = client.connect_with_class(addr, 7, Class::Throughput).unwrap();
+    let quick = client.connect_with_class(addr, 7, Class::Latency).unwrap();
+    std::thread::scope(|scope| {
+        scope.spawn(|| echo_exact(&bulk, 4 << 20, 1));
+        for seed in 0..50 {
+            echo_exact(&quick, 4096, seed);
+        }
+    });
+    assert_eq!(client.stats().sessions, 2);
+    let latency_id = handshake::shard_engine_id(client.id(), handshake::MAX_SHARD_IDS - 1);
+    let on_latency_shard =
+        |e: &Engine| e.stats().channels.iter().filter(|c| c.session == latency_id).count();
+    assert!(on_latency_shard(&server) >= 1, "the server sees the latency shard's session");
+    // The throughput stream's bytes went over the thread's shard only.
+    let moved_on_latency_shard: u64 = client
+        .stats()
+        .channels
+        .iter()
+        .filter(|c| c.session == latency_id)
+        .map(|c| c.channel.tx_bytes)
+        .sum();
+    assert!(
+        moved_on_latency_shard < 1 << 20,
+        "{moved_on_latency_shard} bytes on the latency shard"
+    );
 }

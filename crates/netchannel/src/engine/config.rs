@@ -11,8 +11,11 @@ use crate::sys::ThreadPolicy;
 use crate::wire::frame::{MAX_PAYLOAD, MAX_WINDOW};
 use crate::wire::Class;
 
-/// Most sessions (shards) an engine opens to one peer (`Config::session_shards`).
-pub const MAX_SHARDS: usize = crate::wire::handshake::MAX_SHARD_IDS as usize;
+/// Most shards of application threads an engine opens to one peer (`Config::session_shards`);
+/// the last shard id is the latency class's (`LATENCY_SHARD`).
+pub const MAX_SHARDS: usize = crate::wire::handshake::MAX_SHARD_IDS as usize - 1;
+/// The shard of latency-class streams opened here, while `session_shards` is above 1.
+pub const LATENCY_SHARD: u16 = crate::wire::handshake::MAX_SHARD_IDS - 1;
 
 /// When the engine demotes throughput-class work (`Config::isolation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,8 +68,11 @@ pub struct Config {
     /// do not multiply the first channels. `max_channels` and `latency_channels` apply to
     /// each shard. The peer keys each shard as a session, but counts it as a new peer against its
     /// `max_sessions` only when it is the engine's first there. A shard the peer refuses
-    /// leaves its threads on another shard of that peer for a while. Default: one per core,
-    /// at most 16.
+    /// leaves its threads on another shard of that peer for a while. With more than one
+    /// shard, latency-class streams opened here (their class at connect) take a shard of
+    /// their own instead (`LATENCY_SHARD`, one throughput channel and the latency channels),
+    /// so that no latency stream waits on a lock held for throughput work to the same peer.
+    /// Default: one per core, at most 16.
     pub session_shards: usize,
     /// How the scheduler picks the channel of a stream's next chunk.
     pub policy: Policy,
@@ -296,6 +302,9 @@ impl Config {
     pub(crate) fn shard_channels(&self, shard: u16) -> usize {
         if shard == 0 {
             return self.channels;
+        }
+        if shard == LATENCY_SHARD {
+            return 1; // its streams use the latency channels
         }
         self.channels.div_ceil(self.session_shards).max(1)
     }

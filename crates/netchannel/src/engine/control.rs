@@ -233,6 +233,7 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
         let peer = c.peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string());
         let ch = &c.channel;
         peers.entry(peer).or_default().push(json!({
+            "session": format!("{:016x}", c.session),
             "index": ch.index,
             "incarnation": ch.incarnation,
             "class": class_name(ch.class),

@@ -433,12 +433,19 @@ impl EngineCtx {
     /// is held while dialing.
     ///
     /// With `Config::session_shards` above 1, the session is the calling thread's shard of
-    /// the sessions to `addr`; if the peer refuses a new shard while another shard to it
+    /// the sessions to `addr` (for a `class` of latency, the latency shard); if the peer refuses a new shard while another shard to it
     /// lives, the thread uses that one (and no new shard is asked of the peer for
     /// `SHARD_REFUSAL_HOLD`).
-    pub fn session_to(self: &Arc<Self>, addr: SocketAddr) -> io::Result<Arc<SessionRt>> {
+    pub fn session_to(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        class: Class,
+    ) -> io::Result<Arc<SessionRt>> {
         let shards = self.config.session_shards;
-        let shard = self.thread_shard();
+        let shard = match class {
+            Class::Latency if shards > 1 => config::LATENCY_SHARD,
+            _ => self.thread_shard(),
+        };
         if shard == 0 {
             return self.session_shard(addr, 0);
         }
@@ -446,7 +453,7 @@ impl EngineCtx {
             let s = self.sessions.lock();
             let held = s.shard_refused.get(&addr).is_some_and(|&t| t > std::time::Instant::now());
             let live = |k: u16| s.dialed.get(&(addr, k)).filter(|x| x.is_alive()).cloned();
-            let other = (0..shards as u16).find_map(live);
+            let other = (0..shards as u16).chain([config::LATENCY_SHARD]).find_map(live);
             (held, other)
         };
         if let (true, Some(other)) = fallback() {
@@ -1042,6 +1049,7 @@ impl EngineCtx {
     pub fn handshake_failed(&self, peer: Option<std::net::SocketAddr>, why: String) {
         self.remember_closed(PeerChannelStats {
             peer_addr: peer,
+            session: 0,
             channel: ChannelStats {
                 protocol_errors: 1,
                 close_reason: Some(why),
@@ -1070,6 +1078,7 @@ impl EngineCtx {
         let errors = stats.protocol_errors;
         self.remember_closed(PeerChannelStats {
             peer_addr: Some(session.peer_addr),
+            session: session.dialer_id(),
             channel: stats,
         });
         if errors > 0 {
@@ -1122,9 +1131,11 @@ impl EngineCtx {
         for s in &sessions {
             debug_assert!(s.peer_engine != 0 || !s.is_alive());
             for c in s.channels() {
-                stats
-                    .channels
-                    .push(PeerChannelStats { peer_addr: Some(s.peer_addr), channel: c.stats() });
+                stats.channels.push(PeerChannelStats {
+                    peer_addr: Some(s.peer_addr),
+                    session: s.dialer_id(),
+                    channel: c.stats(),
+                });
             }
             let core = s.core();
             let cs = core.stats();

@@ -195,6 +195,15 @@ impl SessionRt {
         })
     }
 
+    /// The id the session is known by at both ends: the one its dialer presents.
+    pub fn dialer_id(&self) -> u64 {
+        if self.initiator {
+            self.local_id
+        } else {
+            self.peer_engine
+        }
+    }
+
     /// Called with `channels`' write lock held, after each change, with its new contents.
     fn channels_changed(&self, all: &[Arc<Channel>]) {
         let serving = |class: Class| -> Arc<[Arc<Channel>]> {

@@ -71,6 +71,9 @@ pub struct EngineStats {
 pub struct PeerChannelStats {
     /// The peer engine's address.
     pub peer_addr: Option<SocketAddr>,
+    /// The channel's session: the engine id its dialer presents (the dialer's own, or one of
+    /// its shards', `Config::session_shards`), the same at both ends; 0 when not known.
+    pub session: u64,
     /// The channel's counters.
     pub channel: ChannelStats,
 }

@@ -50,7 +50,7 @@ impl Engine {
         port: u16,
         class: Class,
     ) -> io::Result<VSocket> {
-        let session = self.ctx.session_to(peer)?;
+        let session = self.ctx.session_to(peer, class)?;
         VSocket::connect(session, port, class, true)
     }
 
@@ -63,7 +63,7 @@ impl Engine {
         port: u16,
         class: Class,
     ) -> io::Result<VSocket> {
-        let session = self.ctx.session_to(peer)?;
+        let session = self.ctx.session_to(peer, class)?;
         VSocket::connect(session, port, class, false)
     }
 }
