@@ -18,6 +18,7 @@ use netchannel::{Class, Config, Engine, VSocket};
 
 both_testbeds!(
     claimed_engine_ids_raise_neither_threads_nor_sessions,
+    claimed_shard_ids_count_as_one_peer_and_stay_bounded,
     tiny_out_of_order_frames_do_not_grow_memory,
     syn_flood_to_a_closed_port_is_bounded,
     unaccepted_streams_get_a_small_window,
@@ -137,6 +138,34 @@ fn claimed_engine_ids_raise_neither_threads_nor_sessions(hosts: Hosts) {
     assert_eq!(refused, 33 * 4);
     assert_eq!(thread_count(&pid), threads, "channels must not cost threads");
     // Two fds per channel: its socket and the duplicate its worker watches for hang-ups.
+    let grown = fd_count(&pid) - fds;
+    assert!(grown <= 2 * held.len() + 2, "{grown} fds for {} admitted channels", held.len());
+    client.check();
+    drop(held);
+    client.check();
+}
+
+/// A peer may open up to 64 sessions (its shards, `Config::session_shards`) that count as one
+/// peer against `max_sessions`: a peer claiming every shard id of an engine gets those 64
+/// and no more, other peers are counted as before, and each session costs its channels' fds.
+fn claimed_shard_ids_count_as_one_peer_and_stay_bounded(hosts: Hosts) {
+    use netchannel::wire::handshake::{shard_engine_id, MAX_SHARD_IDS};
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let echo = EchoProcess::start(&tb, &["--max-sessions", "2"]);
+    let client = EchoClient::new(&tb, echo.addr);
+    let pid = echo.pid();
+    let (threads, fds) = (thread_count(&pid), fd_count(&pid));
+    let mut held = Vec::new();
+    for shard in 0..MAX_SHARD_IDS {
+        let id = shard_engine_id(0x5EED_0000, shard);
+        held.push(raw::channel_as(&tb, echo.addr, id, 0, None).expect("a shard of one peer"));
+    }
+    // Ids beyond the 64 of that engine are other engines: the third peer at max_sessions 2.
+    assert_eq!(
+        raw::channel_as(&tb, echo.addr, 0x5EED_0001, 0, None).unwrap_err(),
+        RejectReason::Limit
+    );
+    assert_eq!(thread_count(&pid), threads, "sessions must not cost threads");
     let grown = fd_count(&pid) - fds;
     assert!(grown <= 2 * held.len() + 2, "{grown} fds for {} admitted channels", held.len());
     client.check();

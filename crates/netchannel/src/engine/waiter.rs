@@ -570,10 +570,12 @@ mod tests {
 
     /// Two engines on loopback, and a latency and a throughput socket from the first to the
     /// second (each with its accepted end): one session, both classes.
+    /// Both classes in one session (`session_shards` 1: with more, latency streams are a
+    /// session of their own and share no flush with throughput ones at all).
     fn two_classes() -> ((Engine, Engine), VSocket, VSocket, VSocket, VSocket) {
         let here = SocketAddr::from(([127, 0, 0, 1], 0));
-        let (a, b) =
-            (Engine::new(Config::new(here)).unwrap(), Engine::new(Config::new(here)).unwrap());
+        let config = || Config { session_shards: 1, ..Config::new(here) };
+        let (a, b) = (Engine::new(config()).unwrap(), Engine::new(config()).unwrap());
         let l = b.listen(7).unwrap();
         let lat = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
         let lat_peer = l.accept().unwrap();
