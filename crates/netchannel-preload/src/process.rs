@@ -344,6 +344,7 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     num("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", &mut c.max_channels_per_source);
     num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
     num("NETCHANNEL_CHANNELS", &mut c.channels);
+    num("NETCHANNEL_SESSION_SHARDS", &mut c.session_shards);
     c.max_channels = c.max_channels.max(c.channels);
     if let Some(path) = std::env::var_os("NETCHANNEL_PSK_FILE") {
         match std::fs::read(&path) {

@@ -97,6 +97,11 @@ struct Run {
     /// each application thread that talks to a peer keeps its messages to one of them.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=63))]
     channels: Option<u16>,
+    /// Sessions to each peer engine, 1 to 63 (default: one per core, at most 16): each
+    /// application thread that opens connections to a peer takes the next, so threads share no
+    /// lock; 1 puts every thread's connections to a peer in one session.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=63))]
+    session_shards: Option<u16>,
     /// How the program's own calls reach a carried connection: `direct` serves them from the
     /// virtual socket in the calling thread; `relay` moves the bytes through a loopback TCP
     /// connection and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
@@ -217,6 +222,7 @@ fn main() {
     limit("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", run.max_channels_per_source.map(|v| v.to_string()));
     limit("NETCHANNEL_MAX_STREAMS", run.max_streams.map(|v| v.to_string()));
     limit("NETCHANNEL_CHANNELS", run.channels.map(|v| v.to_string()));
+    limit("NETCHANNEL_SESSION_SHARDS", run.session_shards.map(|v| v.to_string()));
     if let Some(base) = raise_fd_limit() {
         envs.push(("NETCHANNEL_FD_BASE", base.to_string().into()));
     }
