@@ -655,6 +655,14 @@ impl SessionRt {
                 ch.tx_blocked.store(true, Ordering::Release);
                 return Ok(false);
             }
+            // The socket took bytes: it is not full. A flag left set would be stale when an
+            // EPOLLOUT handler cleared it while this run was still on its way to set it (the
+            // handler's run became this one's rerun, which wrote): senders would then skip the
+            // channel, and no EPOLLOUT comes for a socket that is not full (a sender hung with
+            // 0.5 MiB queued and an empty socket once in about 2,000 starts).
+            if ch.tx_blocked.load(Ordering::Relaxed) {
+                ch.tx_blocked.store(false, Ordering::Release);
+            }
             written += w.bytes;
         }
     }
