@@ -147,7 +147,8 @@ fn a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has(hosts: Hosts) {
         Engine::new(Config {
             session_shards: 2,
             channels: 2,
-            dial_timeout: Duration::from_millis(500),
+            // Long: a refused further shard must not be dialed again until it runs out.
+            dial_timeout: Duration::from_secs(20),
             ..tb.config_a()
         })
         .unwrap(),
@@ -155,8 +156,10 @@ fn a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has(hosts: Hosts) {
     let first = client.connect(addr, 7).unwrap();
     echo_exact(&first, 64 * 1024, 1);
     // A second thread's shard is refused (no channel place left): its streams use the first
-    // shard's session, and work.
+    // shard's session, and work, without the refused shard being dialed again for the
+    // dial timeout (as a new peer's first channel is).
     let c = client.clone();
+    let t0 = std::time::Instant::now();
     std::thread::spawn(move || {
         for seed in 2..4 {
             echo_exact(&c.connect(addr, 7).unwrap(), 64 * 1024, seed);
@@ -164,6 +167,11 @@ fn a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has(hosts: Hosts) {
     })
     .join()
     .unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "waited {:?} for a refused shard",
+        t0.elapsed()
+    );
     assert_eq!(client.stats().sessions, 1);
     assert_eq!(server.stats().sessions, 1);
     echo_exact(&first, 4096, 5);

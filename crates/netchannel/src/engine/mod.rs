@@ -433,9 +433,10 @@ impl EngineCtx {
     /// is held while dialing.
     ///
     /// With `Config::session_shards` above 1, the session is the calling thread's shard of
-    /// the sessions to `addr` (for a `class` of latency, the latency shard); if the peer refuses a new shard while another shard to it
-    /// lives, the thread uses that one (and no new shard is asked of the peer for
-    /// `SHARD_REFUSAL_HOLD`).
+    /// the sessions to `addr` (for a `class` of latency, the latency shard). A new shard of a
+    /// peer we have a session with is not a new peer: its first channel is not dialed again
+    /// when the peer refuses it at a limit, and the thread then uses a shard the peer has (no
+    /// new shard is asked of that peer for `SHARD_REFUSAL_HOLD`).
     pub fn session_to(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -447,7 +448,7 @@ impl EngineCtx {
             _ => self.thread_shard(),
         };
         if shard == 0 {
-            return self.session_shard(addr, 0);
+            return self.session_shard(addr, 0, true);
         }
         let fallback = || {
             let s = self.sessions.lock();
@@ -456,10 +457,11 @@ impl EngineCtx {
             let other = (0..shards as u16).chain([config::LATENCY_SHARD]).find_map(live);
             (held, other)
         };
-        if let (true, Some(other)) = fallback() {
-            return Ok(other);
+        let (held, other) = fallback();
+        if let (true, Some(other)) = (held, &other) {
+            return Ok(other.clone());
         }
-        match self.session_shard(addr, shard) {
+        match self.session_shard(addr, shard, other.is_none()) {
             Ok(session) => Ok(session),
             Err(e) => {
                 let (_, other) = fallback();
@@ -507,8 +509,14 @@ impl EngineCtx {
             .unwrap_or(0)
     }
 
-    /// The session of shard `shard` to the engine at `addr`, dialing it if there is none.
-    fn session_shard(self: &Arc<Self>, addr: SocketAddr, shard: u16) -> io::Result<Arc<SessionRt>> {
+    /// The session of shard `shard` to the engine at `addr`, dialing it if there is none
+    /// (`new_peer`: no other session to that engine lives; see `dial_session`).
+    fn session_shard(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        shard: u16,
+        new_peer: bool,
+    ) -> io::Result<Arc<SessionRt>> {
         let key = (addr, shard);
         let slot = loop {
             let mut s = self.sessions.lock();
@@ -534,7 +542,7 @@ impl EngineCtx {
             s.dialing.insert(key, slot.clone());
             break slot;
         };
-        let r = self.dial_session(addr, shard);
+        let r = self.dial_session(addr, shard, new_peer);
         let mut s = self.sessions.lock();
         s.dialing.remove(&key);
         if let Ok((session, _)) = &r {
@@ -556,11 +564,15 @@ impl EngineCtx {
     }
 
     /// Dials the first channel of a new session to `addr` (see `session_to`): the session,
-    /// and the channels still to dial.
+    /// and the channels still to dial. Only a `new_peer`'s first channel is dialed again while
+    /// the acceptor refuses it at a limit, and only it takes a new peer's place in the channel
+    /// budget: a further shard of a peer we have is turned away at once (its thread uses
+    /// another shard).
     fn dial_session(
         self: &Arc<Self>,
         addr: SocketAddr,
         shard: u16,
+        new_peer: bool,
     ) -> io::Result<(Arc<SessionRt>, DialPlan)> {
         let local_id = self.shard_engine_id(shard);
         let plan: DialPlan =
@@ -575,12 +587,13 @@ impl EngineCtx {
         let ch = loop {
             let id = ChannelId::new(first.0, 0);
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let purpose = budget::Purpose::FirstOfSession;
+            let purpose =
+                if new_peer { budget::Purpose::FirstOfSession } else { budget::Purpose::More };
             let r = self.dial_in_netns(addr, local_id, id, first.1, purpose, left);
             match r {
                 // A busy acceptor (many peers arriving at once): try again within the deadline,
                 // after a random part of a doubling backoff, so that the peers spread out.
-                Err(e) if tcp::refused_at_limit(&e) => {
+                Err(e) if new_peer && tcp::refused_at_limit(&e) => {
                     let jitter = (crate::sys::random_u64() % 1000) as f64 / 2000.0;
                     let pause = backoff.mul_f64(0.5 + jitter);
                     if std::time::Instant::now() + pause >= deadline {
