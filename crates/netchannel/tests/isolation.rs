@@ -252,3 +252,34 @@ fn isolation_follows_latency_sockets_by_default() {
     drop(s);
     assert!(!a.stats().isolating, "closing the last latency socket ends isolation");
 }
+
+/// `Config::demote_app_threads` off: while isolating, the workers are demoted and an
+/// application thread blocked in a throughput `recv` is not (an open-loop L-app's threads then
+/// never wait behind application threads' demotions).
+#[test]
+fn without_app_demotion_only_the_workers_are_demoted() {
+    let tb = Testbed::loopback();
+    let (a, b) = tb.engines(|c| {
+        c.isolation = Isolation::Always;
+        c.demote_app_threads = false;
+    });
+    assert!(!a.stats().app_threads_demoted);
+    wait_for_policy(&a, "SCHED_IDLE");
+    let l = b.listen(6).unwrap();
+    let s = a.connect_with_class(b.local_addr(), 6, Class::Throughput).unwrap();
+    let p = l.accept().unwrap();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        tid_tx.send(netchannel::sys::thread_id()).unwrap();
+        let mut buf = [0u8; 16];
+        s.recv(&mut buf).unwrap()
+    });
+    let tid = tid_rx.recv().unwrap();
+    // Blocked in recv for a while: never demoted meanwhile.
+    for _ in 0..25 {
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(policy_of(tid), "0");
+    }
+    p.send(b"wake").unwrap();
+    assert_eq!(reader.join().unwrap(), 4);
+}

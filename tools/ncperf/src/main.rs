@@ -207,6 +207,9 @@ enum Cmd {
         /// netchannel: `Config::session_shards` (default: the engine's).
         #[arg(long)]
         shards: Option<usize>,
+        /// netchannel: `Config::demote_app_threads` off.
+        #[arg(long)]
+        no_app_demotion: bool,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -327,6 +330,10 @@ pub struct RunArgs {
     /// quarter of the cores from 1 to 8)
     #[arg(long)]
     pub shards: Option<usize>,
+    /// netchannel: while isolating, demote the throughput workers only, never an application
+    /// thread (`Config::demote_app_threads` off)
+    #[arg(long)]
+    pub no_app_demotion: bool,
 }
 
 fn main() {
@@ -463,6 +470,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             max_peer_buffered,
             max_channels,
             shards,
+            no_app_demotion,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
@@ -488,6 +496,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 max_peer_buffered,
                 max_channels,
                 shards,
+                no_app_demotion,
             };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
@@ -536,6 +545,7 @@ fn client(
             max_peer_buffered: run.max_peer_buffered,
             max_channels: run.max_channels,
             shards: run.shards,
+            no_app_demotion: run.no_app_demotion,
         },
         plan,
         rate: run.rate,

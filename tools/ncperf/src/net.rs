@@ -216,6 +216,8 @@ pub struct EngineOpts {
     pub max_channels: Option<usize>,
     /// `Config::session_shards` (`None`: the engine's default).
     pub shards: Option<usize>,
+    /// `Config::demote_app_threads` off.
+    pub no_app_demotion: bool,
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -270,6 +272,7 @@ fn engine_with(mut config: Config, opts: EngineOpts) -> io::Result<Engine> {
     if let Some(n) = opts.shards {
         config.session_shards = n;
     }
+    config.demote_app_threads = !opts.no_app_demotion;
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
     if opts.host_congestion {

@@ -306,6 +306,9 @@ pub fn run_with(
         if let Some(n) = args.shards {
             v.extend(["--shards".into(), n.to_string()]);
         }
+        if args.no_app_demotion {
+            v.push("--no-app-demotion".into());
+        }
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

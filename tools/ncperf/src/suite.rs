@@ -50,6 +50,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         max_peer_buffered: None,
         max_channels: None,
         shards: None,
+        no_app_demotion: false,
     }
 }
 

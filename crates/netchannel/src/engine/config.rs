@@ -163,6 +163,12 @@ pub struct Config {
     /// work. SCHED_IDLE by default: bulk work never delays a latency-class thread on a shared
     /// core.
     pub throughput_policy: ThreadPolicy,
+    /// While isolation is on, application threads do their throughput-class channel work at
+    /// `throughput_policy` too (true), or only the workers are demoted (false). Demoting them
+    /// gives an L-app that waits on its answers (closed loop) its tail, but starves one that
+    /// sleeps on a timer between requests (open loop) behind the T-apps' threads:
+    /// docs/BENCHMARKS.md, "Cores: 1 to 16 application threads, and session shards".
+    pub demote_app_threads: bool,
     /// Scheduling of the worker that serves latency-class channels.
     pub latency_policy: ThreadPolicy,
     /// Cores the throughput workers may run on (`None`: any).
@@ -275,6 +281,7 @@ impl Default for Config {
             max_control_backlog: 4096,
             isolation: Isolation::Auto,
             throughput_policy: ThreadPolicy::Idle,
+            demote_app_threads: true,
             latency_policy: ThreadPolicy::Normal,
             throughput_cpus: None,
             latency_cpus: None,

@@ -212,7 +212,8 @@ impl Engine {
             refusals: Mutex::new(HashMap::new()),
             retired_stale: AtomicU64::new(0),
             rx_held: AtomicU64::new(0),
-            demote_app_threads: config.isolation != config::Isolation::Never
+            demote_app_threads: config.demote_app_threads
+                && config.isolation != config::Isolation::Never
                 && priority::can_demote(config.throughput_policy),
             latency_sockets: std::sync::atomic::AtomicUsize::new(0),
             config,
