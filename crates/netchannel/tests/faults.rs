@@ -17,7 +17,7 @@ both_testbeds!(
     connect_where_no_engine_listens,
     connect_to_port_without_listener,
     a_new_peer_at_max_sessions_waits_for_room_within_its_dial_timeout,
-    killed_peer_resets_every_socket,
+    killed_peer_ends_every_socket,
     garbage_instead_of_handshake,
     wrong_version_is_refused_by_the_acceptor,
     wrong_version_or_magic_is_refused_by_the_dialer,
@@ -150,7 +150,7 @@ fn a_new_peer_at_max_sessions_waits_for_room_within_its_dial_timeout(hosts: Host
     assert!(took < Duration::from_secs(2), "took {took:?} for a 500 ms dial timeout");
 }
 
-fn killed_peer_resets_every_socket(hosts: Hosts) {
+fn killed_peer_ends_every_socket(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, _) = tb.engines(|_| {});
     let mut echo = EchoProcess::start(&tb, &[]);
@@ -168,7 +168,7 @@ fn killed_peer_resets_every_socket(hosts: Hosts) {
             let socks = socks.clone();
             std::thread::spawn(move || {
                 let mut buf = [0u8; 16];
-                socks[i].recv(&mut buf).unwrap_err().kind()
+                socks[i].recv(&mut buf).map_err(|e| e.kind())
             })
         })
         .collect();
@@ -176,8 +176,12 @@ fn killed_peer_resets_every_socket(hosts: Hosts) {
     let killed = Instant::now();
     echo.child.kill().unwrap();
     echo.child.wait().unwrap();
+    // Each blocked reader ends: with a reset, or with end of file where the peer had told it
+    // read everything sent to it before its channels closed cleanly (the killed process's
+    // kernel sends a FIN then, and kernel TCP gives end of file too: `Stream::end_with_peer`).
     for r in readers {
-        assert_eq!(r.join().unwrap(), ErrorKind::ConnectionReset);
+        let end = r.join().unwrap();
+        assert!(matches!(end, Ok(0) | Err(ErrorKind::ConnectionReset)), "{end:?}");
     }
     for s in &socks[4..] {
         let err = loop {
