@@ -50,7 +50,8 @@ pub use driver::ChannelStats;
 pub use engine::control;
 pub use engine::readiness::ReadinessObserver;
 pub use engine::{
-    Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats, WorkerThread,
+    AppDemotion, Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats,
+    WorkerThread,
 };
 pub use scheduler::Policy;
 pub use sys::{enter_netns, ThreadPolicy};

@@ -182,7 +182,10 @@ fn policy_of(tid: i32) -> String {
 #[test]
 fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are() {
     let tb = Testbed::loopback();
-    let (a, b) = tb.engines(|c| c.isolation = Isolation::Always);
+    let (a, b) = tb.engines(|c| {
+        c.isolation = Isolation::Always;
+        c.app_demotion = netchannel::AppDemotion::PerCall;
+    });
     if !a.stats().app_threads_demoted {
         eprintln!("skipping: this process may not restore a demoted thread (no CAP_SYS_NICE)");
         return;
@@ -253,7 +256,7 @@ fn isolation_follows_latency_sockets_by_default() {
     assert!(!a.stats().isolating, "closing the last latency socket ends isolation");
 }
 
-/// `Config::demote_app_threads` off: while isolating, the workers are demoted and an
+/// `AppDemotion::Off`: while isolating, the workers are demoted and an
 /// application thread blocked in a throughput `recv` is not (an open-loop L-app's threads then
 /// never wait behind application threads' demotions).
 #[test]
@@ -261,7 +264,7 @@ fn without_app_demotion_only_the_workers_are_demoted() {
     let tb = Testbed::loopback();
     let (a, b) = tb.engines(|c| {
         c.isolation = Isolation::Always;
-        c.demote_app_threads = false;
+        c.app_demotion = netchannel::AppDemotion::Off;
     });
     assert!(!a.stats().app_threads_demoted);
     wait_for_policy(&a, "SCHED_IDLE");
@@ -282,4 +285,47 @@ fn without_app_demotion_only_the_workers_are_demoted() {
     }
     p.send(b"wake").unwrap();
     assert_eq!(reader.join().unwrap(), 4);
+}
+
+/// `AppDemotion::Sticky`: a thread stays demoted after its throughput-class call returns (no
+/// putting back, no re-weighting per call), and is put back for good once it does
+/// latency-class work.
+#[test]
+fn sticky_demotion_lasts_until_latency_work() {
+    let tb = Testbed::loopback();
+    let (a, b) = tb.engines(|c| {
+        c.isolation = Isolation::Always;
+        c.app_demotion = netchannel::AppDemotion::Sticky;
+    });
+    if !a.stats().app_threads_demoted {
+        eprintln!("skipping: this process may not restore a demoted thread (no CAP_SYS_NICE)");
+        return;
+    }
+    let l = b.listen(7).unwrap();
+    let bulk = a.connect_with_class(b.local_addr(), 7, Class::Throughput).unwrap();
+    let bulk_peer = l.accept().unwrap();
+    let quick = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
+    let quick_peer = l.accept().unwrap();
+    let (to_main, from_thread) = std::sync::mpsc::channel();
+    let (to_thread, from_main) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let mut buf = [0u8; 16];
+        assert_eq!(bulk.recv(&mut buf).unwrap(), 4);
+        to_main.send(policy_of(netchannel::sys::thread_id())).unwrap();
+        from_main.recv().unwrap();
+        assert_eq!(quick.recv(&mut buf).unwrap(), 4);
+        to_main.send(policy_of(netchannel::sys::thread_id())).unwrap();
+        // Throughput work after latency work: per call, put back when it returns.
+        bulk.send(b"more").unwrap();
+        policy_of(netchannel::sys::thread_id())
+    });
+    // Each message once the thread is blocked waiting for it (a wait serves channels: work).
+    std::thread::sleep(Duration::from_millis(50));
+    bulk_peer.send(b"bulk").unwrap();
+    assert_eq!(from_thread.recv().unwrap(), "5", "demoted after its throughput call returned");
+    to_thread.send(()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    quick_peer.send(b"ping").unwrap();
+    assert_eq!(from_thread.recv().unwrap(), "0", "put back by latency work");
+    assert_eq!(t.join().unwrap(), "0", "per call once it did latency work");
 }

@@ -207,9 +207,9 @@ enum Cmd {
         /// netchannel: `Config::session_shards` (default: the engine's).
         #[arg(long)]
         shards: Option<usize>,
-        /// netchannel: `Config::demote_app_threads` off.
-        #[arg(long)]
-        no_app_demotion: bool,
+        /// netchannel: `Config::app_demotion`.
+        #[arg(long, value_enum, default_value = "sticky")]
+        app_demotion: net::AppDemotionArg,
     },
     /// Run a workload against an `ncperf server` (measured at the client).
     Client {
@@ -330,10 +330,10 @@ pub struct RunArgs {
     /// quarter of the cores from 1 to 8)
     #[arg(long)]
     pub shards: Option<usize>,
-    /// netchannel: while isolating, demote the throughput workers only, never an application
-    /// thread (`Config::demote_app_threads` off)
-    #[arg(long)]
-    pub no_app_demotion: bool,
+    /// netchannel: how application threads are demoted while isolating (`Config::app_demotion`;
+    /// the workers always are)
+    #[arg(long, value_enum, default_value = "sticky")]
+    pub app_demotion: net::AppDemotionArg,
 }
 
 fn main() {
@@ -470,7 +470,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             max_peer_buffered,
             max_channels,
             shards,
-            no_app_demotion,
+            app_demotion,
         } => {
             enter(&netns)?;
             orchestrate::raise_fd_limit();
@@ -496,7 +496,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
                 max_peer_buffered,
                 max_channels,
                 shards,
-                no_app_demotion,
+                app_demotion,
             };
             apps::run_server(stack, listen, opts, coordinated)
                 .map_err(|e| format!("server: {e}"))?;
@@ -545,7 +545,7 @@ fn client(
             max_peer_buffered: run.max_peer_buffered,
             max_channels: run.max_channels,
             shards: run.shards,
-            no_app_demotion: run.no_app_demotion,
+            app_demotion: run.app_demotion,
         },
         plan,
         rate: run.rate,

@@ -216,8 +216,31 @@ pub struct EngineOpts {
     pub max_channels: Option<usize>,
     /// `Config::session_shards` (`None`: the engine's default).
     pub shards: Option<usize>,
-    /// `Config::demote_app_threads` off.
-    pub no_app_demotion: bool,
+    /// `Config::app_demotion`.
+    pub app_demotion: AppDemotionArg,
+}
+
+/// `Config::app_demotion` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AppDemotionArg {
+    /// For each call that does throughput-class channel work.
+    PerCall,
+    /// From a thread's first throughput-class call until it does latency-class work (the
+    /// engine's default).
+    #[default]
+    Sticky,
+    /// Never: only the workers are demoted.
+    Off,
+}
+
+impl AppDemotionArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            AppDemotionArg::PerCall => "per-call",
+            AppDemotionArg::Sticky => "sticky",
+            AppDemotionArg::Off => "off",
+        }
+    }
 }
 
 /// `Config::throughput_policy` on the command line.
@@ -272,7 +295,11 @@ fn engine_with(mut config: Config, opts: EngineOpts) -> io::Result<Engine> {
     if let Some(n) = opts.shards {
         config.session_shards = n;
     }
-    config.demote_app_threads = !opts.no_app_demotion;
+    config.app_demotion = match opts.app_demotion {
+        AppDemotionArg::PerCall => netchannel::AppDemotion::PerCall,
+        AppDemotionArg::Sticky => netchannel::AppDemotion::Sticky,
+        AppDemotionArg::Off => netchannel::AppDemotion::Off,
+    };
     config.policy = opts.policy;
     config.max_streams = 1 << 21;
     if opts.host_congestion {

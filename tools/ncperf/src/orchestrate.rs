@@ -306,9 +306,7 @@ pub fn run_with(
         if let Some(n) = args.shards {
             v.extend(["--shards".into(), n.to_string()]);
         }
-        if args.no_app_demotion {
-            v.push("--no-app-demotion".into());
-        }
+        v.extend(["--app-demotion".into(), args.app_demotion.name().into()]);
     };
     let mut servers = Vec::new();
     for i in 0..pairs {

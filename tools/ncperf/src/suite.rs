@@ -50,7 +50,7 @@ fn base(hosts: Hosts, quick: bool) -> RunArgs {
         max_peer_buffered: None,
         max_channels: None,
         shards: None,
-        no_app_demotion: false,
+        app_demotion: Default::default(),
     }
 }
 

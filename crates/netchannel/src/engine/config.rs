@@ -17,6 +17,24 @@ pub const MAX_SHARDS: usize = crate::wire::handshake::MAX_SHARD_IDS as usize - 1
 /// The shard of latency-class streams opened here, while `session_shards` is above 1.
 pub const LATENCY_SHARD: u16 = crate::wire::handshake::MAX_SHARD_IDS - 1;
 
+/// How application threads are demoted while the engine isolates (`Config::app_demotion`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppDemotion {
+    /// For each call that does throughput-class channel work, put back when it returns. Gives
+    /// an L-app that waits on its answers (closed loop) its best tail, but starves one that
+    /// sleeps on a timer between requests (open loop): each putting back re-weights the
+    /// thread, and the L-app waited up to half a second for a core behind the T-apps' threads.
+    PerCall,
+    /// The default. From a thread's first throughput-class call until it does latency-class
+    /// work or isolation ends (then per call): a thread that only does throughput work stays
+    /// demoted, its own work too, and is never re-weighted. Both kinds of L-app keep their
+    /// tails; a demoted thread that holds a lock of the program's runs only on spare CPU
+    /// meanwhile.
+    Sticky,
+    /// Only the workers are demoted: netchannel's L-apps wait for a core as on Linux.
+    Off,
+}
+
 /// When the engine demotes throughput-class work (`Config::isolation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isolation {
@@ -163,12 +181,10 @@ pub struct Config {
     /// work. SCHED_IDLE by default: bulk work never delays a latency-class thread on a shared
     /// core.
     pub throughput_policy: ThreadPolicy,
-    /// While isolation is on, application threads do their throughput-class channel work at
-    /// `throughput_policy` too (true), or only the workers are demoted (false). Demoting them
-    /// gives an L-app that waits on its answers (closed loop) its tail, but starves one that
-    /// sleeps on a timer between requests (open loop) behind the T-apps' threads:
-    /// docs/BENCHMARKS.md, "Cores: 1 to 16 application threads, and session shards".
-    pub demote_app_threads: bool,
+    /// Whether, and how, application threads are demoted while isolation is on (the workers
+    /// always are). See `AppDemotion` and docs/BENCHMARKS.md, "Cores: 1 to 16 application
+    /// threads, and session shards".
+    pub app_demotion: AppDemotion,
     /// Scheduling of the worker that serves latency-class channels.
     pub latency_policy: ThreadPolicy,
     /// Cores the throughput workers may run on (`None`: any).
@@ -281,7 +297,7 @@ impl Default for Config {
             max_control_backlog: 4096,
             isolation: Isolation::Auto,
             throughput_policy: ThreadPolicy::Idle,
-            demote_app_threads: true,
+            app_demotion: AppDemotion::Sticky,
             latency_policy: ThreadPolicy::Normal,
             throughput_cpus: None,
             latency_cpus: None,

@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 
-pub use config::{Config, Isolation};
+pub use config::{AppDemotion, Config, Isolation};
 pub use stats::{EngineStats, PeerChannelStats, SocketStats};
 pub use worker::WorkerThread;
 
@@ -212,7 +212,7 @@ impl Engine {
             refusals: Mutex::new(HashMap::new()),
             retired_stale: AtomicU64::new(0),
             rx_held: AtomicU64::new(0),
-            demote_app_threads: config.demote_app_threads
+            demote_app_threads: config.app_demotion != config::AppDemotion::Off
                 && config.isolation != config::Isolation::Never
                 && priority::can_demote(config.throughput_policy),
             latency_sockets: std::sync::atomic::AtomicUsize::new(0),
@@ -379,7 +379,8 @@ impl EngineCtx {
     /// Demotes the calling application thread while it does `class` work (see `priority`).
     pub fn demote_for(&self, class: Class) -> priority::Demoted {
         let on = self.demote_app_threads && self.isolating();
-        priority::Demoted::enter(on, self.config.throughput_policy, class)
+        let sticky = self.config.app_demotion == config::AppDemotion::Sticky;
+        priority::Demoted::enter(on, sticky, self.config.throughput_policy, class)
     }
 
     pub fn core_config(&self) -> CoreConfig {

@@ -1,12 +1,16 @@
 //! Isolation by *when* work runs: an application thread that does throughput-class work (writes a
 //! bulk backlog to a channel, reads a payload straight from one, or blocks in `recv`/`send` of a
 //! throughput socket while serving channels) does it at the throughput workers' scheduling
-//! policy, and is put back to its own the moment it returns to the application; latency-class
-//! work always runs at the thread's own priority. Not demoted: the thread's copies into and out
-//! of the engine and the channel work inside a `Poller::wait`. Demoting those too was measured
-//! (docs/BENCHMARKS.md, "Isolation") and lengthened the latency tail: every return to the
-//! thread's own policy re-queues it as a fresh competitor, so more toggling costs more than the
-//! demoted work saves.
+//! policy; latency-class work always runs at the thread's own priority.
+//!
+//! `AppDemotion::Sticky` (the default): a thread stays demoted from its first throughput-class
+//! call until it does latency-class work or isolation ends, its own work included, and is then
+//! demoted per call. `AppDemotion::PerCall`: put back the moment each call returns (the copies
+//! into and out of the engine and the channel work inside a `Poller::wait` not demoted). Per
+//! call gives an L-app that waits on its answers the best tail, but every putting back
+//! re-weights the thread, and an L-app that sleeps on a timer between requests then waited up
+//! to half a second for a core behind the T-apps' threads (docs/BENCHMARKS.md, "Cores: 1 to 16
+//! application threads, and session shards").
 //!
 //! Putting a thread back needs the right to raise its priority again (CAP_SYS_NICE, or an
 //! RLIMIT_NICE that allows it). Without it the engine never demotes application threads (it
@@ -18,8 +22,20 @@ use crate::sys::{self, ThreadPolicy};
 use crate::wire::Class;
 
 thread_local! {
-    /// This thread is demoted now (by an outer guard).
+    /// This thread is demoted now (by an outer guard, or sticky).
     static DEMOTED: Cell<bool> = const { Cell::new(false) };
+    /// `AppDemotion::Sticky`: what to put back, while this thread stays demoted between calls.
+    static STICKY: Cell<Option<sys::Schedule>> = const { Cell::new(None) };
+    /// This thread did latency-class work: its throughput work is demoted per call only.
+    static LATENCY_SEEN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Puts a thread left demoted (`AppDemotion::Sticky`) back to its own scheduling.
+fn end_sticky() {
+    if let Some(before) = STICKY.take() {
+        let _ = sys::restore_thread_schedule(before);
+        DEMOTED.set(false);
+    }
 }
 
 /// Whether this process may demote an application thread and put it back. Tried once, on a
@@ -41,13 +57,26 @@ pub(crate) fn can_demote(policy: ThreadPolicy) -> bool {
 pub(crate) struct Demoted(Option<sys::Schedule>);
 
 impl Demoted {
-    pub fn enter(enabled: bool, policy: ThreadPolicy, class: Class) -> Demoted {
-        if !enabled || class != Class::Throughput || DEMOTED.get() {
+    /// `sticky`: `AppDemotion::Sticky` (the thread stays demoted after the call, until it
+    /// does latency-class work or isolation ends: `enabled` false).
+    pub fn enter(enabled: bool, sticky: bool, policy: ThreadPolicy, class: Class) -> Demoted {
+        if class == Class::Latency {
+            LATENCY_SEEN.set(true);
+        }
+        if !enabled || class != Class::Throughput {
+            end_sticky();
+            return Demoted(None);
+        }
+        if DEMOTED.get() {
             return Demoted(None);
         }
         // A real-time thread (or one already idle) is left as it is.
         let Ok(Some(before)) = sys::demote_thread(policy) else { return Demoted(None) };
         DEMOTED.set(true);
+        if sticky && !LATENCY_SEEN.get() {
+            STICKY.set(Some(before));
+            return Demoted(None);
+        }
         Demoted(Some(before))
     }
 }
