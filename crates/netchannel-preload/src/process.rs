@@ -345,6 +345,16 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
     num("NETCHANNEL_CHANNELS", &mut c.channels);
     num("NETCHANNEL_SESSION_SHARDS", &mut c.session_shards);
+    if let Some(v) = std::env::var_os("NETCHANNEL_APP_DEMOTION") {
+        match v.to_str() {
+            Some("sticky") => c.app_demotion = netchannel::AppDemotion::Sticky,
+            Some("per-call") => c.app_demotion = netchannel::AppDemotion::PerCall,
+            Some("off") => c.app_demotion = netchannel::AppDemotion::Off,
+            _ => eprintln!(
+                "netchannel: ignoring NETCHANNEL_APP_DEMOTION={v:?}: sticky, per-call or off"
+            ),
+        }
+    }
     c.max_channels = c.max_channels.max(c.channels);
     if let Some(path) = std::env::var_os("NETCHANNEL_PSK_FILE") {
         match std::fs::read(&path) {

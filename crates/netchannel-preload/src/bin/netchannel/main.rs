@@ -102,6 +102,11 @@ struct Run {
     /// lock; 1 puts every thread's connections to a peer in one session.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=63))]
     session_shards: Option<u16>,
+    /// How the program's threads are demoted while the engine isolates latency-class sockets
+    /// from throughput-class ones (default sticky: a thread that only does throughput work
+    /// stays demoted; per-call: only during each such call; off: only the engine's workers).
+    #[arg(long, value_name = "MODE", value_parser = ["sticky", "per-call", "off"])]
+    app_demotion: Option<String>,
     /// How the program's own calls reach a carried connection: `direct` serves them from the
     /// virtual socket in the calling thread; `relay` moves the bytes through a loopback TCP
     /// connection and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
@@ -223,6 +228,7 @@ fn main() {
     limit("NETCHANNEL_MAX_STREAMS", run.max_streams.map(|v| v.to_string()));
     limit("NETCHANNEL_CHANNELS", run.channels.map(|v| v.to_string()));
     limit("NETCHANNEL_SESSION_SHARDS", run.session_shards.map(|v| v.to_string()));
+    limit("NETCHANNEL_APP_DEMOTION", run.app_demotion.clone());
     if let Some(base) = raise_fd_limit() {
         envs.push(("NETCHANNEL_FD_BASE", base.to_string().into()));
     }
