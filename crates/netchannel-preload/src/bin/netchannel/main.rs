@@ -23,6 +23,24 @@ struct Cli {
     command: Cmd,
 }
 
+/// `netchannel run --app-demotion` (`Config::app_demotion`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum AppDemotion {
+    Sticky,
+    PerCall,
+    Off,
+}
+
+impl AppDemotion {
+    fn name(self) -> &'static str {
+        match self {
+            AppDemotion::Sticky => "sticky",
+            AppDemotion::PerCall => "per-call",
+            AppDemotion::Off => "off",
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run an unmodified program with its TCP connections carried by netchannel
@@ -105,8 +123,8 @@ struct Run {
     /// How the program's threads are demoted while the engine isolates latency-class sockets
     /// from throughput-class ones (default sticky: a thread that only does throughput work
     /// stays demoted; per-call: only during each such call; off: only the engine's workers).
-    #[arg(long, value_name = "MODE", value_parser = ["sticky", "per-call", "off"])]
-    app_demotion: Option<String>,
+    #[arg(long, value_name = "MODE", value_enum)]
+    app_demotion: Option<AppDemotion>,
     /// How the program's own calls reach a carried connection: `direct` serves them from the
     /// virtual socket in the calling thread; `relay` moves the bytes through a loopback TCP
     /// connection and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
@@ -228,7 +246,7 @@ fn main() {
     limit("NETCHANNEL_MAX_STREAMS", run.max_streams.map(|v| v.to_string()));
     limit("NETCHANNEL_CHANNELS", run.channels.map(|v| v.to_string()));
     limit("NETCHANNEL_SESSION_SHARDS", run.session_shards.map(|v| v.to_string()));
-    limit("NETCHANNEL_APP_DEMOTION", run.app_demotion.clone());
+    limit("NETCHANNEL_APP_DEMOTION", run.app_demotion.map(|m| m.name().to_string()));
     if let Some(base) = raise_fd_limit() {
         envs.push(("NETCHANNEL_FD_BASE", base.to_string().into()));
     }
