@@ -119,15 +119,15 @@ pub(crate) fn try_carry(
                     no_engine(dest, false);
                     bump(&COUNTERS.kernel_no_engine);
                 }
-                // Nothing answered at the channel port within the dial timeout (a host that
-                // drops packets): not asked again for a while either, so that the program's
-                // next connects there do not wait again.
                 // The engine is there but its listener's backlog stayed full: this connect
                 // alone goes to kernel TCP (the program's kernel listener, full too, makes it
                 // wait as a kernel client would); the next ones ask the engine again.
                 io::ErrorKind::TimedOut if netchannel::is_unanswered_open(&e) => {
                     bump(&COUNTERS.kernel_other);
                 }
+                // Nothing answered at the channel port within the dial timeout (a host that
+                // drops packets): not asked again for a while either, so that the program's
+                // next connects there do not wait again.
                 io::ErrorKind::TimedOut => {
                     no_engine(dest, true);
                     bump(&COUNTERS.kernel_other);
@@ -184,8 +184,6 @@ pub(crate) fn in_family(a: SocketAddr, v6: bool) -> SocketAddr {
     }
 }
 
-/// Puts a new placeholder for `vs` under the program's fd number `fd` (its flags kept) and
-/// starts serving it directly.
 /// What a new fd's flags are, when its maker says so (`accept4`'s flags).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FdModes {
@@ -193,8 +191,9 @@ pub(crate) struct FdModes {
     pub cloexec: bool,
 }
 
-/// `known`: the socket's family (IPv6) and modes when the caller knows them, which saves
-/// asking the kernel (an accept's).
+/// Puts a new placeholder for `vs` under the program's fd number `fd` (its flags kept) and
+/// starts serving it directly. `known`: the socket's family (IPv6) and modes when the caller
+/// knows them, which saves asking the kernel (an accept's).
 pub(crate) fn install(
     fd: c_int,
     app: BorrowedFd<'_>,

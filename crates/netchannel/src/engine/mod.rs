@@ -697,7 +697,7 @@ impl EngineCtx {
         timeout: std::time::Duration,
     ) -> io::Result<Arc<Channel>> {
         let purpose = budget::Purpose::More;
-        self.dial_in_netns(session.peer_addr, session.local_id, id, class, purpose, timeout)
+        self.dial_in_netns(session.peer_addr, session.local_id(), id, class, purpose, timeout)
     }
 
     /// The engine id a dialed session of shard `shard` presents to its peer

@@ -107,9 +107,6 @@ pub(crate) struct SessionRt {
     /// Which of this engine's sessions to the peer it is (`Config::session_shards`; 0 for a
     /// session the peer dialed).
     pub shard: u16,
-    /// The engine id this session's channels present to the peer: the engine's own, or its
-    /// shard's (`EngineCtx::shard_engine_id`).
-    pub local_id: u64,
     /// Index the next added channel gets.
     pub next_index: AtomicU16,
     /// A channel is being added.
@@ -168,10 +165,8 @@ impl SessionRt {
         // A shard's floor when giving channels back is what it started with.
         config.min_channels = ctx.config.shard_channels(shard);
         let core = Session::new(config);
-        let local_id = if initiator { ctx.shard_engine_id(shard) } else { ctx.id };
         Arc::new(SessionRt {
             shard,
-            local_id,
             ctx,
             core: Mutex::new(core),
             channels: RwLock::new(Vec::new()),
@@ -195,10 +190,20 @@ impl SessionRt {
         })
     }
 
+    /// The engine id this session's channels present to the peer: the engine's own, or its
+    /// shard's (`EngineCtx::shard_engine_id`).
+    pub fn local_id(&self) -> u64 {
+        if self.initiator {
+            self.ctx.shard_engine_id(self.shard)
+        } else {
+            self.ctx.id
+        }
+    }
+
     /// The id the session is known by at both ends: the one its dialer presents.
     pub fn dialer_id(&self) -> u64 {
         if self.initiator {
-            self.local_id
+            self.local_id()
         } else {
             self.peer_engine
         }

@@ -569,9 +569,9 @@ mod tests {
     use crate::{Config, Engine, VSocket};
 
     /// Two engines on loopback, and a latency and a throughput socket from the first to the
-    /// second (each with its accepted end): one session, both classes.
-    /// Both classes in one session (`session_shards` 1: with more, latency streams are a
-    /// session of their own and share no flush with throughput ones at all).
+    /// second (each with its accepted end): one session, both classes (`session_shards` 1:
+    /// with more, latency streams are a session of their own and share no flush with
+    /// throughput ones at all).
     fn two_classes() -> ((Engine, Engine), VSocket, VSocket, VSocket, VSocket) {
         let here = SocketAddr::from(([127, 0, 0, 1], 0));
         let config = || Config { session_shards: 1, ..Config::new(here) };
