@@ -116,6 +116,23 @@ fn fd_count(pid: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
 }
 
+/// The echo process holds the raw channels `held` admitted since it had `threads` threads and
+/// `fds` fds: no thread more, two fds per channel (its socket and the duplicate its worker
+/// watches for hang-ups); and `client` is served while they are held and after they close.
+fn channels_cost_fds_only(
+    pid: &str,
+    (threads, fds): (usize, usize),
+    held: Vec<std::net::TcpStream>,
+    client: &EchoClient,
+) {
+    assert_eq!(thread_count(pid), threads, "channels must not cost threads");
+    let grown = fd_count(pid) - fds;
+    assert!(grown <= 2 * held.len() + 2, "{grown} fds for {} admitted channels", held.len());
+    client.check();
+    drop(held);
+    client.check();
+}
+
 fn claimed_engine_ids_raise_neither_threads_nor_sessions(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let echo = EchoProcess::start(&tb, &["--max-sessions", "8"]);
@@ -136,13 +153,7 @@ fn claimed_engine_ids_raise_neither_threads_nor_sessions(hosts: Hosts) {
     // 8 sessions at most, the client's among them: 7 claimed ids got in, with 4 channels each.
     assert_eq!(held.len(), 7 * 4);
     assert_eq!(refused, 33 * 4);
-    assert_eq!(thread_count(&pid), threads, "channels must not cost threads");
-    // Two fds per channel: its socket and the duplicate its worker watches for hang-ups.
-    let grown = fd_count(&pid) - fds;
-    assert!(grown <= 2 * held.len() + 2, "{grown} fds for {} admitted channels", held.len());
-    client.check();
-    drop(held);
-    client.check();
+    channels_cost_fds_only(&pid, (threads, fds), held, &client);
 }
 
 /// A peer may open up to 64 sessions (its shards, `Config::session_shards`) that count as one
@@ -165,12 +176,7 @@ fn claimed_shard_ids_count_as_one_peer_and_stay_bounded(hosts: Hosts) {
         raw::channel_as(&tb, echo.addr, 0x5EED_0001, 0, None).unwrap_err(),
         RejectReason::Limit
     );
-    assert_eq!(thread_count(&pid), threads, "sessions must not cost threads");
-    let grown = fd_count(&pid) - fds;
-    assert!(grown <= 2 * held.len() + 2, "{grown} fds for {} admitted channels", held.len());
-    client.check();
-    drop(held);
-    client.check();
+    channels_cost_fds_only(&pid, (threads, fds), held, &client);
 }
 
 fn tiny_out_of_order_frames_do_not_grow_memory(hosts: Hosts) {

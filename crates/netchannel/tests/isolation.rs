@@ -179,6 +179,20 @@ fn policy_of(tid: i32) -> String {
     task_field(tid, "sched", "policy")
 }
 
+/// A thread that receives once on `s` (blocking until something comes): its thread id at
+/// once, and what it read with its policy after the `recv` returned.
+fn blocked_reader(s: netchannel::VSocket) -> (i32, std::thread::JoinHandle<(usize, String)>) {
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let tid = netchannel::sys::thread_id();
+        tid_tx.send(tid).unwrap();
+        let mut buf = [0u8; 16];
+        let n = s.recv(&mut buf).unwrap();
+        (n, policy_of(tid))
+    });
+    (tid_rx.recv().unwrap(), reader)
+}
+
 #[test]
 fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are() {
     let tb = Testbed::loopback();
@@ -194,14 +208,7 @@ fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are()
     for class in [Class::Throughput, Class::Latency] {
         let s = a.connect_with_class(b.local_addr(), 5, class).unwrap();
         let p = l.accept().unwrap();
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            tid_tx.send(netchannel::sys::thread_id()).unwrap();
-            let mut buf = [0u8; 16];
-            let n = s.recv(&mut buf).unwrap();
-            (n, netchannel::sys::thread_id(), policy_of(netchannel::sys::thread_id()))
-        });
-        let tid = tid_rx.recv().unwrap();
+        let (tid, reader) = blocked_reader(s);
         // Blocked in recv (serving the channels while it waits).
         let deadline = Instant::now() + Duration::from_secs(5);
         let want = if class == Class::Throughput { "5" } else { "0" };
@@ -216,7 +223,7 @@ fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are()
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(policy_of(tid), want, "{class:?}");
         p.send(b"wake").unwrap();
-        let (n, _, after) = reader.join().unwrap();
+        let (n, after) = reader.join().unwrap();
         assert_eq!(n, 4);
         assert_eq!(after, "0", "{class:?}: the thread must be put back when recv returns");
     }
@@ -271,20 +278,14 @@ fn without_app_demotion_only_the_workers_are_demoted() {
     let l = b.listen(6).unwrap();
     let s = a.connect_with_class(b.local_addr(), 6, Class::Throughput).unwrap();
     let p = l.accept().unwrap();
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        tid_tx.send(netchannel::sys::thread_id()).unwrap();
-        let mut buf = [0u8; 16];
-        s.recv(&mut buf).unwrap()
-    });
-    let tid = tid_rx.recv().unwrap();
+    let (tid, reader) = blocked_reader(s);
     // Blocked in recv for a while: never demoted meanwhile.
     for _ in 0..25 {
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(policy_of(tid), "0");
     }
     p.send(b"wake").unwrap();
-    assert_eq!(reader.join().unwrap(), 4);
+    assert_eq!(reader.join().unwrap().0, 4);
 }
 
 /// `AppDemotion::Sticky`: a thread stays demoted after its throughput-class call returns (no
