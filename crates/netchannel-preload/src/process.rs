@@ -345,6 +345,9 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
     num("NETCHANNEL_CHANNELS", &mut c.channels);
     num("NETCHANNEL_SESSION_SHARDS", &mut c.session_shards);
+    let mut ack_timeout_ms = c.ack_timeout.as_millis() as u64;
+    num("NETCHANNEL_ACK_TIMEOUT_MS", &mut ack_timeout_ms);
+    c.ack_timeout = Duration::from_millis(ack_timeout_ms.max(1));
     if let Some(v) = std::env::var_os("NETCHANNEL_APP_DEMOTION") {
         match v.to_str() {
             Some("sticky") => c.app_demotion = netchannel::AppDemotion::Sticky,

@@ -965,6 +965,112 @@ fn peer_killed(hosts: Hosts) {
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }
 
+/// A server process stopped (SIGSTOP) for three times the engine's `ack_timeout`, once while
+/// its client waits for an echo and once while the client fills every window, then continued:
+/// kernel TCP keeps the connection and so must the engine (its peer's kernel still answers).
+/// Before, the connection was reset after `ack_timeout` (or by `TCP_USER_TIMEOUT`'s
+/// zero-window abort).
+fn stopped_peer(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(outputs) = kernel_then_carried(hosts, "stopped", |mut p, carried| {
+        if carried {
+            for side in [&mut p.client, &mut p.server] {
+                side.run_options.extend(["--ack-timeout-ms", "1000"].map(String::from));
+            }
+        }
+        let port = ports(2);
+        let server = p.server.spawn(
+            "python3",
+            &[
+                "-c",
+                "import socket, sys\n\
+                 l = socket.create_server((sys.argv[1], int(sys.argv[2])))\n\
+                 ready = socket.create_server((sys.argv[1], int(sys.argv[2]) + 1))\n\
+                 c, _ = l.accept()\n\
+                 while True:\n\
+                 \x20   d = c.recv(65536)\n\
+                 \x20   if not d:\n\
+                 \x20       break\n\
+                 \x20   c.sendall(d)\n",
+                &p.server.addr,
+                &port.to_string(),
+            ],
+        );
+        p.server.wait_listening(port + 1);
+        let (ready, stopped) = (p.dir.join("ready"), p.dir.join("stopped"));
+        let client = format!(
+            "import os, socket, threading, time\n\
+             c = socket.create_connection(('{addr}', {port}))\n\
+             def echo(n):\n\
+             \x20   got = []\n\
+             \x20   def read():\n\
+             \x20       k = 0\n\
+             \x20       while k < n:\n\
+             \x20           d = c.recv(65536)\n\
+             \x20           if not d:\n\
+             \x20               break\n\
+             \x20           k += len(d)\n\
+             \x20       got.append(k)\n\
+             \x20   t = threading.Thread(target=read)\n\
+             \x20   t.start()\n\
+             \x20   c.sendall(b'x' * n)\n\
+             \x20   t.join()\n\
+             \x20   return got[0]\n\
+             def stop(name):\n\
+             \x20   open('{ready}' + name, 'w').close()\n\
+             \x20   while not os.path.exists('{stopped}' + name):\n\
+             \x20       time.sleep(0.01)\n\
+             try:\n\
+             \x20   print('warm', sum(echo(1000) for _ in range(10)))\n\
+             \x20   stop('1')\n\
+             \x20   print('an echo across a stop', echo(1000))\n\
+             \x20   stop('2')\n\
+             \x20   print('every window filled across a stop', echo(32 << 20))\n\
+             \x20   print('after', echo(1000))\n\
+             except OSError as e:\n\
+             \x20   print('failed:', e.strerror)\n",
+            addr = p.server.addr,
+            ready = ready.display(),
+            stopped = stopped.display(),
+        );
+        let side = p.client.clone();
+        let run = std::thread::spawn(move || side.run("python3", &["-c", &client], T));
+        let group = -(server.0.id() as i32);
+        for round in ["1", "2"] {
+            let ready = p.dir.join(format!("ready{round}"));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !ready.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // SAFETY: signalling the server's own process group, which this test started.
+            unsafe { libc::kill(group, libc::SIGSTOP) };
+            std::fs::write(p.dir.join(format!("stopped{round}")), b"").unwrap();
+            // Three ack timeouts: the client's engine looks at its channels at least twice.
+            std::thread::sleep(Duration::from_millis(3500));
+            // SAFETY: as above.
+            unsafe { libc::kill(group, libc::SIGCONT) };
+        }
+        let out = run.join().expect("client");
+        if carried {
+            let carried = stat(&p.client.stats, "virtual sockets");
+            assert_eq!(carried, 1, "{}", stats_text(&p.client.stats));
+        }
+        drop(server);
+        out
+    }) else {
+        return;
+    };
+    assert_eq!(
+        outputs[0],
+        "warm 10000\nan echo across a stop 1000\nevery window filled across a stop 33554432\n\
+         after 1000\n",
+        "kernel TCP"
+    );
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
 /// `TcpExt: ListenOverflows` of the namespace `ns` (`/proc/net/netstat`): SYNs its kernel
 /// listeners dropped because their accept queue was full.
 fn listen_overflows(ns: &str) -> u64 {
@@ -1113,6 +1219,7 @@ crate::both_testbeds!(
     connection_churn,
     fd_limit,
     peer_killed,
+    stopped_peer,
     small_backlog_burst,
     bound_listener
 );

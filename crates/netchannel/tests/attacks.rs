@@ -19,7 +19,7 @@ use netchannel::{Class, Engine, VSocket};
 
 both_testbeds!(
     syns_claiming_high_indexes_allocate_nothing,
-    a_peer_that_never_acknowledges_is_bounded_and_dropped,
+    a_peer_that_never_acknowledges_is_bounded_and_kept,
     peers_that_never_read_are_bounded,
     slowly_arriving_payloads_do_not_make_readers_spin,
     channels_are_budgeted_per_source_and_in_all,
@@ -266,9 +266,11 @@ fn syns_claiming_high_indexes_allocate_nothing(hosts: Hosts) {
 
 /// A peer that reads what the target sends (so TCP flows) and grants itself window, but never
 /// acknowledges a frame: everything the target sent stayed retained (3 GiB echoed took it to
-/// 3.9 GiB). Now each channel keeps at most `max_retained_bytes` and the channel is closed
-/// after `ack_timeout`.
-fn a_peer_that_never_acknowledges_is_bounded_and_dropped(hosts: Hosts) {
+/// 3.9 GiB). Now each channel keeps at most `max_retained_bytes`, and senders wait. The channel
+/// is not closed after `ack_timeout`: the peer's kernel acknowledges what it reads, so the peer
+/// is alive (a stopped or paused process looks the same), and TCP waits for a live peer; only
+/// a channel whose peer's kernel is silent too is closed (`a_black_holed_peer_is_declared_dead`).
+fn a_peer_that_never_acknowledges_is_bounded_and_kept(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let target = Target::start(&tb, &["--ack-timeout-ms", "2000"]);
     let peer = GoodPeer::new(&tb, target.addr());
@@ -288,9 +290,10 @@ fn a_peer_that_never_acknowledges_is_bounded_and_dropped(hosts: Hosts) {
     let payload = vec![0x55u8; 60 * 1024];
     let mut sent = vec![0u64; STREAMS as usize];
     let mut peak = 0;
-    let ((closed_after, echoed), _) = during(&peer, || {
+    // Three ack timeouts: the target looks at the channel at least twice meanwhile.
+    let ((closed, echoed), _) = during(&peer, || {
         let mut echoed = 0u64;
-        loop {
+        while t0.elapsed() < Duration::from_secs(6) {
             peak = peak.max(rss_bytes(&target.pid));
             // Data within the credit the target grants, on every stream.
             for i in 0..STREAMS as usize {
@@ -298,7 +301,7 @@ fn a_peer_that_never_acknowledges_is_bounded_and_dropped(hosts: Hosts) {
                 if n > 0 {
                     let f = Frame::Data { stream: ids[i], offset: sent[i], payload: &payload[..n] };
                     if ch.send(&[f]).is_err() {
-                        return (t0.elapsed(), echoed);
+                        return (Some(t0.elapsed()), echoed);
                     }
                     sent[i] += n as u64;
                 }
@@ -317,21 +320,16 @@ fn a_peer_that_never_acknowledges_is_bounded_and_dropped(hosts: Hosts) {
                         }
                     }
                 }
-                Err(_) => return (t0.elapsed(), echoed),
+                Err(_) => return (Some(t0.elapsed()), echoed),
             }
-            assert!(t0.elapsed() < Duration::from_secs(8), "the target never dropped the channel");
         }
+        (None, echoed)
     });
-    eprintln!(
-        "the target sent {echoed} DATA frames, then closed the channel after {closed_after:?}"
-    );
+    eprintln!("the target sent {echoed} DATA frames; channel closed: {closed:?}");
     assert!(echoed > 0, "the target never echoed");
+    assert_eq!(closed, None, "the target closed a channel whose peer's kernel answers");
     target.assert_bounded_at("while the peer did not acknowledge (peak)", peak);
-    // ack_timeout (2 s) from its first unacknowledged frame, with a little slack either way.
-    assert!(closed_after >= Duration::from_millis(1800), "closed too early: {closed_after:?}");
-    assert!(closed_after < Duration::from_secs(4), "closed after {closed_after:?}");
-    target.assert_bounded("after the channel was dropped");
-    target.assert_quiet("after the channel was dropped");
+    target.assert_bounded("while the peer still does not acknowledge");
     peer.served_within(Duration::from_secs(1));
 }
 
@@ -771,11 +769,11 @@ fn a_slow_acceptor_holds_neither_its_dial_nor_other_peers(hosts: Hosts) {
     assert!(took < Duration::from_secs(4), "the dial took {took:?}");
 }
 
-/// No keepalive, `TCP_USER_TIMEOUT` or acknowledgement timeout: a black-holed channel was
-/// noticed after about 15 minutes (TCP's retransmissions), or never if idle. Between the
-/// namespaces, host A's link goes down (everything dropped, no reset): a busy channel fails
-/// after `user_timeout`, an idle one after `keepalive_idle` + `keepalive_count` x
-/// `keepalive_interval`.
+/// No keepalive or acknowledgement timeout: a black-holed channel was noticed after about 15
+/// minutes (TCP's retransmissions), or never if idle. Between the namespaces, host A's link
+/// goes down (everything dropped, no reset): a busy channel fails once neither the peer engine
+/// (`ack_timeout`) nor the peer's kernel (`user_timeout`, read from `TCP_INFO`) acknowledged
+/// anything, an idle one after `keepalive_idle` + `keepalive_count` x `keepalive_interval`.
 fn a_black_holed_peer_is_declared_dead(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let Some((ns, dev)) = tb.link_a.clone() else { return }; // loopback cannot be cut
@@ -809,7 +807,8 @@ fn a_black_holed_peer_is_declared_dead(hosts: Hosts) {
     link("up");
     eprintln!("a black-holed peer was declared dead after {took:?}: {err}");
     assert_eq!(err.kind(), ErrorKind::ConnectionReset, "{err}");
-    // user_timeout (2 s) for the busy channels, keepalive (1 + 2 x 1 s) for idle ones; the
+    // ack_timeout and user_timeout (2 s; looked at again 2 s later if the kernel's silence was
+    // a little short of it) for the busy channels, keepalive (1 + 2 x 1 s) for idle ones; the
     // session dies with its last channel.
     assert!(took < Duration::from_secs(8), "declared dead after {took:?}");
 }

@@ -20,15 +20,13 @@ use crate::wire::{Class, Handshake, HandshakeKind, RejectReason, WireError};
 #[derive(Debug, Clone)]
 pub struct TcpOptions {
     /// Liveness: an idle channel is probed after this long without traffic (`TCP_KEEPIDLE`),
-    /// then every `keepalive_interval`, `keepalive_count` times; a channel whose sent bytes
-    /// the peer's kernel has not acknowledged for `user_timeout` fails (`TCP_USER_TIMEOUT`).
+    /// then every `keepalive_interval`, `keepalive_count` times. (A busy one is watched by the
+    /// engine: `SessionRt::black_holed`.)
     pub keepalive_idle: Duration,
     /// Time between keepalive probes.
     pub keepalive_interval: Duration,
     /// Unanswered probes before the channel fails.
     pub keepalive_count: u32,
-    /// See `keepalive_idle`.
-    pub user_timeout: Duration,
     /// Unsent bytes the kernel may hold per channel (`TCP_NOTSENT_LOWAT`): the rest waits in
     /// user space, where the scheduler still decides.
     pub notsent_lowat: u32,
@@ -82,8 +80,6 @@ pub fn configure(sock: &TcpStream, class: Class, opts: &TcpOptions) -> io::Resul
     sys::set_int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, interval)?;
     let count = opts.keepalive_count.clamp(1, 127) as i32;
     sys::set_int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, count)?;
-    let user_timeout = opts.user_timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-    sys::set_int_sockopt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_timeout)?;
     let lowat = match class {
         Class::Throughput => opts.notsent_lowat,
         Class::Latency => opts.latency_notsent_lowat,

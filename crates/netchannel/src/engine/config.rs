@@ -218,8 +218,13 @@ pub struct Config {
     pub max_retained_bytes: u64,
     /// Frames a channel holds unacknowledged before it takes no more.
     pub max_retained_frames: usize,
-    /// A channel whose peer acknowledged nothing for this long while frames waited for it is
-    /// closed (its frames go on the other channels): a peer that stopped processing.
+    /// A channel whose peer engine acknowledged nothing for this long while frames waited for it
+    /// is looked at. Closed (its frames go on the other channels) if the peer engine
+    /// acknowledged its other channels meanwhile (this one is broken), or if the peer's kernel
+    /// is silent too (`user_timeout`: a black hole); else looked at again after as long. A peer
+    /// whose kernel answers while its engine processes nothing is alive and only paused (a
+    /// stopped process, a debugger's breakpoint), and TCP waits for it; what it may cost
+    /// meanwhile is bounded (`max_retained_bytes`).
     pub ack_timeout: Duration,
     /// An idle channel is probed after this long without traffic (TCP keepalive).
     pub keepalive_idle: Duration,
@@ -227,8 +232,10 @@ pub struct Config {
     pub keepalive_interval: Duration,
     /// Unanswered probes before an idle channel is dead.
     pub keepalive_count: u32,
-    /// Sent bytes the peer's kernel has not acknowledged for this long fail the channel
-    /// (`TCP_USER_TIMEOUT`): a black-holed busy channel.
+    /// A channel whose peer engine acknowledged nothing for `ack_timeout` fails if its bytes
+    /// in flight have had no acknowledgement from the peer's kernel either for this long (a
+    /// black hole; read from `TCP_INFO`, not set as `TCP_USER_TIMEOUT`, whose zero-window abort
+    /// would also drop a peer that only stopped reading).
     pub user_timeout: Duration,
     /// Answer `netchannel stat` through a control endpoint: a Unix socket that only this user
     /// (and root) can reach, in `control_dir`. Off: nothing outside the process sees the engine.

@@ -196,7 +196,6 @@ impl Engine {
                 keepalive_idle: config.keepalive_idle,
                 keepalive_interval: config.keepalive_interval,
                 keepalive_count: config.keepalive_count,
-                user_timeout: config.user_timeout,
                 dial_source: config.dial_source,
             },
             stopping: AtomicBool::new(false),

@@ -750,10 +750,21 @@ impl SessionRt {
     }
 
     /// Runs the core's timers (connect and linger deadlines) and closes channels whose peer
-    /// acknowledged nothing for `ack_timeout` while frames waited for it.
+    /// acknowledged nothing for `ack_timeout` while frames waited for it: at once if the peer
+    /// engine acknowledges its other channels (this one is broken), else only if the peer's
+    /// kernel is silent too (`black_holed`). A peer whose kernel answers and whose engine
+    /// processes nothing is a stopped or paused process, and TCP waits for such a peer.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
         let (pending, dead, surplus) = self.with_core(|core| {
-            let dead = core.unacknowledging_channels(now);
+            let mut dead = Vec::new();
+            for (id, engine_alive) in core.unacknowledging_channels(now) {
+                let gone = engine_alive || self.channel(id).is_none_or(|ch| self.black_holed(&ch));
+                if gone {
+                    dead.push((id, engine_alive));
+                } else {
+                    core.rearm_ack_clock(id, now);
+                }
+            }
             // Only the dialing side adds channels, so only it gives them back.
             let surplus = if self.initiator && core.next_surplus_check().is_some_and(|t| t <= now) {
                 core.surplus_channel(now)
@@ -769,12 +780,19 @@ impl SessionRt {
         if let Some(ch) = surplus.and_then(|id| self.channel(id)) {
             self.retire(&ch);
         }
-        for id in dead {
+        for (id, engine_alive) in dead {
             if let Some(ch) = self.channel(id) {
-                let why = format!(
-                    "the peer acknowledged nothing for {:?} (ack_timeout)",
-                    self.ctx.config.ack_timeout
-                );
+                let (timeout, user_timeout) =
+                    (self.ctx.config.ack_timeout, self.ctx.config.user_timeout);
+                let why = if engine_alive {
+                    format!(
+                        "the peer acknowledged nothing on it for {timeout:?} (ack_timeout) while it acknowledged its other channels"
+                    )
+                } else {
+                    format!(
+                        "neither the peer engine (for {timeout:?}) nor its kernel (for {user_timeout:?}) acknowledged"
+                    )
+                };
                 self.channel_failed(
                     &ch,
                     ChannelError::Io(io::Error::new(io::ErrorKind::TimedOut, why)),
@@ -784,6 +802,20 @@ impl SessionRt {
         if pending {
             self.transmit_all();
         }
+    }
+
+    /// Whether `ch` looks black-holed (`TCP_INFO`): bytes wait to be sent or acknowledged and
+    /// the peer's kernel acknowledged nothing for `user_timeout`, with the window open or a
+    /// zero-window probe unanswered. A peer that stopped reading keeps its window closed and
+    /// answers every probe (more and more rarely as they back off), so it is alive. The
+    /// kernel's own `TCP_USER_TIMEOUT` is not used for this: it also aborts a connection whose
+    /// peer keeps its window closed that long while answering every probe.
+    fn black_holed(&self, ch: &Channel) -> bool {
+        let Some(info) = crate::sys::tcp_info(ch.fd()) else { return true };
+        let silent = std::time::Duration::from_millis(info.last_ack_recv_ms.into());
+        let waiting = info.unacked > 0 || info.notsent_bytes > 0;
+        let unanswered = info.snd_wnd > 0 || info.probes > 0;
+        waiting && unanswered && silent >= self.ctx.config.user_timeout
     }
 
     /// When the worker must next run this session's timers (stream deadlines, the peer's

@@ -1354,10 +1354,39 @@ fn a_peer_that_never_acknowledges_holds_a_bounded_retention_and_is_timed_out() {
     let unsent = p.sides[0].stats().unsent_bytes;
     assert!(sent <= retained + unsent, "sent {sent}, retained {retained}, unsent {unsent}");
     assert!(!p.sides[0].handle(a).writable(), "the sender must wait, not grow memory");
-    // No acknowledgement for the timeout: the channel is reported dead.
+    // No acknowledgement for the timeout: the channel is reported, with the peer engine
+    // silent on every channel (the runtime asks the channel's TCP state what that means).
     assert!(p.sides[0].unacknowledging_channels(p.now).is_empty());
     let later = p.now + Duration::from_secs(3);
-    assert_eq!(p.sides[0].unacknowledging_channels(later), vec![ch]);
+    assert_eq!(p.sides[0].unacknowledging_channels(later), vec![(ch, false)]);
+}
+
+#[test]
+fn a_channel_whose_frames_vanish_while_the_peer_acknowledges_others_is_broken() {
+    // Side 0's frames on channel 0 never arrive (its connection is gone and nobody noticed);
+    // channel 1 works, and side 1 acknowledges what comes on it.
+    let cfg = CoreConfig { window: 64 << 20, ack_timeout: Duration::from_millis(30), ..config() };
+    let mut p = Pair::new(29, &[Class::Throughput; 2], cfg);
+    let (a, b) = p.open(80, Class::Throughput);
+    let broken = p.links[0].index;
+    // Sends of more than a home channel keeps (64 KiB unsent): the frames spread over both.
+    let chunk = vec![7u8; 256 * 1024];
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut reported = None;
+    for _ in 0..2000 {
+        let _ = p.sides[0].handle(a).send(&chunk);
+        p.transmit(0);
+        p.links[0].dirs[0].pipe.clear();
+        p.step();
+        let _ = p.recv(1, b, &mut buf);
+        let due = p.sides[0].unacknowledging_channels(p.now);
+        if !due.is_empty() {
+            reported = Some(due);
+            break;
+        }
+    }
+    // Reported as broken (the peer engine is processing), not as a silent peer.
+    assert_eq!(reported, Some(vec![(broken, true)]));
 }
 
 #[test]

@@ -695,6 +695,17 @@ pub struct TcpInfo {
     pub bytes_retrans: u64,
     /// Congestion window, segments.
     pub snd_cwnd: u32,
+    /// Segments sent and not yet acknowledged by the peer's kernel.
+    pub unacked: u32,
+    /// Milliseconds since the peer's kernel last acknowledged anything (its answers to
+    /// zero-window probes included).
+    pub last_ack_recv_ms: u32,
+    /// Bytes queued in the socket and not sent yet.
+    pub notsent_bytes: u32,
+    /// The window the peer's kernel last advertised, bytes (0: it is not reading).
+    pub snd_wnd: u32,
+    /// Zero-window probes sent and not answered (an answer resets it).
+    pub probes: u8,
 }
 
 /// `TCP_INFO` of a TCP socket; `None` for anything else.
@@ -719,6 +730,11 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> Option<TcpInfo> {
         total_retrans: info.tcpi_total_retrans,
         bytes_retrans: info.tcpi_bytes_retrans,
         snd_cwnd: info.tcpi_snd_cwnd,
+        unacked: info.tcpi_unacked,
+        last_ack_recv_ms: info.tcpi_last_ack_recv,
+        notsent_bytes: info.tcpi_notsent_bytes,
+        snd_wnd: info.tcpi_snd_wnd,
+        probes: info.tcpi_probes,
     })
 }
 

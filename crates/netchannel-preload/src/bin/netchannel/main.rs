@@ -120,6 +120,12 @@ struct Run {
     /// lock; 1 puts every thread's connections to a peer in one session.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=63))]
     session_shards: Option<u16>,
+    /// How long a channel's frames may wait for the peer engine's acknowledgement before the
+    /// channel is looked at (default 20,000): closed if the peer acknowledges its other
+    /// channels or its kernel is silent too; kept, as TCP keeps a connection to a stopped
+    /// process, if only its engine is.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(100..))]
+    ack_timeout_ms: Option<u64>,
     /// How the program's threads are demoted while the engine isolates latency-class sockets
     /// from throughput-class ones (default sticky: a thread that only does throughput work
     /// stays demoted; per-call: only during each such call; off: only the engine's workers).
@@ -246,6 +252,7 @@ fn main() {
     limit("NETCHANNEL_MAX_STREAMS", run.max_streams.map(|v| v.to_string()));
     limit("NETCHANNEL_CHANNELS", run.channels.map(|v| v.to_string()));
     limit("NETCHANNEL_SESSION_SHARDS", run.session_shards.map(|v| v.to_string()));
+    limit("NETCHANNEL_ACK_TIMEOUT_MS", run.ack_timeout_ms.map(|v| v.to_string()));
     limit("NETCHANNEL_APP_DEMOTION", run.app_demotion.map(|m| m.name().to_string()));
     if let Some(base) = raise_fd_limit() {
         envs.push(("NETCHANNEL_FD_BASE", base.to_string().into()));

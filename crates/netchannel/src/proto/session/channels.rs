@@ -316,6 +316,7 @@ impl<U: Default> Session<U> {
         }
         // Progress: the peer is alive; what still waits is timed from now.
         st.unacked_since = (!st.retained.is_empty()).then_some(now);
+        self.peer_progress = Some(now);
         if was_full && !full(st) && !self.tx_ready.contains(&channel) {
             self.tx_ready.push(channel);
         }
@@ -406,16 +407,31 @@ impl<U: Default> Session<U> {
         })
     }
 
-    /// Channels whose peer acknowledged nothing for `ack_timeout` while frames waited for it:
-    /// the peer is gone or does not acknowledge; the caller closes them.
-    pub fn unacknowledging_channels(&self, now: Instant) -> Vec<ChannelId> {
+    /// Channels whose peer acknowledged nothing for `ack_timeout` while frames waited for it,
+    /// each with whether the peer engine acknowledged frames on other channels meanwhile
+    /// (within the last half `ack_timeout`). If it did, it is processing, and this channel is
+    /// broken (its connection lost, its frames never delivered): the caller closes it. If not,
+    /// the whole peer is silent: a stopped or paused process (which TCP waits for) or a black
+    /// hole; only the channel's TCP state tells them apart, and the caller asks it.
+    pub fn unacknowledging_channels(&self, now: Instant) -> Vec<(ChannelId, bool)> {
+        let engine_alive = self
+            .peer_progress
+            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.ack_timeout / 2);
         self.open_channels()
             .filter(|st| {
                 st.unacked_since
                     .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.ack_timeout)
             })
-            .map(|st| st.id)
+            .map(|st| (st.id, engine_alive))
             .collect()
+    }
+
+    /// The runtime found channel `id`'s peer alive (its kernel acknowledges) though its engine
+    /// acknowledged nothing for `ack_timeout`: look again after another `ack_timeout`.
+    pub fn rearm_ack_clock(&mut self, id: ChannelId, now: Instant) {
+        if let Some(st) = self.channel_mut(id).filter(|st| st.unacked_since.is_some()) {
+            st.unacked_since = Some(now);
+        }
     }
 
     /// The next time a channel may become unacknowledging (for the runtime's timers).

@@ -226,6 +226,8 @@ pub struct Session<U> {
     rx_granted: u64,
     /// DATA bytes retained on every channel (the sum of their `retained_bytes`).
     retained_total: u64,
+    /// When the peer engine last acknowledged new frames, on any channel: it is processing.
+    peer_progress: Option<Instant>,
     /// Streams that want more credit than the receive budget had room for, in order.
     starved: VecDeque<StreamId>,
     /// Acknowledged send-buffer chunks kept for the next writes (see `SpareChunks`).
@@ -268,6 +270,7 @@ impl<U: Default> Session<U> {
             tx_ready: Vec::new(),
             rx_granted: 0,
             retained_total: 0,
+            peer_progress: None,
             starved: VecDeque::new(),
             spares: SpareChunks::default(),
             acked_streams: Vec::new(),
