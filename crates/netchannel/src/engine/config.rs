@@ -158,7 +158,9 @@ pub struct Config {
     pub max_peer_buffered: u64,
     /// The window every stream is granted whatever the receive budget, so that a stream its
     /// application reads always makes progress (what each open stream can make this engine
-    /// hold, beyond the budget).
+    /// hold, beyond the budget). 64 KiB, about the window a Linux socket's default receive
+    /// buffer gives: with 10,000 streams to a peer, 16 KiB made every stream go through a
+    /// credit round trip and a wake-up per 8 KiB (docs/BENCHMARKS.md, "A stream's own window").
     pub min_stream_window: u32,
     /// The same over every peer together (each session gets a share, one stream window at
     /// least).
@@ -297,7 +299,7 @@ impl Default for Config {
             max_handshakes: 64,
             max_sessions: 256,
             max_peer_buffered: 32 << 20,
-            min_stream_window: 16 * 1024,
+            min_stream_window: 64 * 1024,
             max_buffered: 1 << 30,
             max_send_buffered: 1 << 30,
             unaccepted_window: 64 * 1024,
