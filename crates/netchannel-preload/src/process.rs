@@ -322,6 +322,9 @@ pub(crate) fn client_engine() -> Option<&'static Engine> {
 /// non-blocking one, before it falls back to kernel TCP.
 pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_millis(250);
 
+/// Session shards per peer for a program (`netchannel run --session-shards`'s default).
+const PROGRAM_SESSION_SHARDS: usize = 16;
+
 /// The engine's configuration: `netchannel run`'s key file and budgets, from the environment.
 /// `None` when a key file was asked for and cannot be read: then no engine starts (the
 /// program's connections stay kernel TCP) rather than one that admits peers without the key.
@@ -344,6 +347,10 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     num("NETCHANNEL_MAX_CHANNELS_PER_SOURCE", &mut c.max_channels_per_source);
     num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
     num("NETCHANNEL_CHANNELS", &mut c.channels);
+    // A program's threads are mostly a connection's each (memcslap's, iperf3's): a session
+    // per thread, as a socket per connection, took 8-13% more keys and Gbit/s than one per core
+    // (docs/BENCHMARKS.md, "Sixteen session shards"). The Rust API keeps one per core.
+    c.session_shards = PROGRAM_SESSION_SHARDS;
     num("NETCHANNEL_SESSION_SHARDS", &mut c.session_shards);
     let mut ack_timeout_ms = c.ack_timeout.as_millis() as u64;
     num("NETCHANNEL_ACK_TIMEOUT_MS", &mut ack_timeout_ms);

@@ -115,9 +115,10 @@ struct Run {
     /// each application thread that talks to a peer keeps its messages to one of them.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=63))]
     channels: Option<u16>,
-    /// Sessions to each peer engine, 1 to 63 (default: one per core, at most 16): each
-    /// application thread that opens connections to a peer takes the next, so threads share no
-    /// lock; 1 puts every thread's connections to a peer in one session.
+    /// Sessions to each peer engine, 1 to 63 (default 16): each application thread that opens
+    /// connections to a peer takes the next, so threads share no lock and each thread's
+    /// connections keep to channels of their own; 1 puts every thread's connections to a peer
+    /// in one session.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=63))]
     session_shards: Option<u16>,
     /// How long a channel's frames may wait for the peer engine's acknowledgement before the
