@@ -12,6 +12,7 @@ use netchannel::{Class, Policy, VSocket};
 
 both_testbeds!(
     one_gib_striped_over_four_channels,
+    a_bulk_stream_written_by_four_workers_arrives_whole,
     ten_thousand_concurrent_sockets,
     half_close,
     close_with_unread_data_resets_peer,
@@ -58,6 +59,42 @@ fn one_gib_striped_over_four_channels(hosts: Hosts) {
     for bytes in &striped {
         assert!(*bytes > LEN / 16, "round-robin should use every channel: {striped:?}");
     }
+    assert_eq!(s.stats().bytes_sent, LEN);
+    assert_eq!(stats.protocol_errors, 0);
+}
+
+/// With workers to spare (`Config::spread_bulk_writes`, 3 workers or more), one thread's bulk
+/// stream is written by its channels' workers beside the thread: every byte still arrives in
+/// order, over every channel.
+fn a_bulk_stream_written_by_four_workers_arrives_whole(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| {
+        c.channels = 4;
+        c.max_channels = 4;
+        c.workers = 4;
+        c.policy = Policy::RoundRobin;
+    });
+    let l = b.listen(1).unwrap();
+    let s = a.connect(b.local_addr(), 1).unwrap();
+    let p = l.accept().unwrap();
+    const LEN: u64 = 256 << 20;
+    let sender = std::thread::spawn(move || {
+        // Writes of odd sizes: frames and chunks end anywhere.
+        send_pattern(&s, 9, LEN, (1 << 20) + 4097);
+        s.shutdown().unwrap();
+        s
+    });
+    assert_eq!(recv_pattern(&p, 9, 1 << 20), LEN);
+    let s = sender.join().unwrap();
+    let stats = a.stats();
+    let striped: Vec<u64> = stats
+        .channels
+        .iter()
+        .filter(|c| c.channel.class == Class::Throughput)
+        .map(|c| c.channel.tx_bytes)
+        .collect();
+    assert_eq!(striped.len(), 4, "{striped:?}");
+    assert!(striped.iter().all(|&b| b > LEN / 16), "every channel carries bytes: {striped:?}");
     assert_eq!(s.stats().bytes_sent, LEN);
     assert_eq!(stats.protocol_errors, 0);
 }

@@ -133,6 +133,10 @@ pub struct Config {
     pub congestion: Vec<String>,
     /// Worker threads serving throughput channels when no application thread does.
     pub workers: usize,
+    /// With 3 workers or more (4 cores), a thread's bulk sends (frames not kept to its home
+    /// channel) are written by the channels' workers while the thread writes one channel
+    /// itself: one application thread's stream spreads its kernel work over several cores.
+    pub spread_bulk_writes: bool,
     /// DATA payloads at least this large stay in the socket until their reader reads them
     /// straight into its buffer (0: never; everything is staged).
     pub defer_min: usize,
@@ -293,6 +297,7 @@ impl Default for Config {
             latency_notsent_lowat: 16 * 1024,
             congestion: vec!["cubic".into(), "reno".into()],
             workers: cores().saturating_sub(1).max(1),
+            spread_bulk_writes: true,
             defer_min: 32 * 1024,
             defer_grace: Duration::from_millis(2),
             linger: Duration::from_secs(30),

@@ -36,6 +36,9 @@ const MAX_FRAMES: usize = 256;
 /// A stream whose reader read a payload straight from a channel this recently is being read:
 /// its next payload is left for it too.
 const ACTIVE_READER: std::time::Duration = std::time::Duration::from_micros(200);
+/// Workers a machine needs before bulk writes are spread over them (`SessionRt::spreads_bulk`):
+/// 4 cores.
+const SPREAD_MIN_WORKERS: usize = 3;
 
 /// Nanoseconds since the first call in this process: a clock that fits in an atomic.
 pub(crate) fn clock_ns() -> u64 {
@@ -701,6 +704,27 @@ impl SessionRt {
             return;
         }
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        if self.spreads_bulk(class, channels.len()) {
+            // Cores to spare: the other channels' kernel work (the copy into the socket, TCP)
+            // goes to their workers, and this thread writes one channel itself meanwhile, so a
+            // single thread's stream runs on several cores.
+            let core = self.core();
+            let others = (1..channels.len()).map(|k| &channels[(start + k) % channels.len()]);
+            let others: Vec<_> = others
+                .filter(|c| {
+                    !c.tx_blocked.load(Ordering::Acquire) && core.has_transmit(c.meta.index)
+                })
+                .collect();
+            drop(core);
+            for ch in others {
+                self.ctx.workers[ch.worker].service_tx(ch.uid);
+            }
+            let own = &channels[start % channels.len()];
+            if !own.tx_blocked.load(Ordering::Acquire) && self.tx_once(own, false) {
+                self.ctx.workers[own.worker].service_tx(own.uid);
+            }
+            return;
+        }
         let mut left = None;
         for k in 0..channels.len() {
             let ch = &channels[(start + k) % channels.len()];
@@ -726,6 +750,17 @@ impl SessionRt {
         if channels.iter().all(|c| c.tx_blocked.load(Ordering::Acquire)) {
             self.ctx.grow(self, class);
         }
+    }
+
+    /// Whether a thread's shared (bulk) throughput frames are written by the channels'
+    /// workers beside it (`Config::spread_bulk_writes`, with `SPREAD_MIN_WORKERS` workers or
+    /// more: on fewer cores the workers would only take the cores the application and its
+    /// peer use).
+    fn spreads_bulk(&self, class: Class, channels: usize) -> bool {
+        class == Class::Throughput
+            && channels > 1
+            && self.ctx.config.spread_bulk_writes
+            && self.ctx.workers.len() >= SPREAD_MIN_WORKERS
     }
 
     /// Writes everything queued for every class.
