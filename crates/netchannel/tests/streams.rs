@@ -23,6 +23,7 @@ both_testbeds!(
     nonblocking_with_epoll_readiness,
     one_poller_drives_many_sockets,
     channels_scale_up_under_backpressure,
+    channels_scale_up_under_backpressure_with_spread_writes,
     blocking_send_of_exactly_the_window_returns,
     full_backlog_makes_connects_wait_not_fail,
     a_receiver_that_stops_coming_back_is_covered_by_the_worker,
@@ -518,8 +519,21 @@ fn one_small_channel_that_may_grow(c: &mut netchannel::Config) {
 }
 
 fn channels_scale_up_under_backpressure(hosts: Hosts) {
+    scale_up_under_backpressure(hosts, None);
+}
+
+/// The same with the bulk writes spread over the workers (as on a machine of 4 cores or more):
+/// a sender whose channels are all full still adds one.
+fn channels_scale_up_under_backpressure_with_spread_writes(hosts: Hosts) {
+    scale_up_under_backpressure(hosts, Some(4));
+}
+
+fn scale_up_under_backpressure(hosts: Hosts, workers: Option<usize>) {
     let Some(tb) = Testbed::of(hosts) else { return };
-    let (a, b) = tb.engines(one_small_channel_that_may_grow);
+    let (a, b) = tb.engines(|c| {
+        one_small_channel_that_may_grow(c);
+        c.workers = workers.unwrap_or(c.workers);
+    });
     // Between the namespaces a fast machine's veth can outrun the sender (then no channel
     // is full and none should be added: 1 run in 30-50 saw that): host A's link is held to
     // 2 Gbit/s, so the channel is the bottleneck whatever the machine.

@@ -723,6 +723,9 @@ impl SessionRt {
             if !own.tx_blocked.load(Ordering::Acquire) && self.tx_once(own, false) {
                 self.ctx.workers[own.worker].service_tx(own.uid);
             }
+            if channels.iter().all(|c| c.tx_blocked.load(Ordering::Acquire)) {
+                self.ctx.grow(self, class); // as below: every channel full, bytes left
+            }
             return;
         }
         let mut left = None;
