@@ -472,8 +472,15 @@ impl ThreadTx {
 
 /// Sends closer together than this, with no wait in between, are a burst: they coalesce.
 const BURST_GAP: Duration = Duration::from_micros(20);
-/// A thread that deferred this many bytes writes them now: large batches, bounded delay.
-const FLUSH_BYTES: usize = 64 * 1024;
+/// A thread that deferred this many bytes writes them now: large batches, bounded delay. 256
+/// KiB: at 64 KiB a burst of 16 or 64 KiB writes went out one `writev` per write, and one
+/// stream of 64 KiB writes ran at 34 Gbit/s against 54 now (docs/BENCHMARKS.md, "A burst
+/// leaves in 256 KiB").
+const FLUSH_BYTES: usize = 256 * 1024;
+/// The same for a program's socket (`observed`): its writes leave as kernel TCP would send them,
+/// sooner. At 256 KiB a write of 64-255 KiB waited for the program's next one, and
+/// redis-benchmark's 4 KiB GETs (16 answers written at once) and iperf3 lost 13-20%.
+const FLUSH_BYTES_OBSERVED: usize = 64 * 1024;
 /// The same for an unmodified program's event loop answering several streams: their peers
 /// start on the first answers while the loop is still producing the rest, instead of the two
 /// sides taking turns a whole iteration at a time (redis-benchmark against redis-server ran
@@ -501,7 +508,8 @@ pub(crate) fn send_now(
         let burst = !t.waited && t.last_send.is_some_and(|l| now.duration_since(l) < BURST_GAP);
         t.last_send = Some(now);
         t.waited = false;
-        if !(t.event_loop || burst) || bytes >= FLUSH_BYTES {
+        let flush = if observed { FLUSH_BYTES_OBSERVED } else { FLUSH_BYTES };
+        if !(t.event_loop || burst) || bytes >= flush {
             return true;
         }
         t.deferred += bytes;
@@ -511,7 +519,7 @@ pub(crate) fn send_now(
             Some(first) if first != stream && observed => t.several_streams = true,
             Some(_) => {}
         }
-        let limit = if t.several_streams { FLUSH_BYTES_SEVERAL } else { FLUSH_BYTES };
+        let limit = if t.several_streams { FLUSH_BYTES_SEVERAL } else { flush };
         if t.deferred >= limit {
             // Written now, with everything else this thread deferred on `session`.
             t.deferred = 0;
