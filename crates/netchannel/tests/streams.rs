@@ -30,6 +30,19 @@ both_testbeds!(
 );
 
 fn one_gib_striped_over_four_channels(hosts: Hosts) {
+    striped_over_four_channels(hosts, None, 1 << 30, 1 << 20);
+}
+
+/// With workers to spare (`Config::spread_bulk_writes`, 3 workers or more), one thread's bulk
+/// stream is written by its channels' workers beside the thread: every byte still arrives in
+/// order, over every channel. Writes of odd sizes: frames and chunks end anywhere.
+fn a_bulk_stream_written_by_four_workers_arrives_whole(hosts: Hosts) {
+    striped_over_four_channels(hosts, Some(4), 256 << 20, (1 << 20) + 4097);
+}
+
+/// One thread sends `len` bytes in writes of `write` over four round-robin channels (with
+/// `workers` workers, if given): they arrive whole and every channel carries a share.
+fn striped_over_four_channels(hosts: Hosts, workers: Option<usize>, len: u64, write: usize) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|c| {
         c.channels = 4;
@@ -37,17 +50,17 @@ fn one_gib_striped_over_four_channels(hosts: Hosts) {
         // adds one (CI under load once striped over 5).
         c.max_channels = 4;
         c.policy = Policy::RoundRobin;
+        c.workers = workers.unwrap_or(c.workers);
     });
     let l = b.listen(1).unwrap();
     let s = a.connect(b.local_addr(), 1).unwrap();
     let p = l.accept().unwrap();
-    const LEN: u64 = 1 << 30;
     let sender = std::thread::spawn(move || {
-        send_pattern(&s, 7, LEN, 1 << 20);
+        send_pattern(&s, 7, len, write);
         s.shutdown().unwrap();
         s
     });
-    assert_eq!(recv_pattern(&p, 7, 1 << 20), LEN);
+    assert_eq!(recv_pattern(&p, 7, 1 << 20), len);
     let s = sender.join().unwrap();
     let stats = a.stats();
     let striped: Vec<u64> = stats
@@ -58,45 +71,9 @@ fn one_gib_striped_over_four_channels(hosts: Hosts) {
         .collect();
     assert_eq!(striped.len(), 4, "{striped:?}");
     for bytes in &striped {
-        assert!(*bytes > LEN / 16, "round-robin should use every channel: {striped:?}");
+        assert!(*bytes > len / 16, "round-robin should use every channel: {striped:?}");
     }
-    assert_eq!(s.stats().bytes_sent, LEN);
-    assert_eq!(stats.protocol_errors, 0);
-}
-
-/// With workers to spare (`Config::spread_bulk_writes`, 3 workers or more), one thread's bulk
-/// stream is written by its channels' workers beside the thread: every byte still arrives in
-/// order, over every channel.
-fn a_bulk_stream_written_by_four_workers_arrives_whole(hosts: Hosts) {
-    let Some(tb) = Testbed::of(hosts) else { return };
-    let (a, b) = tb.engines(|c| {
-        c.channels = 4;
-        c.max_channels = 4;
-        c.workers = 4;
-        c.policy = Policy::RoundRobin;
-    });
-    let l = b.listen(1).unwrap();
-    let s = a.connect(b.local_addr(), 1).unwrap();
-    let p = l.accept().unwrap();
-    const LEN: u64 = 256 << 20;
-    let sender = std::thread::spawn(move || {
-        // Writes of odd sizes: frames and chunks end anywhere.
-        send_pattern(&s, 9, LEN, (1 << 20) + 4097);
-        s.shutdown().unwrap();
-        s
-    });
-    assert_eq!(recv_pattern(&p, 9, 1 << 20), LEN);
-    let s = sender.join().unwrap();
-    let stats = a.stats();
-    let striped: Vec<u64> = stats
-        .channels
-        .iter()
-        .filter(|c| c.channel.class == Class::Throughput)
-        .map(|c| c.channel.tx_bytes)
-        .collect();
-    assert_eq!(striped.len(), 4, "{striped:?}");
-    assert!(striped.iter().all(|&b| b > LEN / 16), "every channel carries bytes: {striped:?}");
-    assert_eq!(s.stats().bytes_sent, LEN);
+    assert_eq!(s.stats().bytes_sent, len);
     assert_eq!(stats.protocol_errors, 0);
 }
 
