@@ -690,6 +690,94 @@ fn node(hosts: Hosts) {
     assert_eq!(stat(&p.server.stats, "relayed"), 0, "{}", stats_text(&p.server.stats));
 }
 
+/// A Java program: `com.sun.net.httpserver` (a selector thread and a pool of 4) against
+/// `java.net.http.HttpClient` (its own selector thread, sequential then concurrent requests) and
+/// a plain blocking `Socket` with a read timeout (JDK 17's `NioSocketImpl`: `poll` on a
+/// non-blocking socket, and closing by `dup2` over the fd): the same output as on kernel TCP.
+fn java(hosts: Hosts) {
+    if !have("java") {
+        return;
+    }
+    let Some(outputs) = kernel_then_carried(hosts, "java", |p, carried| {
+        let port = ports(1);
+        let (srv, cli) = (p.dir.join("Srv.java"), p.dir.join("Cli.java"));
+        std::fs::write(&srv, JAVA_SERVER).unwrap();
+        std::fs::write(&cli, JAVA_CLIENT).unwrap();
+        let server = p
+            .server
+            .spawn("java", &[&srv.display().to_string(), &p.server.addr, &port.to_string()]);
+        p.server.wait_listening(port);
+        let out = p.client.run(
+            "java",
+            &[&cli.display().to_string(), &p.server.addr, &port.to_string(), "40"],
+            T,
+        );
+        server.stop();
+        if carried {
+            let text = stats_text(&p.client.stats);
+            assert!(stat(&p.client.stats, "direct") > 0, "{text}");
+            assert_eq!(stat(&p.client.stats, "relayed"), 0, "{text}");
+            assert_eq!(stat(&p.client.stats, "kernel tcp"), 0, "{text}");
+        }
+        out
+    }) else {
+        return;
+    };
+    assert_eq!(outputs[0], format!("raw socket read all\nok {}\n", 2 * 40 * 4096), "kernel TCP");
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
+const JAVA_SERVER: &str = r#"import com.sun.net.httpserver.*;
+import java.net.*;
+import java.util.concurrent.*;
+public class Srv {
+    public static void main(String[] a) throws Exception {
+        HttpServer s = HttpServer.create(new InetSocketAddress(a[0], Integer.parseInt(a[1])), 128);
+        byte[] body = new byte[4096];
+        for (int i = 0; i < body.length; i++) body[i] = (byte) ('a' + i % 26);
+        s.createContext("/", x -> {
+            x.sendResponseHeaders(200, body.length);
+            try (var o = x.getResponseBody()) { o.write(body); }
+        });
+        s.setExecutor(Executors.newFixedThreadPool(4));
+        s.start();
+        System.out.println("listening");
+    }
+}
+"#;
+
+const JAVA_CLIENT: &str = r#"import java.net.*;
+import java.net.http.*;
+import java.util.*;
+import java.util.concurrent.*;
+public class Cli {
+    public static void main(String[] a) throws Exception {
+        var c = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
+        var uri = URI.create("http://" + a[0] + ":" + a[1] + "/");
+        int n = Integer.parseInt(a[2]);
+        long bytes = 0;
+        for (int i = 0; i < n; i++) {
+            var r = c.send(HttpRequest.newBuilder(uri).build(), HttpResponse.BodyHandlers.ofByteArray());
+            bytes += r.body().length;
+        }
+        List<CompletableFuture<HttpResponse<byte[]>>> fs = new ArrayList<>();
+        for (int i = 0; i < n; i++)
+            fs.add(c.sendAsync(HttpRequest.newBuilder(uri).build(), HttpResponse.BodyHandlers.ofByteArray()));
+        for (var f : fs) bytes += f.get().body().length;
+        // Plain blocking sockets (NioSocketImpl): an echo through a raw socket with a timeout.
+        try (var s = new Socket()) {
+            s.connect(new InetSocketAddress(a[0], Integer.parseInt(a[1])), 2000);
+            s.setSoTimeout(2000);
+            s.getOutputStream().write("GET / HTTP/1.0\r\n\r\n".getBytes());
+            var in = s.getInputStream(); byte[] buf = new byte[65536]; int k; long got = 0;
+            while ((k = in.read(buf)) > 0) got += k;
+            System.out.println("raw socket read " + (got > 4096 ? "all" : "short: " + got));
+        }
+        System.out.println("ok " + bytes);
+    }
+}
+"#;
+
 /// A dual-stack IPv6 listener (`::`, `IPV6_V6ONLY` off) accepting an IPv4 client reports the
 /// peer as `::ffff:a.b.c.d` in a `sockaddr_in6`, from `accept` as from `getpeername`, and its
 /// own address the same way: the same text under kernel TCP and carried.
@@ -1215,6 +1303,7 @@ crate::both_testbeds!(
     postgres,
     haproxy,
     node,
+    java,
     dual_stack_listener,
     connection_churn,
     fd_limit,
