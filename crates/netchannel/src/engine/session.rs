@@ -793,15 +793,17 @@ impl SessionRt {
     /// kernel is silent too (`black_holed`). A peer whose kernel answers and whose engine
     /// processes nothing is a stopped or paused process, and TCP waits for such a peer.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
-        let (pending, dead, surplus) = self.with_core(|core| {
-            let mut dead = Vec::new();
-            for (id, engine_alive) in core.unacknowledging_channels(now) {
-                let gone = engine_alive || self.channel(id).is_none_or(|ch| self.black_holed(&ch));
-                if gone {
-                    dead.push((id, engine_alive));
-                } else {
-                    core.rearm_ack_clock(id, now);
-                }
+        let (pending, dead, surplus, engine_alive) = self.with_core(|core| {
+            let engine_alive = core.peer_engine_active(now);
+            let mut dead = core.unacknowledging_channels(now);
+            if !engine_alive {
+                dead.retain(|&id| {
+                    let gone = self.channel(id).is_none_or(|ch| self.black_holed(&ch));
+                    if !gone {
+                        core.rearm_ack_clock(id, now);
+                    }
+                    gone
+                });
             }
             // Only the dialing side adds channels, so only it gives them back.
             let surplus = if self.initiator && core.next_surplus_check().is_some_and(|t| t <= now) {
@@ -810,15 +812,15 @@ impl SessionRt {
                 None
             };
             if core.poll_timeout().is_none_or(|t| t > now) {
-                return (false, dead, surplus);
+                return (false, dead, surplus, engine_alive);
             }
             core.handle_timeout(now);
-            (core.control_backlog() > 0, dead, surplus)
+            (core.control_backlog() > 0, dead, surplus, engine_alive)
         });
         if let Some(ch) = surplus.and_then(|id| self.channel(id)) {
             self.retire(&ch);
         }
-        for (id, engine_alive) in dead {
+        for id in dead {
             if let Some(ch) = self.channel(id) {
                 let (timeout, user_timeout) =
                     (self.ctx.config.ack_timeout, self.ctx.config.user_timeout);

@@ -1358,7 +1358,8 @@ fn a_peer_that_never_acknowledges_holds_a_bounded_retention_and_is_timed_out() {
     // silent on every channel (the runtime asks the channel's TCP state what that means).
     assert!(p.sides[0].unacknowledging_channels(p.now).is_empty());
     let later = p.now + Duration::from_secs(3);
-    assert_eq!(p.sides[0].unacknowledging_channels(later), vec![(ch, false)]);
+    assert_eq!(p.sides[0].unacknowledging_channels(later), vec![ch]);
+    assert!(!p.sides[0].peer_engine_active(later));
 }
 
 #[test]
@@ -1381,12 +1382,12 @@ fn a_channel_whose_frames_vanish_while_the_peer_acknowledges_others_is_broken() 
         let _ = p.recv(1, b, &mut buf);
         let due = p.sides[0].unacknowledging_channels(p.now);
         if !due.is_empty() {
-            reported = Some(due);
+            reported = Some((due, p.sides[0].peer_engine_active(p.now)));
             break;
         }
     }
     // Reported as broken (the peer engine is processing), not as a silent peer.
-    assert_eq!(reported, Some(vec![(broken, true)]));
+    assert_eq!(reported, Some((vec![broken], true)));
 }
 
 #[test]

@@ -407,23 +407,26 @@ impl<U: Default> Session<U> {
         })
     }
 
-    /// Channels whose peer acknowledged nothing for `ack_timeout` while frames waited for it,
-    /// each with whether the peer engine acknowledged frames on other channels meanwhile
-    /// (within the last half `ack_timeout`). If it did, it is processing, and this channel is
-    /// broken (its connection lost, its frames never delivered): the caller closes it. If not,
-    /// the whole peer is silent: a stopped or paused process (which TCP waits for) or a black
-    /// hole; only the channel's TCP state tells them apart, and the caller asks it.
-    pub fn unacknowledging_channels(&self, now: Instant) -> Vec<(ChannelId, bool)> {
-        let engine_alive = self
-            .peer_progress
-            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.ack_timeout / 2);
+    /// Channels whose peer acknowledged nothing for `ack_timeout` while frames waited for it.
+    /// What that means is for `peer_engine_active` to say: if the peer engine acknowledges
+    /// other channels, such a channel is broken (its frames never delivered) and the caller
+    /// closes it; if the whole peer is silent, it is a stopped or paused process (which TCP
+    /// waits for) or a black hole, and only the channel's TCP state tells them apart.
+    pub fn unacknowledging_channels(&self, now: Instant) -> Vec<ChannelId> {
         self.open_channels()
             .filter(|st| {
                 st.unacked_since
                     .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.ack_timeout)
             })
-            .map(|st| (st.id, engine_alive))
+            .map(|st| st.id)
             .collect()
+    }
+
+    /// Whether the peer engine acknowledged new frames, on any channel, within the last half
+    /// `ack_timeout`: it is processing.
+    pub fn peer_engine_active(&self, now: Instant) -> bool {
+        self.peer_progress
+            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.ack_timeout / 2)
     }
 
     /// The runtime found channel `id`'s peer alive (its kernel acknowledges) though its engine
