@@ -175,6 +175,25 @@ fn worker_threads_have_the_promised_scheduling() {
 }
 
 /// The scheduling policy of thread `tid` (0 SCHED_OTHER, 5 SCHED_IDLE).
+/// Engines that always isolate, demoting application threads as `demotion` says.
+fn isolating_engines(tb: &Testbed, demotion: netchannel::AppDemotion) -> (Engine, Engine) {
+    tb.engines(|c| {
+        c.isolation = Isolation::Always;
+        c.app_demotion = demotion;
+    })
+}
+
+/// `isolating_engines`, or `None` (the test is skipped) where this process may not put a
+/// demoted thread back.
+fn demoting_engines(tb: &Testbed, demotion: netchannel::AppDemotion) -> Option<(Engine, Engine)> {
+    let (a, b) = isolating_engines(tb, demotion);
+    if !a.stats().app_threads_demoted {
+        eprintln!("skipping: this process may not restore a demoted thread (no CAP_SYS_NICE)");
+        return None;
+    }
+    Some((a, b))
+}
+
 fn policy_of(tid: i32) -> String {
     task_field(tid, "sched", "policy")
 }
@@ -196,14 +215,7 @@ fn blocked_reader(s: netchannel::VSocket) -> (i32, std::thread::JoinHandle<(usiz
 #[test]
 fn application_threads_do_throughput_work_demoted_and_latency_work_as_they_are() {
     let tb = Testbed::loopback();
-    let (a, b) = tb.engines(|c| {
-        c.isolation = Isolation::Always;
-        c.app_demotion = netchannel::AppDemotion::PerCall;
-    });
-    if !a.stats().app_threads_demoted {
-        eprintln!("skipping: this process may not restore a demoted thread (no CAP_SYS_NICE)");
-        return;
-    }
+    let Some((a, b)) = demoting_engines(&tb, netchannel::AppDemotion::PerCall) else { return };
     let l = b.listen(5).unwrap();
     for class in [Class::Throughput, Class::Latency] {
         let s = a.connect_with_class(b.local_addr(), 5, class).unwrap();
@@ -269,10 +281,7 @@ fn isolation_follows_latency_sockets_by_default() {
 #[test]
 fn without_app_demotion_only_the_workers_are_demoted() {
     let tb = Testbed::loopback();
-    let (a, b) = tb.engines(|c| {
-        c.isolation = Isolation::Always;
-        c.app_demotion = netchannel::AppDemotion::Off;
-    });
+    let (a, b) = isolating_engines(&tb, netchannel::AppDemotion::Off);
     assert!(!a.stats().app_threads_demoted);
     wait_for_policy(&a, "SCHED_IDLE");
     let l = b.listen(6).unwrap();
@@ -294,14 +303,7 @@ fn without_app_demotion_only_the_workers_are_demoted() {
 #[test]
 fn sticky_demotion_lasts_until_latency_work() {
     let tb = Testbed::loopback();
-    let (a, b) = tb.engines(|c| {
-        c.isolation = Isolation::Always;
-        c.app_demotion = netchannel::AppDemotion::Sticky;
-    });
-    if !a.stats().app_threads_demoted {
-        eprintln!("skipping: this process may not restore a demoted thread (no CAP_SYS_NICE)");
-        return;
-    }
+    let Some((a, b)) = demoting_engines(&tb, netchannel::AppDemotion::Sticky) else { return };
     let l = b.listen(7).unwrap();
     let bulk = a.connect_with_class(b.local_addr(), 7, Class::Throughput).unwrap();
     let bulk_peer = l.accept().unwrap();
