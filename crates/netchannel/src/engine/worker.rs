@@ -164,11 +164,26 @@ impl Worker {
     }
 
     pub fn service(&self, uid: u64) {
-        self.request(Request::Service(uid));
+        self.request_once(Request::Service(uid), |r| matches!(r, Request::Service(u) if *u == uid));
     }
 
     pub fn service_tx(&self, uid: u64) {
-        self.request(Request::ServiceTx(uid));
+        let same = |r: &Request| matches!(r, Request::ServiceTx(u) if *u == uid);
+        self.request_once(Request::ServiceTx(uid), same);
+    }
+
+    /// `request`, unless one the same (`same`) still waits: a busy or demoted worker holds at
+    /// most one service request of each kind per channel, however often threads ask (a bulk
+    /// sender spreading its writes asks on every send).
+    fn request_once(&self, r: Request, same: impl Fn(&Request) -> bool) {
+        {
+            let mut requests = self.requests.lock();
+            if requests.iter().any(same) {
+                return; // the wake-up that queued it is on its way or taken
+            }
+            requests.push(r);
+        }
+        self.wake.notify();
     }
 
     /// Wakes the worker so that it re-reads the engine's state (e.g. isolation turned on).
