@@ -24,6 +24,7 @@ have curl || need_apt+=(curl) # the nginx test fetches its file with it
 compgen -G '/usr/lib/postgresql/*/bin/pgbench' >/dev/null || need_apt+=(postgresql)
 have haproxy || need_apt+=(haproxy)
 have node || need_apt+=(nodejs) # libuv's event loop (the node test)
+have javac || need_apt+=(default-jdk-headless) # the java test (source-file launch needs javac's module)
 have python3 || need_apt+=(python3) # scripts/sched-trace.py, the dual-stack listener test
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 
