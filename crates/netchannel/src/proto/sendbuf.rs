@@ -145,21 +145,35 @@ impl SendBuf {
     }
 
     /// Copies `data` (stream bytes starting at `offset`) into the buffer; a new chunk comes
-    /// from `spares` when one fits.
+    /// from `spares` when one fits. A write that does not fit the last chunk's room fills it
+    /// and starts the next chunk with the rest, and a chunk started while bytes wait is sized
+    /// for the burst (room for what waits again, at most `COALESCE_CHUNK`): so writes of 16 KiB leave
+    /// as 64 KiB frames as writes of 1 KiB do, while a lone message (nothing waiting) still
+    /// takes a chunk its own size.
     pub fn push_copy(&mut self, offset: u64, data: &[u8], spares: &mut SpareChunks) {
         if data.is_empty() {
             return;
         }
+        let waiting = self.bytes as usize;
         self.bytes += data.len() as u64;
+        let (mut offset, mut data) = (offset, data);
         if let Some((start, Chunk::Open(back))) = self.chunks.back_mut() {
-            let contiguous = *start + back.len() as u64 == offset;
-            if contiguous && back.capacity() - back.len() >= data.len() {
-                back.extend_from_slice(data);
-                return;
+            if *start + back.len() as u64 == offset {
+                let room = back.capacity() - back.len();
+                if room >= data.len() {
+                    back.extend_from_slice(data);
+                    return;
+                }
+                back.extend_from_slice(&data[..room]);
+                offset += room as u64;
+                data = &data[room..];
             }
         }
-        let grow = (self.next_chunk as usize).max(FIRST_CHUNK);
+        let mut grow = (self.next_chunk as usize).max(FIRST_CHUNK);
         self.next_chunk = (grow * 2).min(COALESCE_CHUNK) as u32;
+        if waiting > 0 {
+            grow = grow.max(waiting + data.len()).min(COALESCE_CHUNK);
+        }
         let mut chunk = spares.take(data.len(), data.len().max(grow));
         chunk.extend_from_slice(data);
         self.chunks.push_back((offset, Chunk::Open(chunk)));
@@ -263,6 +277,37 @@ mod tests {
         b.push_copy(200_000, b"tail", s);
         assert_eq!(b.take(2).unwrap(), (200_000, Bytes::from_static(b"ta")));
         assert_eq!(b.take(9).unwrap(), (200_002, Bytes::from_static(b"il")));
+    }
+
+    #[test]
+    fn a_burst_of_16_kib_writes_leaves_in_64_kib_frames() {
+        let mut b = SendBuf::default();
+        let s = &mut SpareChunks::default();
+        let mut offset = 0;
+        for i in 0..16u8 {
+            b.push_copy(offset, &[i; 16 * 1024], s);
+            offset += 16 * 1024;
+        }
+        let mut frames = Vec::new();
+        let mut got = Vec::new();
+        while let Some((off, bytes)) = b.take(1 << 20) {
+            assert_eq!(off, got.len() as u64, "in order, no gap");
+            got.extend_from_slice(&bytes);
+            frames.push(bytes.len());
+        }
+        assert_eq!(got.len(), 256 * 1024);
+        assert!(got.chunks(16 * 1024).enumerate().all(|(i, w)| w.iter().all(|&x| x == i as u8)));
+        // The first write takes a chunk its own size (nothing waited), the second one with room
+        // for the 16 KiB waiting again; from then on the writes fill whole chunks of the
+        // largest size, however they fall across them.
+        assert_eq!(frames[..2], [16 * 1024, 32 * 1024]);
+        assert_eq!(frames[2..], [COALESCE_CHUNK, COALESCE_CHUNK, COALESCE_CHUNK, 16 * 1024]);
+
+        // A lone message still costs its own size.
+        b.push_copy(offset, &[1; 3000], s);
+        assert_eq!(b.chunks.back().map(|(_, c)| c.len()), Some(3000));
+        let Some((_, Chunk::Open(c))) = b.chunks.back() else { panic!("an open chunk") };
+        assert!(c.capacity() < 4096, "capacity {}", c.capacity());
     }
 
     #[test]
