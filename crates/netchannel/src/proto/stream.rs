@@ -102,6 +102,7 @@ pub(crate) const F_WRITE_LOST: u16 = 128; // every channel is gone; only reading
 pub(crate) const F_STARVED: u16 = 256; // wants more credit than the receive budget has room for
 pub(crate) const F_READ_SHUT: u16 = 512; // the application shut the read half down (SHUT_RD)
 pub(crate) const F_LOCAL: u16 = 1024; // opened here: this side picks its home channel
+pub(crate) const F_COMPETING: u16 = 2048; // holds receive credit beyond its floor, or wants it (`Session::rx_competing`)
 
 pub struct Stream<U> {
     /// What the runtime keeps with the stream (wakers, poller registration).

@@ -1425,6 +1425,35 @@ fn a_stream_nobody_reads_cannot_starve_one_that_is_read() {
 }
 
 #[test]
+fn busy_streams_come_to_share_the_receive_budget() {
+    // A budget of 4 MiB and windows of 4 MiB: granted in order of asking, the first stream
+    // opened holds the whole budget for good and the other seven stay at their 32 KiB floor.
+    // Shared, the first streams' grants shrink to their share as they are read, and every
+    // stream's grant grows past its floor to about 4 MiB / 8.
+    let cfg = CoreConfig { window: 4 << 20, rx_budget: 4 << 20, min_window: 32 * 1024, ..config() };
+    let mut p = Pair::new(26, &[Class::Throughput; 2], cfg);
+    let pairs: Vec<_> = (0..8).map(|i| p.open(90 + i, Class::Throughput)).collect();
+    let buf = vec![7u8; 16 * 1024];
+    let mut rbuf = vec![0u8; 4096];
+    let ahead = |p: &Pair, b| p.sides[1].stream(b).map_or(0, |s| s.granted - s.rx.consumed());
+    for _ in 0..4000 {
+        for &(a, b) in &pairs {
+            let _ = p.sides[0].handle(a).send(&buf);
+            // Read a little of each, so that every stream stays busy with bytes waiting.
+            let _ = p.recv(1, b, &mut rbuf);
+        }
+        p.step();
+        let _ = p.sides[1].stats(); // checks the count of competing streams (debug builds)
+    }
+    let share = (4u64 << 20) / 8;
+    for (i, &(_, b)) in pairs.iter().enumerate() {
+        let g = ahead(&p, b);
+        assert!(g > 32 * 1024, "stream {i} is held at its floor: {g}");
+        assert!(g <= share + share / 2, "stream {i} holds {g}, its share is {share}");
+    }
+}
+
+#[test]
 fn streams_that_starve_and_go_leave_nothing_in_the_starved_queue() {
     // Side 1's budget is held by bytes nobody reads, so each new stream is granted less than
     // it wants and queues for room; a peer opening and resetting streams must not make that

@@ -9,6 +9,13 @@
 //! acknowledgements and credits keep flowing), and a stream that got less than it wanted waits,
 //! in order, for room that reads free. As TCP, a grant is never taken back: a budget lowered
 //! below what is granted stops growth until reads bring the total down.
+//!
+//! What a stream wants is its share of the budget among the streams that compete for it (those
+//! holding credit beyond their floor, or waiting for room), at most its own `window`. Granted
+//! in order of asking instead, whole 4 MiB windows went to the first eight streams of a 32 MiB
+//! budget and left every other busy stream at its floor for good, waiting for a CREDIT halfway
+//! through each 64 KiB. A grant is still never taken back, so the first streams keep what they
+//! were granted until it is read, and then are granted their share.
 
 use super::*;
 
@@ -47,14 +54,48 @@ impl<U: Default> Session<U> {
         };
         self.rx_granted = self.rx_granted - s.rx_charge + charge;
         s.rx_charge = charge;
+        self.update_competing(id);
+    }
+
+    /// Flags stream `id` as competing for the budget while it holds credit beyond its floor
+    /// or waits for room (`F_STARVED`), and keeps `rx_competing` in step.
+    fn update_competing(&mut self, id: StreamId) {
+        let min = self.cfg.min_window;
+        let Some(s) = self.streams.get_mut(id) else { return };
+        let floor = s.window.min(min) as u64;
+        let competing = s.rx_charge > floor || s.flags & F_STARVED != 0;
+        if competing != (s.flags & F_COMPETING != 0) {
+            s.flags ^= F_COMPETING;
+            if competing {
+                self.rx_competing += 1;
+            } else {
+                self.rx_competing -= 1;
+            }
+        }
+    }
+
+    /// The window stream `s` wants (see the module's note): its share of the budget among the
+    /// competing streams (itself included), at least its floor and at most its own `window`.
+    fn fair_window(&self, s: &Stream<U>) -> u64 {
+        let floor = s.window.min(self.cfg.min_window) as u64;
+        let competing = self.rx_competing + usize::from(s.flags & F_COMPETING == 0);
+        (self.cfg.rx_budget / competing as u64).max(floor).min(s.window as u64)
+    }
+
+    /// Credit stream `s` still wants: up to `consumed + fair_window` (none once it ended).
+    fn credit_wanted(&self, s: &Stream<U>) -> u64 {
+        if s.credit_wanted() == 0 {
+            return 0;
+        }
+        (s.rx.consumed() + self.fair_window(s)).saturating_sub(s.granted)
     }
 
     /// What stream `s` may be granted now: `(give, want, floor)`, where `want` grows the grant
-    /// to `consumed + window`, `floor` is the part up to `consumed + min_window` (always
+    /// to `consumed + fair_window`, `floor` is the part up to `consumed + min_window` (always
     /// given), and `give` adds to it what the budget has room for.
     fn grant_amount(&self, s: &Stream<U>) -> (u64, u64, u64) {
         let consumed = s.rx.consumed();
-        let want = (consumed + s.window as u64).saturating_sub(s.granted);
+        let want = (consumed + self.fair_window(s)).saturating_sub(s.granted);
         let min = s.window.min(self.cfg.min_window) as u64;
         let floor = (consumed + min).saturating_sub(s.granted);
         (want.min(floor + self.rx_room()), want, floor)
@@ -82,12 +123,14 @@ impl<U: Default> Session<U> {
     /// that wants a quarter window and finds no room queues for it.
     pub(super) fn credit_due(&mut self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return false };
-        if s.credit_wanted() == 0 {
+        if self.credit_wanted(s) == 0 {
             return false;
         }
         let (give, want, floor) = self.grant_amount(s);
-        let quarter = (s.window as u64 / 4).max(1);
         let half_min = (s.window.min(self.cfg.min_window) as u64 / 2).max(1);
+        // Never more often than per half floor: a stream whose share is its floor is credited
+        // as one without a share was.
+        let quarter = (self.fair_window(s) / 4).max(half_min);
         let s = self.streams.get_mut(id).expect("checked");
         if want >= quarter && give < quarter && s.flags & F_STARVED == 0 {
             self.queue_starved(id);
@@ -101,6 +144,7 @@ impl<U: Default> Session<U> {
     fn queue_starved(&mut self, id: StreamId) {
         let Some(s) = self.streams.get_mut(id) else { return };
         s.flags |= F_STARVED;
+        self.update_competing(id);
         self.starved.push_back(id);
         if self.starved.len() > 2 * self.streams.live() + 64 {
             let streams = &self.streams;
@@ -114,9 +158,11 @@ impl<U: Default> Session<U> {
         let mut room = self.rx_room();
         while room >= STARVED_QUANTUM {
             let Some(id) = self.starved.pop_front() else { return };
-            let Some(s) = self.streams.get_mut(id) else { continue };
+            let Some(s) = self.streams.get(id) else { continue };
+            let want = self.credit_wanted(s);
+            let s = self.streams.get_mut(id).expect("checked");
             s.flags &= !F_STARVED;
-            let want = s.credit_wanted();
+            self.update_competing(id);
             if want == 0 {
                 continue;
             }

@@ -163,6 +163,7 @@ impl<U: Default> Session<U> {
         if let Some(s) = self.streams.remove(id) {
             self.rx_held -= s.rx.held_bytes();
             self.rx_granted -= s.rx_charge;
+            self.rx_competing -= usize::from(s.flags & F_COMPETING != 0);
             self.compact_if_due();
             if s.phase != Phase::Connecting && self.opened_by_peer.get(&s.peer) == Some(&id) {
                 self.opened_by_peer.remove(&s.peer);

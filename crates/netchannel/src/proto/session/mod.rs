@@ -224,6 +224,8 @@ pub struct Session<U> {
     tx_ready: Vec<ChannelId>,
     /// Sum of every stream's `rx_charge`: receive credit granted and not yet consumed.
     rx_granted: u64,
+    /// Streams flagged `F_COMPETING`: those the receive budget is shared among.
+    rx_competing: usize,
     /// DATA bytes retained on every channel (the sum of their `retained_bytes`).
     retained_total: u64,
     /// When the peer engine last acknowledged new frames, on any channel: it is processing.
@@ -269,6 +271,7 @@ impl<U: Default> Session<U> {
             compacted_at: 0,
             tx_ready: Vec::new(),
             rx_granted: 0,
+            rx_competing: 0,
             retained_total: 0,
             peer_progress: None,
             starved: VecDeque::new(),
@@ -402,6 +405,10 @@ impl<U: Default> Session<U> {
         debug_assert_eq!(
             self.rx_held,
             self.streams.iter().map(|(_, s)| s.rx.held_bytes()).sum::<u64>()
+        );
+        debug_assert_eq!(
+            self.rx_competing,
+            self.streams.iter().filter(|(_, s)| s.flags & F_COMPETING != 0).count()
         );
         st
     }
