@@ -147,9 +147,9 @@ impl SendBuf {
     /// Copies `data` (stream bytes starting at `offset`) into the buffer; a new chunk comes
     /// from `spares` when one fits. A write that does not fit the last chunk's room fills it
     /// and starts the next chunk with the rest, and a chunk started while bytes wait is sized
-    /// for the burst (room for what waits again, at most `COALESCE_CHUNK`): so writes of 16 KiB leave
-    /// as 64 KiB frames as writes of 1 KiB do, while a lone message (nothing waiting) still
-    /// takes a chunk its own size.
+    /// for the burst (room for what waits again, at most `COALESCE_CHUNK`): so writes of
+    /// 16 KiB leave as 64 KiB frames as writes of 1 KiB do, while a lone message (nothing
+    /// waiting) still takes a chunk its own size.
     pub fn push_copy(&mut self, offset: u64, data: &[u8], spares: &mut SpareChunks) {
         if data.is_empty() {
             return;
