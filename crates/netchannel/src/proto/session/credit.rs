@@ -22,6 +22,15 @@ use super::*;
 /// Room that makes it worth granting to the next starved stream.
 const STARVED_QUANTUM: u64 = 64 * 1024;
 
+/// `Session::grant_amount`'s answer.
+struct GrantAmount {
+    give: u64,
+    want: u64,
+    floor: u64,
+    /// The stream's `fair_window`.
+    fair: u64,
+}
+
 impl<U: Default> Session<U> {
     /// Room left in the receive budget.
     pub(super) fn rx_room(&self) -> u64 {
@@ -60,12 +69,10 @@ impl<U: Default> Session<U> {
     /// Flags stream `id` as competing for the budget while it holds credit beyond its floor
     /// or waits for room (`F_STARVED`), and keeps `rx_competing` in step.
     fn update_competing(&mut self, id: StreamId) {
-        let min = self.cfg.min_window;
-        let Some(s) = self.streams.get_mut(id) else { return };
-        let floor = s.window.min(min) as u64;
-        let competing = s.rx_charge > floor || s.flags & F_STARVED != 0;
+        let Some(s) = self.streams.get(id) else { return };
+        let competing = s.rx_charge > self.floor_window(s) || s.flags & F_STARVED != 0;
         if competing != (s.flags & F_COMPETING != 0) {
-            s.flags ^= F_COMPETING;
+            self.streams.get_mut(id).expect("checked").flags ^= F_COMPETING;
             if competing {
                 self.rx_competing += 1;
             } else {
@@ -74,12 +81,17 @@ impl<U: Default> Session<U> {
         }
     }
 
+    /// The window stream `s` is granted whatever the budget: `min_window`, or its own window
+    /// if smaller.
+    pub(super) fn floor_window(&self, s: &Stream<U>) -> u64 {
+        s.window.min(self.cfg.min_window) as u64
+    }
+
     /// The window stream `s` wants (see the module's note): its share of the budget among the
     /// competing streams (itself included), at least its floor and at most its own `window`.
     fn fair_window(&self, s: &Stream<U>) -> u64 {
-        let floor = s.window.min(self.cfg.min_window) as u64;
         let competing = self.rx_competing + usize::from(s.flags & F_COMPETING == 0);
-        (self.cfg.rx_budget / competing as u64).max(floor).min(s.window as u64)
+        (self.cfg.rx_budget / competing as u64).max(self.floor_window(s)).min(s.window as u64)
     }
 
     /// Credit stream `s` still wants: up to `consumed + fair_window` (none once it ended).
@@ -90,23 +102,23 @@ impl<U: Default> Session<U> {
         (s.rx.consumed() + self.fair_window(s)).saturating_sub(s.granted)
     }
 
-    /// What stream `s` may be granted now: `(give, want, floor)`, where `want` grows the grant
-    /// to `consumed + fair_window`, `floor` is the part up to `consumed + min_window` (always
-    /// given), and `give` adds to it what the budget has room for.
-    fn grant_amount(&self, s: &Stream<U>) -> (u64, u64, u64) {
+    /// What stream `s` may be granted now: `want` grows the grant to `consumed + fair` (its
+    /// `fair_window`), `floor` is the part up to `consumed + floor_window` (always given), and
+    /// `give` adds to it what the budget has room for.
+    fn grant_amount(&self, s: &Stream<U>) -> GrantAmount {
         let consumed = s.rx.consumed();
-        let want = (consumed + self.fair_window(s)).saturating_sub(s.granted);
-        let min = s.window.min(self.cfg.min_window) as u64;
-        let floor = (consumed + min).saturating_sub(s.granted);
-        (want.min(floor + self.rx_room()), want, floor)
+        let fair = self.fair_window(s);
+        let want = (consumed + fair).saturating_sub(s.granted);
+        let floor = (consumed + self.floor_window(s)).saturating_sub(s.granted);
+        GrantAmount { give: want.min(floor + self.rx_room()), want, floor, fair }
     }
 
-    /// Grows stream `id`'s grant toward `consumed + window` as far as the budget allows (and
-    /// to `min_window` at least) and returns the window to advertise (`granted - consumed`).
-    /// A stream that got less than it wanted queues for room.
+    /// Grows stream `id`'s grant toward `consumed + fair_window` as far as the budget allows
+    /// (and to `min_window` at least) and returns the window to advertise (`granted -
+    /// consumed`). A stream that got less than it wanted queues for room.
     pub(super) fn grant(&mut self, id: StreamId) -> u32 {
         let Some(s) = self.streams.get(id) else { return 0 };
-        let (give, want, _) = self.grant_amount(s);
+        let GrantAmount { give, want, .. } = self.grant_amount(s);
         let s = self.streams.get_mut(id).expect("checked");
         let consumed = s.rx.consumed();
         s.granted += give;
@@ -123,14 +135,14 @@ impl<U: Default> Session<U> {
     /// that wants a quarter window and finds no room queues for it.
     pub(super) fn credit_due(&mut self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return false };
-        if self.credit_wanted(s) == 0 {
+        let GrantAmount { give, want, floor, fair } = self.grant_amount(s);
+        if s.credit_wanted() == 0 || want == 0 {
             return false;
         }
-        let (give, want, floor) = self.grant_amount(s);
-        let half_min = (s.window.min(self.cfg.min_window) as u64 / 2).max(1);
+        let half_min = (self.floor_window(s) / 2).max(1);
         // Never more often than per half floor: a stream whose share is its floor is credited
         // as one without a share was.
-        let quarter = (self.fair_window(s) / 4).max(half_min);
+        let quarter = (fair / 4).max(half_min);
         let s = self.streams.get_mut(id).expect("checked");
         if want >= quarter && give < quarter && s.flags & F_STARVED == 0 {
             self.queue_starved(id);

@@ -568,7 +568,7 @@ impl<U: Default> Session<U> {
     /// answered at once (a tick is a long time at tens of Gbit/s).
     pub(super) fn control_can_wait(&self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return false };
-        let min = s.window.min(self.cfg.min_window) as u64;
+        let min = self.floor_window(s);
         let ahead = s.granted.saturating_sub(s.rx.consumed());
         let unused = s.granted.saturating_sub(s.rx.high());
         s.owe == OWE_CREDIT && unused >= (min / 2).max(ahead / 2)
