@@ -7,7 +7,7 @@
 //! async-signal-safe.
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_long, c_void};
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::ManuallyDrop;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -111,6 +111,7 @@ reals! {
     accept4: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int,
     sigaction: unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int,
     siginterrupt: unsafe extern "C" fn(c_int, c_int) -> c_int,
+    syscall: unsafe extern "C" fn(c_long, ...) -> c_long,
 }
 
 fn resolve(slot: &AtomicUsize, name: &'static [u8]) -> usize {
@@ -1206,6 +1207,7 @@ fn pipe_room(p: BorrowedFd<'_>) -> Result<usize, i32> {
 /// Marks a new epoll instance (adding it to another set nests it, see `elide`).
 fn epoll_created(rc: c_int) -> c_int {
     if rc >= 0 {
+        forget_stale(rc);
         table::set_bits(rc, table::EPOLL_INSTANCE);
     }
     rc
@@ -1860,6 +1862,20 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     rc
 }
 
+/// The kernel just gave out the number `fd` (a new socket, connection or epoll set), so
+/// whatever the tables still say of it is stale: the program closed it where the library could
+/// not see (a system call made without libc's wrappers) and the connection it held ends now.
+/// Without this, calls on the new fd would reach the old connection.
+fn forget_stale(fd: c_int) {
+    let k = table::kind(fd);
+    if k != 0 {
+        let e = errno();
+        bump(&COUNTERS.closed_unseen);
+        let _ = caught(|| closed(forget(fd, k)));
+        set_errno(e);
+    }
+}
+
 fn dup_common(old: c_int, new: c_int, rc: c_int) -> c_int {
     if rc >= 0 && old != new {
         let e = errno();
@@ -1936,6 +1952,126 @@ pub unsafe extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_i
         let _ = caught(|| closed(f));
     }
     rc
+}
+
+// ---------------------------------------------------------------------------------------------
+// syscall(): libc's generic entry point. Some runtimes make socket calls through it instead of
+// the named wrappers (libuv, under Node.js among others, closes every fd with
+// `syscall(SYS_close, fd)` so that the close is no cancellation point). Unseen, such a close
+// left the fd's number in the tables, and the program's next socket under that number reached
+// the old connection. A call on one of the library's fds is served as the named call would be;
+// one that makes a new fd (accept, epoll_create) goes through the wrapper too; any other goes
+// straight on. Poll and select made this way are not looked at (their sets are not known).
+
+/// # Safety
+/// C ABI: as syscall(2). Declared with six fixed arguments after the number: on x86_64 and
+/// aarch64 Linux a variadic caller passes integer arguments where a callee with fixed ones
+/// reads them (a missing one reads as garbage, and is only passed on).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
+    // SAFETY: the caller's arguments for system call `n`, as it passed them.
+    if let Some(rc) = unsafe { syscall_as_named(n, [a1, a2, a3, a4, a5, a6]) } {
+        return rc;
+    }
+    // SAFETY: forwarding the caller's arguments unchanged.
+    unsafe { real!(syscall)(n, a1, a2, a3, a4, a5, a6) }
+}
+
+/// Serves system call `n` through this library's wrapper of the same call when it concerns
+/// the library's fds (or makes a new fd); `None` leaves it to the kernel.
+///
+/// # Safety
+/// `a` holds the arguments of system call `n` as its caller passed them (an `int` argument in
+/// the low half of its register, pointers valid as the call requires).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+unsafe fn syscall_as_named(n: c_long, a: [c_long; 6]) -> Option<c_long> {
+    let fd = |i: usize| a[i] as c_int;
+    let ours = |i: usize| table::kind(a[i] as c_int) != 0;
+    let p = |i: usize| a[i] as *mut c_void;
+    // SAFETY: each arm hands the caller's arguments, as the system call takes them, to the
+    // wrapper with the same C signature.
+    let rc = unsafe {
+        match n {
+            libc::SYS_read if ours(0) => read(fd(0), p(1), a[2] as usize) as c_long,
+            libc::SYS_write if ours(0) => write(fd(0), p(1), a[2] as usize) as c_long,
+            libc::SYS_readv if ours(0) => readv(fd(0), p(1).cast(), fd(2)) as c_long,
+            libc::SYS_writev if ours(0) => writev(fd(0), p(1).cast(), fd(2)) as c_long,
+            libc::SYS_recvfrom if ours(0) => {
+                recvfrom(fd(0), p(1), a[2] as usize, fd(3), p(4).cast(), p(5).cast()) as c_long
+            }
+            libc::SYS_sendto if ours(0) => {
+                sendto(fd(0), p(1), a[2] as usize, fd(3), p(4).cast(), a[5] as socklen_t) as c_long
+            }
+            libc::SYS_recvmsg if ours(0) => recvmsg(fd(0), p(1).cast(), fd(2)) as c_long,
+            libc::SYS_sendmsg if ours(0) => sendmsg(fd(0), p(1).cast(), fd(2)) as c_long,
+            libc::SYS_recvmmsg if ours(0) => {
+                recvmmsg(fd(0), p(1).cast(), a[2] as u32, fd(3), p(4).cast()) as c_long
+            }
+            libc::SYS_sendmmsg if ours(0) => {
+                sendmmsg(fd(0), p(1).cast(), a[2] as u32, fd(3)) as c_long
+            }
+            libc::SYS_sendfile if ours(0) || ours(1) => {
+                sendfile(fd(0), fd(1), p(2).cast(), a[3] as usize) as c_long
+            }
+            libc::SYS_splice if ours(0) || ours(2) => {
+                splice(fd(0), p(1).cast(), fd(2), p(3).cast(), a[4] as usize, a[5] as u32) as c_long
+            }
+            libc::SYS_shutdown if ours(0) => shutdown(fd(0), fd(1)) as c_long,
+            libc::SYS_getsockopt if ours(0) => {
+                getsockopt(fd(0), fd(1), fd(2), p(3), p(4).cast()) as c_long
+            }
+            libc::SYS_setsockopt if ours(0) => {
+                setsockopt(fd(0), fd(1), fd(2), p(3), a[4] as socklen_t) as c_long
+            }
+            libc::SYS_getsockname if ours(0) => {
+                getsockname(fd(0), p(1).cast(), p(2).cast()) as c_long
+            }
+            libc::SYS_getpeername if ours(0) => {
+                getpeername(fd(0), p(1).cast(), p(2).cast()) as c_long
+            }
+            libc::SYS_connect if ours(0) => {
+                connect(fd(0), p(1).cast(), a[2] as socklen_t) as c_long
+            }
+            libc::SYS_fcntl if ours(0) => fcntl(fd(0), fd(1), a[2] as usize) as c_long,
+            libc::SYS_ioctl if ours(0) => ioctl(fd(0), a[1] as libc::c_ulong, p(2)) as c_long,
+            libc::SYS_close if ours(0) => close(fd(0)) as c_long,
+            libc::SYS_close_range => close_range(a[0] as u32, a[1] as u32, fd(2)) as c_long,
+            libc::SYS_dup if ours(0) => dup(fd(0)) as c_long,
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_dup2 if ours(0) || ours(1) => dup2(fd(0), fd(1)) as c_long,
+            libc::SYS_dup3 if ours(0) || ours(1) => dup3(fd(0), fd(1), fd(2)) as c_long,
+            libc::SYS_accept => accept(fd(0), p(1).cast(), p(2).cast()) as c_long,
+            libc::SYS_accept4 => accept4(fd(0), p(1).cast(), p(2).cast(), fd(3)) as c_long,
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_epoll_create => epoll_create(fd(0)) as c_long,
+            libc::SYS_epoll_create1 => epoll_create1(fd(0)) as c_long,
+            libc::SYS_epoll_ctl if ours(0) || ours(2) => {
+                epoll_ctl(fd(0), fd(1), fd(2), p(3).cast()) as c_long
+            }
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_epoll_wait if ours(0) => {
+                epoll_wait(fd(0), p(1).cast(), fd(2), fd(3)) as c_long
+            }
+            libc::SYS_epoll_pwait if ours(0) => {
+                epoll_pwait(fd(0), p(1).cast(), fd(2), fd(3), p(4).cast()) as c_long
+            }
+            libc::SYS_epoll_pwait2 if ours(0) => {
+                epoll_pwait2(fd(0), p(1).cast(), fd(2), p(3).cast(), p(4).cast()) as c_long
+            }
+            _ => return None,
+        }
+    };
+    bump(&COUNTERS.raw_syscalls);
+    Some(rc)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2023,6 +2159,9 @@ unsafe fn after_accept(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    if nfd >= 0 {
+        forget_stale(nfd);
+    }
     if is_inside() {
         bump(&COUNTERS.reentered);
         return nfd;

@@ -111,6 +111,12 @@ pub(crate) struct Counters {
     /// (`elide`).
     pub readiness_tokens: AtomicU64,
     pub readiness_elided: AtomicU64,
+    /// Calls that came through libc's `syscall()` (libuv closes fds so) and went to the
+    /// library's wrapper of the same call: those on its fds, and every accept and epoll_create.
+    pub raw_syscalls: AtomicU64,
+    /// Fd numbers the kernel gave out again while the tables still held them: closed where
+    /// the library could not see (the connection ended then).
+    pub closed_unseen: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
@@ -129,6 +135,8 @@ pub(crate) static COUNTERS: Counters = Counters {
     reentered: AtomicU64::new(0),
     readiness_tokens: AtomicU64::new(0),
     readiness_elided: AtomicU64::new(0),
+    raw_syscalls: AtomicU64::new(0),
+    closed_unseen: AtomicU64::new(0),
 };
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -193,7 +201,7 @@ fn print_stats(io_uring_rings: usize) {
              (accepted by another process {}, inherited {}, by choice {}), kernel tcp {} \
              (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
              bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}, readiness tokens {} \
-             elided {}\n",
+             elided {}, raw syscalls {}, closed unseen {}\n",
         std::process::id(),
         get(&c.carried_connects) + get(&c.carried_accepts),
         get(&c.carried_connects),
@@ -215,6 +223,8 @@ fn print_stats(io_uring_rings: usize) {
         get(&c.reentered),
         get(&c.readiness_tokens),
         get(&c.readiness_elided),
+        get(&c.raw_syscalls),
+        get(&c.closed_unseen),
     );
     match std::env::var("NETCHANNEL_STATS").as_deref() {
         Ok("stderr") | Ok("") | Err(_) => {

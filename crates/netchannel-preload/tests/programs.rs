@@ -623,7 +623,8 @@ fn haproxy(hosts: Hosts) {
 
 /// node.js (libuv: level-triggered epoll re-armed with `EPOLL_CTL_MOD`, writes that wait for
 /// `drain`, half-close by `end`): an echo server and a client that sends each of 6 connections
-/// 8 MiB as fast as the socket takes it and checks the SHA-256 of what comes back.
+/// 8 MiB as fast as the socket takes it and checks the SHA-256 of what comes back; then the
+/// same client again without the library, against the same server.
 fn node(hosts: Hosts) {
     if !have("node") {
         return;
@@ -678,11 +679,17 @@ fn node(hosts: Hosts) {
     .unwrap();
     let server = p.server.spawn("node", &[&server_js.display().to_string()]);
     p.server.wait_listening(port);
-    let out = p.client.run("node", &[&client_js.display().to_string()], T);
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 6, "{out}");
-    for l in lines {
-        assert!(l.ends_with(&format!(" {} same", 8 << 20)), "{out}");
+    // Then the same client without the library: libuv closes fds through `syscall()`, and the
+    // server's next connections (over kernel TCP now) reused the closed ones' numbers, which
+    // the library must no longer take for carried connections (they were reset).
+    let plain = Side { carried: false, ..p.client.clone() };
+    for side in [&p.client, &plain] {
+        let out = side.run("node", &[&client_js.display().to_string()], T);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 6, "{out}");
+        for l in lines {
+            assert!(l.ends_with(&format!(" {} same", 8 << 20)), "{out}");
+        }
     }
     server.stop();
     assert_eq!(stat(&p.client.stats, "direct"), 6, "{}", stats_text(&p.client.stats));
@@ -1490,7 +1497,8 @@ int main(void) {
 /// blocked reader; O_NONBLOCK shared by dups; a full window's EPOLLOUT and POLLOUT waiters using no CPU;
 /// sendfile, splice both ways, IOV_MAX writev/readv; a forked child using the socket, a server
 /// forking a child per connection, posix_spawn with the socket as stdin/stdout, SCM_RIGHTS to
-/// an exec'd process) prints the same lines carried and on kernel TCP.
+/// an exec'd process; socket calls and a close made through libc's `syscall()`, as libuv makes
+/// them) prints the same lines carried and on kernel TCP.
 ///
 /// `conform elide` runs one thread's level-triggered epoll loop over two connections in a
 /// process of its own: the library reports their readability from the wait itself (the stats
@@ -1550,6 +1558,8 @@ fn conformance(hosts: Hosts) {
             out += &p.client.run(&bin, &["unreachable", &silent, &port.to_string()], T);
         }
         if carried {
+            // conform's calls through syscall() were served as the named calls.
+            assert!(stat(&p.client.stats, "raw syscalls") > 0, "{}", stats_text(&p.client.stats));
             assert!(
                 stat(&p.client.stats, "virtual sockets") >= 3,
                 "{}",

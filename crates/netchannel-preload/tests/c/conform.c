@@ -31,6 +31,7 @@
 #include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -137,6 +138,7 @@ static void server(int port) {
 }
 
 static int dial(const char *host, int port, int nonblock);
+static void raw_syscalls(const char *host, int port);
 
 static int read_full(int s, char *b, int len) {
     int got = 0;
@@ -1375,12 +1377,44 @@ static void client(const char *host, int port) {
     full_window(host, port);
     linger_close(host, port);
     zero_copy_and_vectors(host, port);
+    raw_syscalls(host, port);
     processes(host, port, "/proc/self/exe");
     scm_rights(host, port, "/proc/self/exe");
 
     s = dial(host, port, 0);
     write(s, "q", 1);
     close(s);
+}
+
+/* Socket calls made through libc's syscall() instead of the named wrappers (libuv closes every
+ * fd so): they behave as the named calls, and a connection closed that way is gone, so the next
+ * socket under its number is a new one. */
+static void raw_syscalls(const char *host, int port) {
+    int s = dial(host, port, 0);
+    if (s < 0) { errno = -s; die("connect"); }
+    char b[16];
+    long w = syscall(SYS_write, s, "e", 1);
+    w += syscall(SYS_sendto, s, "abcd", 4, 0, NULL, 0);
+    int n = 0;
+    while (n < 4) { long r = syscall(SYS_read, s, b + n, 4 - n); if (r <= 0) break; n += r; }
+    printf("raw write, sendto, read: %ld %d %.*s\n", w, n, n, b);
+    int ep = (int)syscall(SYS_epoll_create1, 0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = s}, out[2];
+    long ctl = syscall(SYS_epoll_ctl, ep, EPOLL_CTL_ADD, s, &ev);
+    write(s, "d", 1);
+    long k = syscall(SYS_epoll_pwait, ep, out, 2, 5000, NULL, 8);
+    long r = syscall(SYS_recvfrom, s, b, 10, MSG_WAITALL, NULL, NULL);
+    printf("raw epoll: ctl %ld events %ld fd %d recvfrom %ld\n", ctl, k, k == 1 && out[0].data.fd == s, r);
+    int fl = (int)syscall(SYS_fcntl, s, F_GETFL);
+    printf("raw fcntl: nonblocking %d\n", !!(fl & O_NONBLOCK));
+    long cl = syscall(SYS_close, s);
+    int t = dial(host, port, 0);
+    if (t < 0) { errno = -t; die("connect"); }
+    write(t, "eWXYZ", 5);
+    printf("raw close: %ld, next socket same number %d, echo %d\n", cl, t == s, read_full(t, b, 4));
+    close(t);
+    printf("after close, epoll set empty: %d\n", wait_ev(ep, 50));
+    close(ep);
 }
 
 /* Another thread's own event loop over its own connection (for `elide`). */
