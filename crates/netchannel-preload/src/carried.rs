@@ -31,7 +31,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -51,6 +51,7 @@ static REGISTRY: Mutex<Option<HashMap<u64, Arc<Carried>>>> = Mutex::new(None);
 
 /// `TCP_INFO`'s state of a closed connection (`Carried::tcp_state`).
 pub(crate) const TCP_CLOSE: u8 = 7;
+pub(crate) const TCP_SYN_SENT: u8 = 2;
 
 /// Bytes a large write sends through the virtual socket in one call; writes up to this size
 /// from several buffers are gathered into one send.
@@ -151,7 +152,18 @@ pub(crate) struct Carried {
     sleepers: Mutex<Vec<ThreadWake>>,
     /// This process closed its last fd for it while a copy of P lived elsewhere.
     orphaned: AtomicBool,
+    /// Where the connect stands, for a second `connect` and for the state reported
+    /// (`CONNECT_*`).
+    connect_state: AtomicU8,
 }
+
+/// `connect` returned 0 (or the connection was accepted): a second one fails with `EISCONN`.
+const CONNECT_DONE: u8 = 0;
+/// `connect` returned `EINPROGRESS` and the peer has not answered yet.
+const CONNECT_IN_PROGRESS: u8 = 1;
+/// The peer answered (accepted or refused) a connect in progress, and no `connect` since has
+/// reported it.
+const CONNECT_ANSWERED: u8 = 2;
 
 /// A socket error as the errno TCP reports.
 pub(crate) fn errno_of(e: &io::Error) -> i32 {
@@ -264,6 +276,7 @@ impl Carried {
             closed: AtomicBool::new(false),
             sleepers: Mutex::new(Vec::new()),
             orphaned: AtomicBool::new(false),
+            connect_state: AtomicU8::new(CONNECT_DONE),
         });
         REGISTRY.lock().get_or_insert_with(HashMap::new).insert(id, c.clone());
         Ok((c, p))
@@ -478,6 +491,59 @@ impl Carried {
                 Some(errno)
             }
             _ => None,
+        }
+    }
+
+    /// The connect returned `EINPROGRESS`: the open completes in the background.
+    pub(crate) fn set_connect_in_progress(&self) {
+        self.connect_state.store(CONNECT_IN_PROGRESS, Ordering::Release);
+    }
+
+    /// Whether a connect that returned `EINPROGRESS` is still waiting for the peer's answer
+    /// (TCP's SYN_SENT).
+    pub(crate) fn connecting(&self) -> bool {
+        self.connect_state.load(Ordering::Acquire) == CONNECT_IN_PROGRESS
+            && self.vs.take_error().is_ok_and(|open| !open)
+    }
+
+    /// A `connect` on the connected (or connecting) socket, as `inet_stream_connect` answers
+    /// it: `EALREADY` while the connect in progress waits, then once 0 (or its error), then
+    /// `EISCONN`.
+    pub(crate) fn connect_again(&self, fd: BorrowedFd<'_>) -> Result<(), i32> {
+        if self.connect_state.load(Ordering::Acquire) == CONNECT_DONE {
+            return Err(libc::EISCONN);
+        }
+        match self.vs.take_error() {
+            Ok(false) => Err(libc::EALREADY),
+            Ok(true) => {
+                self.connect_state.store(CONNECT_DONE, Ordering::Release);
+                Ok(())
+            }
+            Err(_) => {
+                self.connect_state.store(CONNECT_DONE, Ordering::Release);
+                match self.so_error(fd) {
+                    0 => Err(libc::ECONNABORTED),
+                    errno => Err(errno),
+                }
+            }
+        }
+    }
+
+    /// The peer answered a connect in progress (`r` shows it open or failed): a refusal puts
+    /// the destination back to waiting for the answer (`connect::refused_later`). Later
+    /// readiness changes no longer look.
+    fn note_open_outcome(&self, r: &netchannel::Readiness) {
+        if !(r.connected || r.error.is_some()) {
+            return;
+        }
+        let answered = self.connect_state.compare_exchange(
+            CONNECT_IN_PROGRESS,
+            CONNECT_ANSWERED,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+        if answered.is_ok() && r.error == Some(io::ErrorKind::ConnectionRefused) {
+            crate::connect::refused_later(self.peer);
         }
     }
 
@@ -926,6 +992,9 @@ impl Carried {
 
     /// TCP state for `TCP_INFO`.
     pub(crate) fn tcp_state(&self) -> u8 {
+        if self.connecting() {
+            return TCP_SYN_SENT;
+        }
         let r = self.vs.readiness();
         let m = self.mirror.lock();
         match (r.error.is_some(), r.peer_finished, m.wr_shut) {
@@ -1373,6 +1442,9 @@ struct Observer(Weak<Carried>);
 impl ReadinessObserver for Observer {
     fn changed(&self, readable: bool, _writable: bool) {
         let Some(c) = self.0.upgrade() else { return };
+        if c.connect_state.load(Ordering::Relaxed) == CONNECT_IN_PROGRESS {
+            c.note_open_outcome(&c.vs.readiness());
+        }
         if c.watched() {
             c.sync(readable);
         }

@@ -2,7 +2,7 @@
 //! virtual socket, and the program's fd becomes its placeholder (direct path) or a loopback
 //! connection to a relay loop (`--path relay`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_int;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -74,6 +74,47 @@ fn no_engine(dest: SocketAddr, silent: bool) {
     NO_ENGINE.lock().refused(dest, silent, Instant::now());
 }
 
+/// Destinations (address and port) whose engine took a connection from this process. A
+/// non-blocking connect to one returns `EINPROGRESS` at once, as TCP's does, and completes
+/// (or fails) in the background: the peer there carries that port, so a refusal would no longer
+/// mean "a program on kernel TCP", which only an answer can tell for other destinations (their
+/// connect waits for it, `OPEN_WAIT` at most). A destination whose open is refused later
+/// leaves the set (`refused_later`); at most `CARRIED_BEFORE_MAX` are kept (then all go).
+static CARRIED_BEFORE: Mutex<Option<HashSet<SocketAddr>>> = Mutex::new(None);
+const CARRIED_BEFORE_MAX: usize = 4096;
+
+/// How long a connect waits for the peer engine to answer an open before it goes over kernel
+/// TCP (the peer's listener backlog stayed full; the program's kernel listener, full too, then
+/// makes the kernel connect wait as a kernel client would).
+const OPEN_WAIT: Duration = Duration::from_secs(5);
+
+/// The key of `dest` in `CARRIED_BEFORE` (IPv4 destinations in one form, whatever the
+/// socket's family).
+fn carried_key(dest: SocketAddr) -> SocketAddr {
+    in_family(dest, false)
+}
+
+fn carried_before(dest: SocketAddr) -> bool {
+    CARRIED_BEFORE.lock().as_ref().is_some_and(|s| s.contains(&carried_key(dest)))
+}
+
+fn note_carried(dest: SocketAddr) {
+    let mut set = CARRIED_BEFORE.lock();
+    let set = set.get_or_insert_with(HashSet::new);
+    if set.len() >= CARRIED_BEFORE_MAX {
+        set.clear();
+    }
+    set.insert(carried_key(dest));
+}
+
+/// A connect that returned `EINPROGRESS` to `dest` was refused after all: the next ones there
+/// wait for the answer again (and go over kernel TCP on a refusal).
+pub(crate) fn refused_later(dest: SocketAddr) {
+    if let Some(set) = CARRIED_BEFORE.lock().as_mut() {
+        set.remove(&carried_key(dest));
+    }
+}
+
 /// Carries the connection when selected and an engine answers at the peer's host: `Some` with
 /// the connect result then, `None` to leave the fd to kernel TCP (nothing was changed).
 pub(crate) fn try_carry(
@@ -106,11 +147,21 @@ pub(crate) fn try_carry(
         return None;
     };
     let engine_addr = SocketAddr::new(dest.ip(), s.channel_port);
+    let in_background = s.path == DataPath::Direct && nonblocking(app) && carried_before(dest);
     // The first connect to a peer dials its channels in this thread (their fds go above the
     // program's, as the engine's all do).
-    let vs = match inside(|| engine.connect(engine_addr, dest.port())) {
+    let opened = inside(|| {
+        let class = engine.config().default_class;
+        let vs = engine.connect_nonblocking(engine_addr, dest.port(), class)?;
+        if !in_background {
+            vs.wait_open(OPEN_WAIT)?;
+        }
+        Ok::<_, io::Error>(vs)
+    });
+    let vs = match opened {
         Ok(vs) => {
             NO_ENGINE.lock().answered(&dest);
+            note_carried(dest);
             vs
         }
         Err(e) => {
@@ -143,6 +194,15 @@ pub(crate) fn try_carry(
     };
     if r.as_ref().is_some_and(|r| r.is_ok()) {
         bump(&COUNTERS.carried_connects);
+        if in_background {
+            // The open goes on: the placeholder shows writable once the peer accepted, and
+            // SO_ERROR its refusal, as a TCP connect in progress does.
+            if let Some(c) = table::carried(fd) {
+                c.set_connect_in_progress();
+            }
+            bump(&COUNTERS.connects_in_progress);
+            return Some(Err(libc::EINPROGRESS));
+        }
     }
     r
 }

@@ -1775,8 +1775,12 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     if let Some(c) = served(fd) {
-        // As the kernel's: no peer once the connection is closed (reset, or both FINs in).
-        if caught(|| c.tcp_state()) == Some(crate::carried::TCP_CLOSE) {
+        // As the kernel's: no peer while connecting, nor once the connection is closed
+        // (reset, or both FINs in).
+        let state = caught(|| c.tcp_state());
+        if state
+            .is_some_and(|s| s == crate::carried::TCP_CLOSE || s == crate::carried::TCP_SYN_SENT)
+        {
             set_errno(libc::ENOTCONN);
             return -1;
         }
@@ -2082,9 +2086,10 @@ unsafe fn syscall_as_named(n: c_long, a: [c_long; 6]) -> Option<c_long> {
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let real = real!(connect);
-    if table::kind(fd) & CARRIED != 0 && served(fd).is_some() {
-        set_errno(libc::EISCONN);
-        return -1;
+    if table::kind(fd) & CARRIED != 0 {
+        if let Some(c) = served(fd) {
+            return ret_int(guard(|| with_fd(fd, |app| c.connect_again(app).map(|()| 0))));
+        }
     }
     if is_inside() {
         bump(&COUNTERS.reentered);

@@ -157,6 +157,11 @@ pub(crate) fn prepare_engine_listener(
         bump(&COUNTERS.kernel_listen_only);
         return None;
     };
+    // The program's kernel listener queues what its backlog allows (the acceptor injects
+    // only while it has room): the engine answers one open ahead of it, and leaves the others
+    // unanswered, as the kernel leaves SYNs to a full queue. With its default backlog the
+    // engine answered 4,096 opens of a program that never accepted.
+    listener.set_backlog(1);
     let target = match local.ip() {
         ip if ip.is_unspecified() => {
             // A dual-stack IPv6 listener is reached over IPv4 (from the injector's address).

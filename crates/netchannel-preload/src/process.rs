@@ -89,6 +89,9 @@ pub const DEFAULT_CHANNEL_PORT: u16 = 7450;
 #[derive(Default)]
 pub(crate) struct Counters {
     pub carried_connects: AtomicU64,
+    /// Carried non-blocking connects that returned `EINPROGRESS` (to a destination carried
+    /// before) and completed in the background.
+    pub connects_in_progress: AtomicU64,
     pub carried_accepts: AtomicU64,
     /// Connections the program's own thread serves from the virtual socket (direct path).
     pub direct: AtomicU64,
@@ -121,6 +124,7 @@ pub(crate) struct Counters {
 
 pub(crate) static COUNTERS: Counters = Counters {
     carried_connects: AtomicU64::new(0),
+    connects_in_progress: AtomicU64::new(0),
     carried_accepts: AtomicU64::new(0),
     direct: AtomicU64::new(0),
     relayed_accepted_elsewhere: AtomicU64::new(0),
@@ -197,7 +201,7 @@ fn print_stats(io_uring_rings: usize) {
     let relayed =
         get(&c.relayed_accepted_elsewhere) + get(&c.relayed_inherited) + get(&c.relayed_by_choice);
     let line = format!(
-        "netchannel: pid {} virtual sockets {} (connect {}, accept {}), direct {}, relayed {} \
+        "netchannel: pid {} virtual sockets {} (connect {}, of which in progress {}, accept {}), direct {}, relayed {} \
              (accepted by another process {}, inherited {}, by choice {}), kernel tcp {} \
              (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
              bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}, readiness tokens {} \
@@ -205,6 +209,7 @@ fn print_stats(io_uring_rings: usize) {
         std::process::id(),
         get(&c.carried_connects) + get(&c.carried_accepts),
         get(&c.carried_connects),
+        get(&c.connects_in_progress),
         get(&c.carried_accepts),
         get(&c.direct),
         relayed,
@@ -341,6 +346,10 @@ const PROGRAM_SESSION_SHARDS: usize = 16;
 fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     let mut c = Config::new(channel_listener);
     c.dial_timeout = DIAL_TIMEOUT;
+    // How long an open may stay unanswered (the peer's listener backlog full): as long as TCP
+    // sends SYNs (tcp_syn_retries 6: 127 s), for a connect that returned EINPROGRESS. A
+    // connect that waits gives up sooner and goes over kernel TCP (`connect::OPEN_WAIT`).
+    c.connect_timeout = Duration::from_secs(127);
     fn num<T: std::str::FromStr>(name: &str, into: &mut T) {
         if let Some(v) = std::env::var_os(name) {
             match v.to_str().and_then(|v| v.parse().ok()) {

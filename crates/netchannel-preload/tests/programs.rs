@@ -1498,7 +1498,9 @@ int main(void) {
 /// sendfile, splice both ways, IOV_MAX writev/readv; a forked child using the socket, a server
 /// forking a child per connection, posix_spawn with the socket as stdin/stdout, SCM_RIGHTS to
 /// an exec'd process; socket calls and a close made through libc's `syscall()`, as libuv makes
-/// them) prints the same lines carried and on kernel TCP.
+/// them; non-blocking connects to a listener that does not accept: `EINPROGRESS` at once,
+/// unwritable, `ENOTCONN` and `EALREADY` until accepted) prints the same lines carried and on
+/// kernel TCP.
 ///
 /// `conform elide` runs one thread's level-triggered epoll loop over two connections in a
 /// process of its own: the library reports their readability from the wait itself (the stats
@@ -1528,8 +1530,10 @@ fn conformance(hosts: Hosts) {
         let ok = std::process::Command::new("cc").args(["-O1", "-o"]).arg(&bin).arg(src).status();
         assert!(ok.is_ok_and(|s| s.success()), "cc conform.c");
         let bin = bin.display().to_string();
-        // The server listens on port and port + 2 (forked children); port + 1 stays closed.
-        let port = ports(3);
+        // The server listens on port, port + 2 (forked children) and port + 3 (accepting
+        // only when told, so never probed: it listens before port does); port + 1 stays
+        // closed.
+        let port = ports(4);
         let server = p.server.spawn(&bin, &["server", &port.to_string()]);
         p.server.wait_listening(port);
         p.server.wait_listening(port + 2);
@@ -1558,8 +1562,10 @@ fn conformance(hosts: Hosts) {
             out += &p.client.run(&bin, &["unreachable", &silent, &port.to_string()], T);
         }
         if carried {
-            // conform's calls through syscall() were served as the named calls.
+            // conform's calls through syscall() were served as the named calls, and its
+            // non-blocking connects to a destination carried before went on in the background.
             assert!(stat(&p.client.stats, "raw syscalls") > 0, "{}", stats_text(&p.client.stats));
+            assert!(stat(&p.client.stats, "in progress") > 0, "{}", stats_text(&p.client.stats));
             assert!(
                 stat(&p.client.stats, "virtual sockets") >= 3,
                 "{}",

@@ -26,6 +26,7 @@ both_testbeds!(
     channels_scale_up_under_backpressure_with_spread_writes,
     blocking_send_of_exactly_the_window_returns,
     full_backlog_makes_connects_wait_not_fail,
+    a_listeners_own_backlog_bounds_what_is_answered,
     a_receiver_that_stops_coming_back_is_covered_by_the_worker,
 );
 
@@ -595,6 +596,40 @@ fn full_backlog_makes_connects_wait_not_fail(hosts: Hosts) {
         assert!(Instant::now() < deadline, "the waiting connects were never admitted");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// `Listener::set_backlog(1)` (the interposition library's): one open is answered ahead of
+/// `accept`, the others wait unanswered, and each `accept` admits the next one.
+fn a_listeners_own_backlog_bounds_what_is_answered(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(9).unwrap();
+    l.set_backlog(1);
+    let socks: Vec<VSocket> = (0..3)
+        .map(|_| a.connect_nonblocking(b.local_addr(), 9, Class::Throughput).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let open = |s: &VSocket| matches!(s.take_error(), Ok(true));
+    let opened = || socks.iter().filter(|s| open(s)).count();
+    while opened() < 1 {
+        assert!(Instant::now() < deadline, "the first connect was never answered");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(opened(), 1, "one answered ahead of accept, two waiting");
+    let first = l.accept().unwrap();
+    while opened() < 2 {
+        assert!(Instant::now() < deadline, "an accept did not admit the next connect");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(opened(), 2, "still one answered ahead of accept");
+    let rest: Vec<VSocket> = (0..2).map(|_| l.accept().unwrap()).collect();
+    while !socks.iter().all(open) {
+        assert!(Instant::now() < deadline, "the last connect was never admitted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop((first, rest));
 }
 
 /// The worker stays asleep while application threads keep coming to wait on its channels

@@ -3,7 +3,9 @@
  * booleans, errno names, poll masks), never by timing or by how bytes are segmented.
  *
  *   conform server PORT              threads serve commands (see serve()) on PORT, forked
- *                                    children on PORT+2 (see forkserver()); PORT+1 stays free
+ *                                    children on PORT+2 (see forkserver()), a listener that
+ *                                    accepts only when told on PORT+3 (see held_server());
+ *                                    PORT+1 stays free
  *   conform client HOST PORT
  *   conform unreachable HOST PORT
  *   conform scm-nolib HOST PORT      SCM_RIGHTS to a process without the library (kernel TCP)
@@ -50,6 +52,8 @@ static int wait_ev(int ep, int ms) {
 
 /* Written by 'g' (on any connection): releases the connection held by 'L'. */
 static int release[2] = {-1, -1};
+/* Written by 'A' N (on any connection): the listener on PORT+3 accepts N connections. */
+static int held_go[2] = {-1, -1};
 
 /* Commands: 'd' send 10 bytes; 's' shut down writing; 'e' echo 4 bytes; 'q' quit; 'h' hold
  * (read nothing more: partial writes); 'w' read to EOF, then answer "done"; 'f' answer whether
@@ -88,6 +92,7 @@ static void *serve(void *arg) {
             char g, b[65536]; read(release[0], &g, 1); while (read(c, b, sizeof b) > 0) {} break;
         }
         if (cmd == 'g') write(release[1], "g", 1);
+        if (cmd == 'A') { char n; if (read(c, &n, 1) == 1) write(held_go[1], &n, 1); }
         if (cmd == 'Z') {
             /* The whole server process stops for 1.5 s (its engine too, when carried). */
             if (fork() == 0) { usleep(1500000); kill(getppid(), SIGCONT); _exit(0); }
@@ -113,20 +118,43 @@ static void *forkserver(void *arg) {
     }
 }
 
-static int listener(int port) {
+static int listener_backlog(int port, int backlog) {
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    if (bind(l, (void *)&a, sizeof a) || listen(l, 16)) die("listen");
+    if (bind(l, (void *)&a, sizeof a) || listen(l, backlog)) die("listen");
     return l;
 }
 
+static int listener(int port) { return listener_backlog(port, 16); }
+
+/* PORT+3, backlog 1: accepts nothing until an 'A' N, then N connections, each served as on
+ * PORT; then waits for the next 'A'. */
+static void *held_server(void *arg) {
+    int l = (int)(long)arg;
+    for (;;) {
+        char n;
+        if (read(held_go[0], &n, 1) != 1) return NULL;
+        for (int i = 0; i < n - '0'; i++) {
+            int c = accept(l, NULL, NULL);
+            if (c < 0) { if (errno == EINTR) { i--; continue; } die("accept held"); }
+            pthread_t t;
+            pthread_create(&t, NULL, serve, (void *)(long)c);
+            pthread_detach(t);
+        }
+    }
+}
+
 static void server(int port) {
+    /* PORT+3 first: a client that found PORT listening finds it too (no probe may reach it,
+     * its backlog is for the test's connections alone). */
+    int held = listener_backlog(port + 3, 1);
     int l = listener(port);
-    if (pipe(release)) die("pipe");
+    if (pipe(release) || pipe(held_go)) die("pipe");
     signal(SIGCHLD, SIG_IGN); /* the forked servers' children are reaped by the kernel */
-    pthread_t fs;
+    pthread_t fs, hs;
     pthread_create(&fs, NULL, forkserver, (void *)(long)listener(port + 2));
+    pthread_create(&hs, NULL, held_server, (void *)(long)held);
     for (;;) {
         /* Accepted here, served by another thread. */
         int c = accept4(l, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -139,6 +167,7 @@ static void server(int port) {
 
 static int dial(const char *host, int port, int nonblock);
 static void raw_syscalls(const char *host, int port);
+static void connect_in_progress(const char *host, int port);
 
 static int read_full(int s, char *b, int len) {
     int got = 0;
@@ -1378,6 +1407,7 @@ static void client(const char *host, int port) {
     linger_close(host, port);
     zero_copy_and_vectors(host, port);
     raw_syscalls(host, port);
+    connect_in_progress(host, port);
     processes(host, port, "/proc/self/exe");
     scm_rights(host, port, "/proc/self/exe");
 
@@ -1415,6 +1445,68 @@ static void raw_syscalls(const char *host, int port) {
     close(t);
     printf("after close, epoll set empty: %d\n", wait_ev(ep, 50));
     close(ep);
+}
+
+/* Non-blocking connects to a listener that does not accept (backlog 1): each returns at once
+ * (EINPROGRESS, or 0 for a first one the library saw answered), the ones beyond the backlog
+ * stay unwritable, without a peer and EALREADY to a second connect; once the server accepts,
+ * every one becomes writable with SO_ERROR 0, a second connect returns 0 then EISCONN, and
+ * bytes go both ways. */
+#define HELD 4
+static void connect_in_progress(const char *host, int port) {
+    int ctl = dial(host, port, 0);
+    if (ctl < 0) { errno = -ctl; die("connect"); }
+    /* A first connection, accepted and closed: the destination is known to carry. */
+    int s[HELD];
+    s[0] = dial(host, port + 3, 0);
+    if (s[0] < 0) { errno = -s[0]; die("connect held"); }
+    write(ctl, "A1", 2);
+    write(s[0], "x", 1);
+    char b[16];
+    printf("in progress: first held connection ends: %zd\n", read(s[0], b, 1));
+    close(s[0]);
+    int in_progress = 0, slow = 0;
+    for (int i = 0; i < HELD; i++) {
+        s[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port + 3)};
+        inet_pton(AF_INET, host, &a.sin_addr);
+        double t0 = now(CLOCK_MONOTONIC);
+        int rc = connect(s[i], (void *)&a, sizeof a);
+        slow += now(CLOCK_MONOTONIC) - t0 > 0.5;
+        in_progress += rc < 0 && errno == EINPROGRESS;
+        if (rc < 0 && errno != EINPROGRESS) die("connect in progress");
+    }
+    printf("in progress: %d connects returned EINPROGRESS, %d took over 0.5 s\n", in_progress, slow);
+    /* The last one is beyond the backlog: still connecting. */
+    int last = s[HELD - 1];
+    struct pollfd p = {.fd = last, .events = POLLOUT};
+    int ready = poll(&p, 1, 300);
+    struct sockaddr_in pa; socklen_t pl = sizeof pa;
+    int gp = getpeername(last, (void *)&pa, &pl) < 0 ? errno : 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port + 3)};
+    inet_pton(AF_INET, host, &a.sin_addr);
+    int again = connect(last, (void *)&a, sizeof a) < 0 ? errno : 0;
+    printf("in progress: beyond the backlog: poll %d, getpeername %s, connect again %s\n",
+           ready, en(gp), en(again));
+    write(ctl, "A4", 2);
+    int ok = 0;
+    for (int i = 0; i < HELD; i++) {
+        struct pollfd q = {.fd = s[i], .events = POLLOUT};
+        int w = poll(&q, 1, 10000);
+        if (w == 1 && so_error(s[i]) == 0) ok++;
+    }
+    int c1 = connect(last, (void *)&a, sizeof a) < 0 ? errno : 0;
+    int c2 = connect(last, (void *)&a, sizeof a) < 0 ? errno : 0;
+    printf("in progress: %d writable with SO_ERROR 0; connect again %s then %s\n", ok, en(c1), en(c2));
+    int echoed = 0;
+    for (int i = 0; i < HELD; i++) {
+        int fl = 0; ioctl(s[i], FIONBIO, &fl);
+        write(s[i], "eabcd", 5);
+        echoed += read_full(s[i], b, 4) == 4 && !memcmp(b, "abcd", 4);
+        close(s[i]);
+    }
+    printf("in progress: %d echoed\n", echoed);
+    close(ctl);
 }
 
 /* Another thread's own event loop over its own connection (for `elide`). */

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -21,10 +21,13 @@ use crate::wire::Class;
 /// State shared between a `Listener` and the threads that deliver streams to it.
 pub(crate) struct ListenerShared {
     backlog: Mutex<VecDeque<(Arc<SessionRt>, StreamId)>>,
+    /// Streams answered and not accepted, at most (`Listener::set_backlog`; `capacity` at
+    /// first).
+    answered: AtomicUsize,
     capacity: usize,
     /// Streams that came while the backlog was full: their SYN is not answered yet (their
     /// `connect` waits, as a TCP client whose SYN was dropped retries), and each `accept`
-    /// admits one. Bounded by `capacity` too; beyond, SYNs are refused.
+    /// admits one. Bounded by `capacity`; beyond, SYNs are refused.
     waiting: Mutex<VecDeque<(Arc<SessionRt>, StreamId)>>,
     closed: AtomicBool,
     waiters: Mutex<Vec<Arc<Waiter>>>,
@@ -74,12 +77,19 @@ impl ListenerShared {
         Arc::new(ListenerShared {
             backlog: Mutex::new(VecDeque::new()),
             waiting: Mutex::new(VecDeque::new()),
+            answered: AtomicUsize::new(capacity),
             capacity,
             closed: AtomicBool::new(false),
             waiters: Mutex::new(Vec::new()),
             readiness: OnceLock::new(),
             bound: OnceLock::new(),
         })
+    }
+
+    /// At most `n` streams (at least 1, at most the capacity) answered and not accepted; the
+    /// others wait unanswered.
+    pub fn set_backlog(&self, n: usize) {
+        self.answered.store(n.clamp(1, self.capacity), Ordering::Relaxed);
     }
 
     /// Binds the listener to a local address (before anything can reach it).
@@ -206,7 +216,7 @@ impl ListenerShared {
         }
         {
             let mut q = self.backlog.lock();
-            if q.len() < self.capacity {
+            if q.len() < self.answered.load(Ordering::Relaxed) {
                 q.push_back((session, id));
                 return Offer::Queued;
             }

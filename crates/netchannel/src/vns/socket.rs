@@ -216,26 +216,38 @@ impl VSocket {
             sock.session.transmit(class);
         }
         if wait {
-            let deadline = now + sock.session.ctx.config.connect_timeout;
-            sock.wait_for(EV_WRITE, Some(deadline), |core| {
-                let s = core.stream(id)?;
-                match (s.reset, s.phase) {
-                    (Some(cause), _) => Some(Err(reset_error(cause))),
-                    (None, Phase::Open) => Some(Ok(())),
-                    _ => None,
-                }
-            })
-            .map_err(|e| {
-                if e.kind() == io::ErrorKind::TimedOut {
-                    let peer = sock.session.peer_addr;
-                    let waited = sock.session.ctx.config.connect_timeout;
-                    io::Error::new(io::ErrorKind::TimedOut, UnansweredOpen { peer, waited })
-                } else {
-                    e
-                }
-            })?;
+            sock.wait_open_until(now, sock.session.ctx.config.connect_timeout)?;
         }
         Ok(sock)
+    }
+
+    /// Waits up to `within` for the peer to accept a socket opened with `connect_nonblocking`
+    /// (serving the channels meanwhile): `Ok` once it is open, its refusal or reset, or a
+    /// `TimedOut` error that `is_unanswered_open` recognises (the socket is still opening;
+    /// dropping it gives up). A shorter wait than `Config::connect_timeout` lets a caller fall
+    /// back to something else while the open itself may wait longer.
+    pub fn wait_open(&self, within: Duration) -> io::Result<()> {
+        self.wait_open_until(Instant::now(), within)
+    }
+
+    fn wait_open_until(&self, from: Instant, within: Duration) -> io::Result<()> {
+        let id = self.id;
+        self.wait_for(EV_WRITE, Some(from + within), |core| {
+            let s = core.stream(id)?;
+            match (s.reset, s.phase) {
+                (Some(cause), _) => Some(Err(reset_error(cause))),
+                (None, Phase::Open) => Some(Ok(())),
+                _ => None,
+            }
+        })
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                let peer = self.session.peer_addr;
+                io::Error::new(io::ErrorKind::TimedOut, UnansweredOpen { peer, waited: within })
+            } else {
+                e
+            }
+        })
     }
 
     /// The socket's id in its session (as `SocketStats::id` shows it).
@@ -1027,7 +1039,8 @@ impl std::fmt::Display for UnansweredOpen {
 impl std::error::Error for UnansweredOpen {}
 
 /// Whether `e` says the peer engine was reached but did not answer the virtual socket's SYN
-/// within `Config::connect_timeout` (a full backlog), rather than that no engine answered.
+/// within `Config::connect_timeout` or `VSocket::wait_open`'s wait (a full backlog), rather
+/// than that no engine answered.
 pub fn is_unanswered_open(e: &io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<UnansweredOpen>())
 }
@@ -1045,6 +1058,15 @@ impl Listener {
     /// The virtual port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Answers at most `n` opens that `accept` has not taken yet (at least 1, at most
+    /// `Config::accept_backlog`, the default), as `listen(2)`'s backlog bounds a kernel
+    /// listener's queue: the others wait unanswered (their `connect` waits, as a TCP client's
+    /// whose SYN the full queue dropped), up to `accept_backlog` of them, and are answered
+    /// one per `accept`.
+    pub fn set_backlog(&self, n: usize) {
+        self.shared.set_backlog(n);
     }
 
     /// In non-blocking mode `accept` fails with `WouldBlock` when nothing is pending.
