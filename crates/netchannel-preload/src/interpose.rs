@@ -1939,6 +1939,12 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// C ABI: as close_range(2).
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_int {
+    let range = first as usize..=(last as usize).min(table::MAX_FD - 1);
+    if !range.clone().any(|fd| table::kind(fd as c_int) != 0) {
+        // None of ours: nothing to allocate or lock (a forked child before exec calls this).
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real!(close_range)(first, last, flags) };
+    }
     let ours: Vec<(c_int, u8)> = if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         (first as usize..=(last as usize).min(table::MAX_FD - 1))
             .map(|fd| (fd as c_int, table::kind(fd as c_int)))
