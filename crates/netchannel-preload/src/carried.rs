@@ -385,15 +385,19 @@ impl Carried {
     }
 
     /// What `poll` reports for this connection given `events`, when it is plainly open
-    /// (connected, no error, no end of stream either way, no shutdown, no bytes given back by
-    /// a relay): readable and writable as its virtual socket is, as kernel TCP sets
+    /// (connected or connecting, no error, no end of stream either way, no shutdown, no bytes
+    /// given back by a relay): readable and writable as its virtual socket is, as kernel TCP sets
     /// `POLLIN | POLLRDNORM` and `POLLOUT | POLLWRNORM`. `None` in any other state.
     pub(crate) fn plain_revents(&self, events: i16) -> Option<i16> {
         if self.handed_over.load(Ordering::Acquire) {
             return None;
         }
         let r = self.vs.readiness();
-        let plain = r.connected
+        // A connect in progress is plain too (neither readable nor writable until the peer
+        // answers): a program that polls for its completion (libmemcached does) must not arm
+        // the placeholder for the connection's whole life.
+        let connecting = self.connect_state.load(Ordering::Acquire) == CONNECT_IN_PROGRESS;
+        let plain = (r.connected || connecting)
             && r.error.is_none()
             && !r.peer_finished
             && !r.write_closed
