@@ -394,8 +394,8 @@ impl Carried {
         }
         let r = self.vs.readiness();
         // A connect in progress is plain too (neither readable nor writable until the peer
-        // answers): a program that polls for its completion (libmemcached does) must not arm
-        // the placeholder for the connection's whole life.
+        // answers, as `tcp_poll` says of SYN_SENT): a program that polls for its completion
+        // must not arm the placeholder for the connection's whole life.
         let connecting = self.connect_state.load(Ordering::Acquire) == CONNECT_IN_PROGRESS;
         let plain = (r.connected || connecting)
             && r.error.is_none()
@@ -498,9 +498,11 @@ impl Carried {
         }
     }
 
-    /// The connect returned `EINPROGRESS`: the open completes in the background.
+    /// The connect returned `EINPROGRESS`: the open completes in the background. An answer
+    /// that came before this (the placeholder was observed already) is noted now.
     pub(crate) fn set_connect_in_progress(&self) {
         self.connect_state.store(CONNECT_IN_PROGRESS, Ordering::Release);
+        self.note_open_outcome(&self.vs.readiness());
     }
 
     /// Whether a connect that returned `EINPROGRESS` is still waiting for the peer's answer
