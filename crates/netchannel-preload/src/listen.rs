@@ -157,11 +157,14 @@ pub(crate) fn prepare_engine_listener(
         bump(&COUNTERS.kernel_listen_only);
         return None;
     };
-    // The program's kernel listener queues what its backlog allows (the acceptor injects
-    // only while it has room): the engine answers one open ahead of it, and leaves the others
-    // unanswered, as the kernel leaves SYNs to a full queue. With its default backlog the
-    // engine answered 4,096 opens of a program that never accepted.
-    listener.set_backlog(1);
+    // The engine's listener takes the program's backlog (as the kernel queues it): it answers
+    // that many opens ahead of the acceptor, which injects them while the program's kernel
+    // queue has room, and leaves the others unanswered, as the kernel leaves SYNs to a full
+    // queue. So a program that does not accept has at most twice its queue answered (with the
+    // engine's default, 4,096), and a burst of connects is answered without waiting for each
+    // injection.
+    let queue = accept_queue(backlog);
+    listener.set_backlog(queue);
     let target = match local.ip() {
         ip if ip.is_unspecified() => {
             // A dual-stack IPv6 listener is reached over IPv4 (from the injector's address).
@@ -174,7 +177,7 @@ pub(crate) fn prepare_engine_listener(
         }
         _ => local,
     };
-    Some(Prepared { listener, local, target, queue: accept_queue(backlog) })
+    Some(Prepared { listener, local, target, queue })
 }
 
 /// How many connections the kernel queues for `accept` after `listen(fd, backlog)`: `backlog`

@@ -598,7 +598,7 @@ fn full_backlog_makes_connects_wait_not_fail(hosts: Hosts) {
     }
 }
 
-/// `Listener::set_backlog(1)` (the interposition library's): one open is answered ahead of
+/// `Listener::set_backlog(1)` (`listen(fd, 0)` through the interposition library): one open is answered ahead of
 /// `accept`, the others wait unanswered, and each `accept` admits the next one.
 fn a_listeners_own_backlog_bounds_what_is_answered(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
