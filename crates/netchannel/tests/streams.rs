@@ -598,8 +598,8 @@ fn full_backlog_makes_connects_wait_not_fail(hosts: Hosts) {
     }
 }
 
-/// `Listener::set_backlog(1)` (`listen(fd, 0)` through the interposition library): one open is answered ahead of
-/// `accept`, the others wait unanswered, and each `accept` admits the next one.
+/// `Listener::set_backlog(1)` (`listen(fd, 0)` through the interposition library): one open is
+/// answered ahead of `accept`, the others wait unanswered, and each `accept` admits the next.
 fn a_listeners_own_backlog_bounds_what_is_answered(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let (a, b) = tb.engines(|_| {});
