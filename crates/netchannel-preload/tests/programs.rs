@@ -1565,6 +1565,7 @@ fn conformance(hosts: Hosts) {
             // conform's calls through syscall() were served as the named calls, and its
             // non-blocking connects to a destination carried before went on in the background.
             assert!(stat(&p.client.stats, "raw syscalls") > 0, "{}", stats_text(&p.client.stats));
+            assert!(stat(&p.client.stats, "closed unseen") > 0, "{}", stats_text(&p.client.stats));
             assert!(stat(&p.client.stats, "in progress") > 0, "{}", stats_text(&p.client.stats));
             assert!(
                 stat(&p.client.stats, "virtual sockets") >= 3,

@@ -1416,9 +1416,23 @@ static void client(const char *host, int port) {
     close(s);
 }
 
+/* A close no library can see (the system call instruction itself, as statically linked
+ * runtimes make it; through syscall() elsewhere). */
+static long unseen_close(int fd) {
+#if defined(__x86_64__)
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"((long)SYS_close), "D"((long)fd) : "rcx", "r11", "memory");
+    if (r < 0) { errno = (int)-r; return -1; }
+    return r;
+#else
+    return syscall(SYS_close, fd);
+#endif
+}
+
 /* Socket calls made through libc's syscall() instead of the named wrappers (libuv closes every
  * fd so): they behave as the named calls, and a connection closed that way is gone, so the next
- * socket under its number is a new one. */
+ * socket under its number is a new one. A close made without libc at all is noticed when the
+ * kernel hands the number out again (here to an epoll set, which has no socket name). */
 static void raw_syscalls(const char *host, int port) {
     int s = dial(host, port, 0);
     if (s < 0) { errno = -s; die("connect"); }
@@ -1445,6 +1459,15 @@ static void raw_syscalls(const char *host, int port) {
     close(t);
     printf("after close, epoll set empty: %d\n", wait_ev(ep, 50));
     close(ep);
+    int u = dial(host, port, 0);
+    if (u < 0) { errno = -u; die("connect"); }
+    long uc = unseen_close(u);
+    int e = epoll_create1(0);
+    struct sockaddr_in sa; socklen_t sl = sizeof sa;
+    int gs = getsockname(e, (void *)&sa, &sl) < 0 ? errno : 0;
+    printf("unseen close: %ld, epoll set under the number %d, its getsockname %s\n", uc, e == u,
+           gs == ENOTSOCK ? "ENOTSOCK" : en(gs));
+    close(e);
 }
 
 /* Non-blocking connects to a listener that does not accept (backlog 1): each returns
