@@ -1498,7 +1498,7 @@ int main(void) {
 /// sendfile, splice both ways, IOV_MAX writev/readv; a forked child using the socket, a server
 /// forking a child per connection, posix_spawn with the socket as stdin/stdout, SCM_RIGHTS to
 /// an exec'd process; socket calls and a close made through libc's `syscall()`, as libuv makes
-/// them; non-blocking connects to a listener that does not accept: `EINPROGRESS` at once,
+/// them, and a close made without libc; non-blocking connects to a listener that does not accept: `EINPROGRESS` at once,
 /// unwritable, `ENOTCONN` and `EALREADY` until accepted) prints the same lines carried and on
 /// kernel TCP.
 ///
