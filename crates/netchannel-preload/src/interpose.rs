@@ -1854,10 +1854,16 @@ fn closed(f: Forgotten) {
 /// C ABI: as close(2).
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // SAFETY: forwarding the caller's argument.
+    close_with(fd, || unsafe { real!(close)(fd) })
+}
+
+/// `close(fd)` by `real_close` (libc's close, or the plain system call for a close made
+/// through `syscall()`, which is no cancellation point), with the tables kept in step.
+fn close_with(fd: c_int, real_close: impl FnOnce() -> c_int) -> c_int {
     let k = table::kind(fd);
     let forgotten = if k != 0 { caught(|| forget(fd, k)) } else { None };
-    // SAFETY: forwarding the caller's argument.
-    let rc = unsafe { real!(close)(fd) };
+    let rc = real_close();
     if let Some(f) = forgotten {
         let e = errno();
         let _ = caught(|| closed(f));
@@ -2053,7 +2059,10 @@ unsafe fn syscall_as_named(n: c_long, a: [c_long; 6]) -> Option<c_long> {
             }
             libc::SYS_fcntl if ours(0) => fcntl(fd(0), fd(1), a[2] as usize) as c_long,
             libc::SYS_ioctl if ours(0) => ioctl(fd(0), a[1] as libc::c_ulong, p(2)) as c_long,
-            libc::SYS_close if ours(0) => close(fd(0)) as c_long,
+            // The caller's own system call (no cancellation point, as libuv wants).
+            libc::SYS_close if ours(0) => {
+                close_with(fd(0), || real!(syscall)(n, a[0]) as c_int) as c_long
+            }
             libc::SYS_close_range => close_range(a[0] as u32, a[1] as u32, fd(2)) as c_long,
             libc::SYS_dup if ours(0) => dup(fd(0)) as c_long,
             #[cfg(target_arch = "x86_64")]
