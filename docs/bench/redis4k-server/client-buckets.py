@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Where redis-benchmark's samples went, per 1,000 GETs: client-buckets.py OUT.txt OUT.rate ...
+(profile.sh's output with `client`; 0.6 s sampled at 999 Hz). A sample counts in the first
+bucket whose frame it holds."""
+import collections, re, sys
+
+BUCKETS = [
+    ("kernel: epoll_ctl", ("do_epoll_ctl",)),
+    ("library: epoll_ctl", ("interpose::epoll_ctl",)),
+    ("kernel: sendmsg (requests out)", ("tcp_sendmsg",)),
+    ("kernel: recvmsg (replies in)", ("tcp_recvmsg",)),
+    ("library: read from the staged replies", ("Carried::recv",)),
+    ("library: epoll_wait (its own work)", ("waits::epoll_wait",)),
+    ("kernel: epoll_wait", ("do_epoll_wait",)),
+    ("hiredis: reply parsing", ("redisReaderGetReply",)),
+    ("redis-benchmark: the rest", ("redis",)),
+]
+
+for i in range(1, len(sys.argv), 2):
+    txt, rate = sys.argv[i], sys.argv[i + 1]
+    gets = float(re.search(r"GET: ([0-9.]+)", open(rate).read()).group(1))
+    counts, total = collections.Counter(), 0
+    for sample in open(txt).read().split("\n\n"):
+        frames = "\n".join(l.strip() for l in sample.strip().split("\n")[1:])
+        if not frames:
+            continue
+        total += 1
+        name = next((n for n, keys in BUCKETS if any(k in frames for k in keys)), "other")
+        counts[name] += 1
+    per_k = lambda n: n / (0.6 * gets / 1000)
+    print(f"{txt}: {gets:,.0f} GETs/s, {total} samples, {per_k(total):.2f} per 1,000 GETs")
+    for name, _ in BUCKETS + [("other", ())]:
+        print(f"  {name:40s} {per_k(counts[name]):.2f}")
