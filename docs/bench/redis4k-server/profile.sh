@@ -4,7 +4,7 @@
 # --call-graph dwarf, 0.6 s of the thread at 999 Hz), on kernel TCP (`linux`) or under
 # `netchannel run` (DIR holds the launcher).
 # Usage: profile.sh linux|DIR OUT [server|client]   (writes OUT.data, OUT.txt, OUT.rate)
-# Then: buckets.py (server) or client-buckets.py (client) OUT.txt OUT.rate [...] prints where
+# Then: buckets.py [--client] OUT.txt OUT.rate [...] prints where
 # the thread's time went per 1,000 GETs.
 set -euo pipefail
 dir=$1; out=$2; side=${3:-server}
