@@ -1345,6 +1345,25 @@ fn refuses_static_and_setuid() {
         assert_eq!(out.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&out.stderr).contains("statically linked"), "{out:?}");
     }
+    // A dynamically linked Go program: its runtime makes socket calls by raw system call. A
+    // copy of true with the section every Go binary has stands in for one.
+    let go = dir.join("go-program");
+    let note = dir.join("buildinfo");
+    std::fs::write(&note, b"\xff Go buildinf:").unwrap();
+    let mut section = std::ffi::OsString::from(".go.buildinfo=");
+    section.push(&note);
+    let made = std::process::Command::new("objcopy")
+        .arg("--add-section")
+        .arg(section)
+        .arg("/bin/true")
+        .arg(&go)
+        .status();
+    if made.is_ok_and(|s| s.success()) {
+        let out =
+            std::process::Command::new(NETCHANNEL).args(["run", "--"]).arg(&go).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Go program"), "{out:?}");
+    }
     let out = std::process::Command::new(NETCHANNEL).args(["run", "--", "true"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -51,7 +51,7 @@ enum Cmd {
     ///
     /// Exit status: the program's own (it replaces this process). 127 when the command is not
     /// found and 126 when it cannot be executed, as a shell exits; 2 when netchannel refuses
-    /// it (setuid, statically linked, liburing) or an option is wrong.
+    /// it (setuid, statically linked, Go, liburing) or an option is wrong.
     Run(Run),
     /// List the netchannel engines on this host: peers, channels, virtual sockets, budgets
     ///
@@ -339,7 +339,8 @@ fn resolve(cmd: &Path) -> Result<PathBuf, (i32, &'static str)> {
 }
 
 /// Why LD_PRELOAD would not take effect: setuid/setgid binaries (the loader ignores
-/// LD_PRELOAD for them) and statically linked ones (no loader at all). Scripts are run by
+/// LD_PRELOAD for them), statically linked ones (no loader at all) and Go programs (their
+/// runtime never calls libc's socket functions). Scripts are run by
 /// their interpreter, which is checked instead.
 fn carriable(program: &Path) -> Result<(), String> {
     let meta = std::fs::metadata(program).map_err(|e| e.to_string())?;
@@ -351,6 +352,12 @@ fn carriable(program: &Path) -> Result<(), String> {
     }
     let data = std::fs::read(program).map_err(|e| e.to_string())?;
     match elf_interp(&data) {
+        // Go's runtime makes its socket calls by raw system call, never through libc.
+        Some(true) if elf_has_section(&data, b".go.buildinfo") => Err(
+            "it is a Go program, whose sockets bypass libc's socket calls (they would silently \
+             use kernel TCP)"
+                .into(),
+        ),
         Some(true) => Ok(()),
         Some(false) => {
             Err("it is statically linked (no PT_INTERP), so nothing can be preloaded".into())
@@ -400,9 +407,52 @@ fn elf_interp(d: &[u8]) -> Option<bool> {
     Some((0..phnum).any(|i| u32_at(phoff + i * phentsize) == Some(PT_INTERP)))
 }
 
+/// Whether a 64- or 32-bit little-endian ELF file has a section of this name.
+fn elf_has_section(d: &[u8], name: &[u8]) -> bool {
+    let u16_at = |o: usize| d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u32_at =
+        |o: usize| d.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize);
+    let u64_at =
+        |o: usize| d.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize);
+    let found = || -> Option<bool> {
+        // (section table, entry size, entries, names' section, a header's name and offset)
+        let (shoff, shentsize, shnum, shstrndx, offset_at): (_, _, _, _, fn(usize) -> usize) =
+            match *d.get(4)? {
+                2 => (u64_at(0x28)?, u16_at(0x3a)?, u16_at(0x3c)?, u16_at(0x3e)?, |h| h + 0x18),
+                1 => (u32_at(0x20)?, u16_at(0x2e)?, u16_at(0x30)?, u16_at(0x32)?, |h| h + 0x10),
+                _ => return None,
+            };
+        let header = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
+        let offset = |h: usize| if d[4] == 2 { u64_at(offset_at(h)) } else { u32_at(offset_at(h)) };
+        let names = offset(header(shstrndx)?)?;
+        Some((0..shnum).any(|i| {
+            let start = header(i).and_then(u32_at).and_then(|n| names.checked_add(n));
+            start.and_then(|s| d.get(s..)).is_some_and(|rest| {
+                rest.len() > name.len() && rest.starts_with(name) && rest[name.len()] == 0
+            })
+        }))
+    };
+    found().unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn section_names_are_read_from_the_elf_section_table() {
+        let elf = std::fs::read("/bin/true").unwrap();
+        assert!(elf_has_section(&elf, b".text"));
+        assert!(!elf_has_section(&elf, b".tex"), "a whole name, not a prefix");
+        assert!(!elf_has_section(&elf, b".go.buildinfo"));
+        // A truncated or damaged file answers no, and never panics.
+        for len in (0..elf.len()).step_by(97) {
+            let _ = elf_has_section(&elf[..len], b".text");
+        }
+        let mut damaged = elf.clone();
+        damaged[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(!elf_has_section(&damaged, b".text"));
+    }
 
     #[test]
     fn the_newest_library_beside_the_launcher_is_loaded() {
