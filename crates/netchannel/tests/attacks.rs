@@ -223,7 +223,7 @@ impl Raw {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             for f in self.poll(Duration::from_millis(50)).unwrap() {
-                if let Frame::SynAck { dst, src: id, window } = f {
+                if let Frame::SynAck { dst, src: id, window, .. } = f {
                     if dst == src {
                         return (id, window);
                     }

@@ -78,7 +78,7 @@ impl RawReader {
         loop {
             if let Ok(Decoded::Frame(f, n)) = wire::decode(&self.buf) {
                 let got = match f {
-                    Frame::SynAck { dst, src, window } => Got::SynAck { dst, src, window },
+                    Frame::SynAck { dst, src, window, .. } => Got::SynAck { dst, src, window },
                     Frame::Credit { dst, consumed, window } => {
                         Got::Credit { dst, consumed, window }
                     }

@@ -27,6 +27,7 @@ both_testbeds!(
     blocking_send_of_exactly_the_window_returns,
     full_backlog_makes_connects_wait_not_fail,
     a_listeners_own_backlog_bounds_what_is_answered,
+    a_listener_preferring_kernel_says_so_in_its_answers,
     a_receiver_that_stops_coming_back_is_covered_by_the_worker,
 );
 
@@ -630,6 +631,30 @@ fn a_listeners_own_backlog_bounds_what_is_answered(hosts: Hosts) {
         std::thread::sleep(Duration::from_millis(1));
     }
     drop((first, rest));
+}
+
+/// `Listener::prefer_kernel` marks the answers given from then on (and only those): the opener
+/// sees it on its socket, which opens and carries bytes as any other.
+fn a_listener_preferring_kernel_says_so_in_its_answers(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(13).unwrap();
+    let plain = a.connect(b.local_addr(), 13).unwrap();
+    assert!(!plain.peer_prefers_kernel());
+    l.prefer_kernel(true);
+    let asked = a.connect(b.local_addr(), 13).unwrap();
+    assert!(asked.peer_prefers_kernel());
+    asked.send(b"still carried").unwrap();
+    let (_, served) = (l.accept().unwrap(), l.accept().unwrap());
+    let mut got = [0u8; 13];
+    let mut n = 0;
+    while n < got.len() {
+        n += served.recv(&mut got[n..]).unwrap();
+    }
+    assert_eq!(&got, b"still carried");
+    l.prefer_kernel(false);
+    assert!(!a.connect(b.local_addr(), 13).unwrap().peer_prefers_kernel());
+    assert!(!plain.peer_prefers_kernel(), "an earlier answer is left as it was");
 }
 
 /// The worker stays asleep while application threads keep coming to wait on its channels

@@ -35,6 +35,8 @@ pub(crate) struct ListenerShared {
     /// The address the listener is bound to, as a kernel socket is: only streams whose
     /// session the peer dialed to an address it covers reach it (`admits`).
     bound: OnceLock<Bound>,
+    /// Answers ask the openers to use kernel TCP for this port (`Listener::prefer_kernel`).
+    kernel_preferred: AtomicBool,
 }
 
 /// A listener's local address (`Engine::listen_on`).
@@ -83,6 +85,7 @@ impl ListenerShared {
             waiters: Mutex::new(Vec::new()),
             readiness: OnceLock::new(),
             bound: OnceLock::new(),
+            kernel_preferred: AtomicBool::new(false),
         })
     }
 
@@ -90,6 +93,15 @@ impl ListenerShared {
     /// others wait unanswered.
     pub fn set_backlog(&self, n: usize) {
         self.answered.store(n.clamp(1, self.capacity), Ordering::Relaxed);
+    }
+
+    pub fn set_kernel_preferred(&self, on: bool) {
+        self.kernel_preferred.store(on, Ordering::Relaxed);
+    }
+
+    /// Answers this listener gives from now on ask their openers to use kernel TCP.
+    pub fn kernel_preferred(&self) -> bool {
+        self.kernel_preferred.load(Ordering::Relaxed)
     }
 
     /// Binds the listener to a local address (before anything can reach it).
@@ -235,6 +247,9 @@ impl ListenerShared {
             let Some((session, id)) = self.waiting.lock().pop_front() else { return };
             let live = session.with_core(|core| {
                 let mut stream = core.handle(id);
+                if self.kernel_preferred() {
+                    stream.prefer_kernel();
+                }
                 stream.accept(window);
                 let live = stream.state().is_some_and(|s| s.reset.is_none());
                 if !live {

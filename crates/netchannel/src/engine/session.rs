@@ -342,7 +342,11 @@ impl SessionRt {
                     let window = self.ctx.config.unaccepted_window;
                     match l.offer(self.clone(), id) {
                         Offer::Queued => {
-                            core.handle(id).accept(window);
+                            let mut stream = core.handle(id);
+                            if l.kernel_preferred() {
+                                stream.prefer_kernel();
+                            }
+                            stream.accept(window);
                             wakes.listeners.push(l);
                         }
                         Offer::Waiting => {}

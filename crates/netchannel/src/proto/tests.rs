@@ -1590,7 +1590,9 @@ mod fuzz {
                 class: if latency { Class::Latency } else { Class::Throughput },
                 window,
             },
-            Spec::SynAck { id, src, window } => Frame::SynAck { dst: id_of(id, real), src, window },
+            Spec::SynAck { id, src, window } => {
+                Frame::SynAck { dst: id_of(id, real), src, window, kernel_preferred: false }
+            }
             Spec::Rst { id, reason } => {
                 Frame::Rst { dst: id_of(id, real), reason: RstReason::from_code(reason % 6) }
             }

@@ -907,6 +907,12 @@ impl VSocket {
         &self.session
     }
 
+    /// Whether the peer's listener asked, in its answer, that further connections to its port
+    /// go over kernel TCP (`Listener::prefer_kernel`). False until the open is answered.
+    pub fn peer_prefers_kernel(&self) -> bool {
+        self.session.core().handle(self.id).peer_prefers_kernel()
+    }
+
     /// Whether `recv` would return without blocking (data, end of stream or an error).
     pub fn is_readable(&self) -> bool {
         self.session.core().handle(self.id).readable()
@@ -1067,6 +1073,15 @@ impl Listener {
     /// one per `accept`.
     pub fn set_backlog(&self, n: usize) {
         self.shared.set_backlog(n);
+    }
+
+    /// From now on, each stream this listener answers asks its opener to make its further
+    /// connections to this port over kernel TCP (`FLAG_KERNEL_PREFERRED` in the SYN_ACK; see
+    /// `VSocket::peer_prefers_kernel`): for a port whose connections this side cannot serve
+    /// well (the interposition library sets it when forked processes take them). The stream
+    /// itself is accepted as usual.
+    pub fn prefer_kernel(&self, on: bool) {
+        self.shared.set_kernel_preferred(on);
     }
 
     /// In non-blocking mode `accept` fails with `WouldBlock` when nothing is pending.

@@ -1,9 +1,10 @@
-//! Frames inside a channel's byte stream, after the handshake (protocol version 3).
+//! Frames inside a channel's byte stream, after the handshake (protocol version 4).
 //!
 //! Every frame starts with a 12-byte common header, followed by a type-specific part (big-endian):
 //!
 //! ```text
-//! common   type u8 | flags u8 (0) | reserved u16 (0) | stream u64
+//! common   type u8 | flags u8 | reserved u16 (0) | stream u64
+//!          (flags: 0, but for SYN_ACK's bit 0, `FLAG_KERNEL_PREFERRED`)
 //! DATA   1 offset u64 | length u32 | payload[length]             24 + length
 //! SYN    2 port u16 | class u8 | reserved u8 (0) | window u32       20
 //! SYNACK 3 source stream u64 | window u32                         24
@@ -31,6 +32,11 @@ pub const MAX_PAYLOAD: usize = 1 << 20;
 pub const MAX_WINDOW: u32 = 1 << 30;
 /// Longest encoded frame header (a whole control frame, or DATA without its payload).
 pub const MAX_HEADER_LEN: usize = 24;
+
+/// SYN_ACK flag: the acceptor serves this port through forked processes (the opener's
+/// connection is relayed there) and asks the opener's further connections to the port to go
+/// over kernel TCP for a while.
+pub const FLAG_KERNEL_PREFERRED: u8 = 1;
 
 const T_DATA: u8 = 1;
 const T_SYN: u8 = 2;
@@ -109,6 +115,8 @@ pub enum Frame<'a> {
         src: u64,
         /// Bytes the acceptor lets the opener send before a CREDIT.
         window: u32,
+        /// `FLAG_KERNEL_PREFERRED`.
+        kernel_preferred: bool,
     },
     /// Aborts stream `dst` (RST).
     Rst {
@@ -176,7 +184,9 @@ impl Frame<'_> {
         match self {
             Frame::Data { stream, offset, .. } => Frame::Data { stream, offset, payload: &[] },
             Frame::Syn { src, port, class, window } => Frame::Syn { src, port, class, window },
-            Frame::SynAck { dst, src, window } => Frame::SynAck { dst, src, window },
+            Frame::SynAck { dst, src, window, kernel_preferred } => {
+                Frame::SynAck { dst, src, window, kernel_preferred }
+            }
             Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
             Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
             Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
@@ -209,6 +219,9 @@ impl Frame<'_> {
         };
         out.fill(0);
         out[0] = ty;
+        if let Frame::SynAck { kernel_preferred: true, .. } = *self {
+            out[1] = FLAG_KERNEL_PREFERRED;
+        }
         out[4..12].copy_from_slice(&stream.to_be_bytes());
         let rest = &mut out[COMMON_LEN..];
         match *self {
@@ -313,7 +326,8 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
     if buf.len() < COMMON_LEN {
         return Ok(Decoded::Incomplete { needed: COMMON_LEN });
     }
-    if buf[1] != 0 {
+    let allowed_flags = if ty == T_SYN_ACK { FLAG_KERNEL_PREFERRED } else { 0 };
+    if buf[1] & !allowed_flags != 0 {
         return Err(WireError::BadField { field: "flags", value: buf[1] as u64 });
     }
     zero(&buf[2..4], "reserved")?;
@@ -356,6 +370,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
             dst: stream,
             src: be_u64(buf, r),
             window: check_window(be_u32(buf, r + 8))?,
+            kernel_preferred: buf[1] & FLAG_KERNEL_PREFERRED != 0,
         },
         T_RST => {
             zero(&buf[r + 1..r + 4], "reserved")?;
@@ -410,7 +425,12 @@ mod tests {
         match ty {
             0 => Frame::Data { stream: *s, offset: *off, payload },
             1 => Frame::Syn { src: *s, port: *port, class, window: *win },
-            2 => Frame::SynAck { dst: *s, src: off.wrapping_mul(3), window: *win },
+            2 => Frame::SynAck {
+                dst: *s,
+                src: off.wrapping_mul(3),
+                window: *win,
+                kernel_preferred: *lat,
+            },
             3 => Frame::Rst { dst: *s, reason: RstReason::from_code((*port % 5) as u8) },
             4 => Frame::Fin { dst: *s, final_offset: *off },
             5 => Frame::Credit { dst: *s, consumed: *off, window: *win },
@@ -474,6 +494,14 @@ mod tests {
         let mut bad = b.clone();
         bad[1] = 1;
         assert!(matches!(decode(&bad), Err(WireError::BadField { field: "flags", .. })));
+        // SYN_ACK alone may carry a flag, and only the one defined.
+        let mut syn_ack = Vec::new();
+        let frame = Frame::SynAck { dst: 1, src: 2, window: 3, kernel_preferred: true };
+        frame.encode(&mut syn_ack);
+        assert_eq!(syn_ack[1], FLAG_KERNEL_PREFERRED);
+        assert_eq!(decode(&syn_ack), Ok(Decoded::Frame(frame, 24)));
+        syn_ack[1] |= 2;
+        assert!(matches!(decode(&syn_ack), Err(WireError::BadField { field: "flags", .. })));
         let mut bad = b.clone();
         bad[20..24].copy_from_slice(&((MAX_PAYLOAD as u32) + 1).to_be_bytes());
         assert!(matches!(decode(&bad), Err(WireError::BadField { .. })));

@@ -359,6 +359,19 @@ impl<U: Default> StreamHandle<'_, U> {
         self.session.accept_incoming(self.id, window)
     }
 
+    /// Its SYN_ACK (not sent yet) asks the opener to make its further connections to this
+    /// port over kernel TCP (`FLAG_KERNEL_PREFERRED`).
+    pub fn prefer_kernel(&mut self) {
+        if let Some(s) = self.session.streams.get_mut(self.id) {
+            s.flags |= F_KERNEL_PREFERRED;
+        }
+    }
+
+    /// Whether the peer's SYN_ACK asked for kernel TCP (`FLAG_KERNEL_PREFERRED`).
+    pub fn peer_prefers_kernel(&self) -> bool {
+        self.state().is_some_and(|s| s.flags & F_PEER_PREFERS_KERNEL != 0)
+    }
+
     /// The listener refused the incoming stream (no listener, backlog full).
     pub fn refuse(&mut self, reason: RstReason) {
         self.session.refuse_incoming(self.id, reason)

@@ -228,7 +228,7 @@ impl<U: Default> Session<U> {
                 self.on_syn(ch, PeerStreamId(src), port, class, window);
                 Ok(())
             }
-            Frame::SynAck { dst, src, window } => {
+            Frame::SynAck { dst, src, window, kernel_preferred } => {
                 let Some(id) = self.resolve(dst)? else {
                     // The connector gave up (timed out): tell the acceptor.
                     self.queue_rst(Class::Throughput, PeerStreamId(src), RstReason::Aborted);
@@ -240,6 +240,9 @@ impl<U: Default> Session<U> {
                         s.phase = Phase::Open;
                         s.peer = PeerStreamId(src);
                         s.send_limit = s.send_limit.max(window as u64);
+                        if kernel_preferred {
+                            s.flags |= F_PEER_PREFERS_KERNEL;
+                        }
                         s.frames_received += 1;
                         self.set_deadline(id, None);
                         if self.credit_due(id) {

@@ -322,7 +322,8 @@ impl<U: Default> Session<U> {
         }
         if owe & OWE_SYN_ACK != 0 && s.phase == Phase::Open {
             let (dst, src) = (s.peer.get(), id.get());
-            frames.push(Frame::SynAck { dst, src, window: granted_window });
+            let kernel_preferred = s.flags & F_KERNEL_PREFERRED != 0;
+            frames.push(Frame::SynAck { dst, src, window: granted_window, kernel_preferred });
         }
         if credit {
             let consumed = s.rx.consumed();
