@@ -551,6 +551,9 @@ impl Carried {
         if answered.is_ok() && r.error == Some(io::ErrorKind::ConnectionRefused) {
             crate::connect::refused_later(self.peer);
         }
+        if answered.is_ok() && r.connected && self.vs.peer_prefers_kernel() {
+            crate::connect::kernel_preferred(self.peer);
+        }
     }
 
     /// `SO_ERROR`.

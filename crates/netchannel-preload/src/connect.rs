@@ -35,19 +35,31 @@ struct NoEngine {
     wait: Duration,
     /// The last try found silence (not a refusal).
     silent: bool,
+    /// The peer's listener asked for kernel TCP (forked processes serve it): not a refusal.
+    forked: bool,
 }
 
 /// The destinations left to kernel TCP for now (see `NO_ENGINE`).
 struct NoEngineMap(Option<HashMap<SocketAddr, NoEngine>>);
 
 impl NoEngineMap {
-    /// Whether a connect to `dest` asks the engine at `now`.
-    fn asks(&self, dest: &SocketAddr, now: Instant) -> bool {
-        self.0.as_ref().and_then(|m| m.get(dest)).is_none_or(|e| now >= e.retry_at)
+    /// Whether a connect to `dest` asks the engine at `now`: `Err(forked)` if not, `forked`
+    /// when the peer's listener asked for kernel TCP.
+    fn asks(&self, dest: &SocketAddr, now: Instant) -> Result<(), bool> {
+        match self.0.as_ref().and_then(|m| m.get(dest)) {
+            Some(e) if now < e.retry_at => Err(e.forked),
+            _ => Ok(()),
+        }
     }
 
     /// `dest`'s engine refused, or (`silent`) nothing answered at its channel port.
     fn refused(&mut self, dest: SocketAddr, silent: bool, now: Instant) {
+        self.leave_for(dest, silent, false, now);
+    }
+
+    /// `dest` goes over kernel TCP for a while: its engine refused, nothing answered at its
+    /// channel port (`silent`), or its listener asked for it (`forked`).
+    fn leave_for(&mut self, dest: SocketAddr, silent: bool, forked: bool, now: Instant) {
         let m = self.0.get_or_insert_with(HashMap::new);
         let wait = match m.get(&dest) {
             Some(e) if silent && e.silent => (e.wait * 2).clamp(NO_ENGINE_TTL, SILENT_MOST),
@@ -59,7 +71,7 @@ impl NoEngineMap {
                 m.clear();
             }
         }
-        m.insert(dest, NoEngine { retry_at: now + wait, wait, silent });
+        m.insert(dest, NoEngine { retry_at: now + wait, wait, silent, forked });
     }
 
     /// `dest`'s engine took a connection.
@@ -72,6 +84,14 @@ impl NoEngineMap {
 
 fn no_engine(dest: SocketAddr, silent: bool) {
     NO_ENGINE.lock().refused(dest, silent, Instant::now());
+}
+
+/// The peer's listener answered a connection to `dest` asking for kernel TCP (its connections
+/// are served by forked processes, through a relay): this one goes on carried, and the next
+/// ones there go over kernel TCP for `NO_ENGINE_TTL`, after which one asks again.
+pub(crate) fn kernel_preferred(dest: SocketAddr) {
+    refused_later(dest);
+    NO_ENGINE.lock().leave_for(dest, false, true, Instant::now());
 }
 
 /// Destinations (address and port) whose engine took a connection from this process. A
@@ -138,8 +158,8 @@ pub(crate) fn try_carry(
         bump(&COUNTERS.kernel_other);
         return None;
     }
-    if !NO_ENGINE.lock().asks(&dest, Instant::now()) {
-        bump(&COUNTERS.kernel_no_engine);
+    if let Err(forked) = NO_ENGINE.lock().asks(&dest, Instant::now()) {
+        bump(if forked { &COUNTERS.kernel_forked_server } else { &COUNTERS.kernel_no_engine });
         return None;
     }
     let Some(engine) = client_engine() else {
@@ -159,6 +179,10 @@ pub(crate) fn try_carry(
         Ok::<_, io::Error>(vs)
     });
     let vs = match opened {
+        Ok(vs) if !in_background && vs.peer_prefers_kernel() => {
+            kernel_preferred(dest);
+            vs
+        }
         Ok(vs) => {
             NO_ENGINE.lock().answered(&dest);
             note_carried(dest);
@@ -351,13 +375,13 @@ mod tests {
         let mut m = NoEngineMap(None);
         let dest: SocketAddr = "10.0.0.2:80".parse().unwrap();
         let t0 = Instant::now();
-        assert!(m.asks(&dest, t0));
+        assert!(m.asks(&dest, t0).is_ok());
         // A refusal: asked again after 2 s, every time.
         m.refused(dest, false, t0);
-        assert!(!m.asks(&dest, t0 + Duration::from_millis(1999)));
-        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL));
+        assert!(m.asks(&dest, t0 + Duration::from_millis(1999)).is_err());
+        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL).is_ok());
         m.refused(dest, false, t0 + NO_ENGINE_TTL);
-        assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL));
+        assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL).is_ok());
         // Silence in a row: 2, 4, 8, ... s, at most a minute.
         let mut now = t0;
         let mut waits = Vec::new();
@@ -366,11 +390,17 @@ mod tests {
             let e = &m.0.as_ref().unwrap()[&dest];
             waits.push(e.wait.as_secs());
             now = e.retry_at;
-            assert!(m.asks(&dest, now));
+            assert!(m.asks(&dest, now).is_ok());
         }
         assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60]);
         m.answered(&dest);
-        assert!(m.asks(&dest, t0));
+        assert!(m.asks(&dest, t0).is_ok());
+        // A listener served by forked processes asked for kernel TCP: said so, for 2 s.
+        m.leave_for(dest, false, true, t0);
+        assert_eq!(m.asks(&dest, t0 + Duration::from_millis(1999)), Err(true));
+        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL).is_ok());
+        m.refused(dest, false, t0);
+        assert_eq!(m.asks(&dest, t0), Err(false));
         // Bounded: expired destinations go first, then all.
         for i in 0..10_000u32 {
             let d = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 80));

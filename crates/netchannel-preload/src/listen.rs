@@ -94,9 +94,57 @@ pub(crate) struct ListenEntry {
     /// queue (`queue_has_room`); closed with the program's fd (`close`), so that it never
     /// keeps the port listening after the program closed it (iperf3 listens again at once).
     queue_of: Mutex<Option<OwnedFd>>,
+    /// When a connection from this listener last went to a relay (a forked process accepted
+    /// or took it over), in ms since `FORKED_EPOCH`; 0: not within `FORKED_HOLD`. Meanwhile
+    /// the engine's answers ask clients to use kernel TCP for the port (`note_relayed`).
+    relayed_at_ms: AtomicU64,
+}
+
+/// How long after a connection of a listener last went to a relay its answers keep asking
+/// clients for kernel TCP. Clients ask again every `connect::NO_ENGINE_TTL`, and the one
+/// connection that asks goes to a relay too while the program forks, which renews it.
+const FORKED_HOLD: Duration = Duration::from_secs(10);
+static FORKED_EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+fn forked_clock_ms() -> u64 {
+    // At least 1, so that 0 means "never".
+    FORKED_EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 impl ListenEntry {
+    /// A connection from this listener went to a relay loop: served by another process (a
+    /// forked worker accepted it, or a child took it over). Relayed connections cost about
+    /// twice a kernel TCP connection's CPU, so for a while the engine's answers ask clients
+    /// to make their further connections to this port over kernel TCP, which the forked
+    /// processes then serve natively (`Listener::prefer_kernel`). `--relay-forked` keeps
+    /// relaying instead.
+    fn note_relayed(&self) {
+        if settings().relay_forked || settings().path == DataPath::Relay {
+            return;
+        }
+        self.relayed_at_ms.store(forked_clock_ms(), Ordering::Release);
+        if let Some(l) = self.listener.lock().as_ref() {
+            l.prefer_kernel(true);
+        }
+    }
+
+    /// Ends the request for kernel TCP once no connection went to a relay for `FORKED_HOLD`.
+    fn expire_relayed(&self, l: &netchannel::Listener) {
+        let at = self.relayed_at_ms.load(Ordering::Acquire);
+        let hold = FORKED_HOLD.as_millis() as u64;
+        if at != 0 && forked_clock_ms().saturating_sub(at) > hold {
+            let still =
+                self.relayed_at_ms.compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed);
+            if still.is_ok() {
+                l.prefer_kernel(false);
+                // A connection went to a relay meanwhile: its mark stands.
+                if self.relayed_at_ms.load(Ordering::Acquire) != 0 {
+                    l.prefer_kernel(true);
+                }
+            }
+        }
+    }
+
     /// The program closed its listening fd: the virtual port is free at once (iperf3 closes
     /// and re-creates its listener on the same port between control and data connections).
     pub(crate) fn close(&self) {
@@ -231,6 +279,7 @@ pub(crate) fn start_engine_listener(fd: c_int, prepared: Prepared) {
         owner: pid(),
         local,
         queue_of: Mutex::new(queue_of),
+        relayed_at_ms: AtomicU64::new(0),
     });
     table::map_listener(fd, entry.clone());
     let _ = std::thread::Builder::new()
@@ -278,6 +327,7 @@ fn acceptor(
             // port at once.
             let Some(l) = weak.upgrade() else { break };
             l.clear_readiness();
+            entry.expire_relayed(&l);
             // `waiting` also holds connections taken over but not yet seen reset: it counts
             // high for a moment, never low.
             let room = |waiting: &Vec<_>| {
@@ -322,6 +372,7 @@ fn acceptor(
                     let _ = s.flush();
                     relay(s, Held::Own(vs));
                     bump(&COUNTERS.relayed_accepted_elsewhere);
+                    entry.note_relayed();
                 }
                 // Closed unaccepted-by-us (a process accepted and closed it): the virtual
                 // socket closes the same way (FIN, or a reset if the client's bytes were left).
@@ -496,4 +547,16 @@ fn claim(app: BorrowedFd<'_>, certain: bool) -> bool {
     }
     let _ = rustix::net::recv(app, &mut got, rustix::net::RecvFlags::DONTWAIT);
     rustix::net::send(app, &[CLAIM], rustix::net::SendFlags::NOSIGNAL).is_ok()
+}
+
+/// A connection this process accepted as `local` was taken over by another process (a child
+/// after fork, a program after exec): its listener notes it (`ListenEntry::note_relayed`).
+pub(crate) fn taken_over_from(local: SocketAddr) {
+    let local = in_family(local, false);
+    let entries: Vec<Arc<ListenEntry>> = table::TABLES.listeners.lock().values().cloned().collect();
+    if let Some(e) =
+        entries.into_iter().find(|e| e.owner == pid() && in_family(e.local, false) == local)
+    {
+        e.note_relayed();
+    }
 }

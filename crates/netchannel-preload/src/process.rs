@@ -59,6 +59,9 @@ pub(crate) struct Settings {
     pub ports: Vec<u16>,
     pub disabled: bool,
     pub path: DataPath,
+    /// Keep relaying the connections of listeners whose connections forked processes serve,
+    /// instead of asking clients for kernel TCP (`NETCHANNEL_FORKED=relay`).
+    pub relay_forked: bool,
 }
 
 pub(crate) fn settings() -> &'static Settings {
@@ -76,7 +79,8 @@ pub(crate) fn settings() -> &'static Settings {
             Ok("relay") => DataPath::Relay,
             _ => DataPath::Direct,
         };
-        Settings { channel_port, ports, disabled, path }
+        let relay_forked = std::env::var("NETCHANNEL_FORKED").is_ok_and(|v| v == "relay");
+        Settings { channel_port, ports, disabled, path, relay_forked }
     })
 }
 
@@ -102,6 +106,9 @@ pub(crate) struct Counters {
     pub relayed_inherited: AtomicU64,
     pub relayed_by_choice: AtomicU64,
     pub kernel_no_engine: AtomicU64,
+    /// Connects that went over kernel TCP because the peer's listener asked for it: forked
+    /// processes serve its connections (`FLAG_KERNEL_PREFERRED`).
+    pub kernel_forked_server: AtomicU64,
     pub kernel_not_selected: AtomicU64,
     pub kernel_other: AtomicU64,
     pub kernel_listen_only: AtomicU64,
@@ -131,6 +138,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     relayed_inherited: AtomicU64::new(0),
     relayed_by_choice: AtomicU64::new(0),
     kernel_no_engine: AtomicU64::new(0),
+    kernel_forked_server: AtomicU64::new(0),
     kernel_not_selected: AtomicU64::new(0),
     kernel_other: AtomicU64::new(0),
     kernel_listen_only: AtomicU64::new(0),
@@ -188,6 +196,7 @@ fn print_stats(io_uring_rings: usize) {
         &c.relayed_inherited,
         &c.relayed_by_choice,
         &c.kernel_no_engine,
+        &c.kernel_forked_server,
         &c.kernel_not_selected,
         &c.kernel_other,
         &c.kernel_listen_only,
@@ -203,7 +212,7 @@ fn print_stats(io_uring_rings: usize) {
     let line = format!(
         "netchannel: pid {} virtual sockets {} (connect {}, of which in progress {}, accept {}), direct {}, relayed {} \
              (accepted by another process {}, inherited {}, by choice {}), kernel tcp {} \
-             (no engine at peer {}, not selected {}, other {}), listeners without engine {}, \
+             (no engine at peer {}, forked server {}, not selected {}, other {}), listeners without engine {}, \
              bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}, readiness tokens {} \
              elided {}, raw syscalls {}, closed unseen {}\n",
         std::process::id(),
@@ -216,8 +225,12 @@ fn print_stats(io_uring_rings: usize) {
         get(&c.relayed_accepted_elsewhere),
         get(&c.relayed_inherited),
         get(&c.relayed_by_choice),
-        get(&c.kernel_no_engine) + get(&c.kernel_not_selected) + get(&c.kernel_other),
+        get(&c.kernel_no_engine)
+            + get(&c.kernel_forked_server)
+            + get(&c.kernel_not_selected)
+            + get(&c.kernel_other),
         get(&c.kernel_no_engine),
+        get(&c.kernel_forked_server),
         get(&c.kernel_not_selected),
         get(&c.kernel_other),
         get(&c.kernel_listen_only),

@@ -516,8 +516,10 @@ fn serve_attach(conn: &OwnedFd) -> Option<OwnedFd> {
         return None;
     }
     c.hand_over();
+    let local = c.local;
     let end = relayed_pair(Held::Shared(c)).ok()?;
     crate::process::bump(&COUNTERS.relayed_inherited);
+    crate::listen::taken_over_from(local);
     Some(end)
 }
 

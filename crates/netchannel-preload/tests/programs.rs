@@ -365,9 +365,20 @@ fn nginx(hosts: Hosts) {
     if !have("nginx") || !have("wrk") || !have("curl") {
         return;
     }
+    // Relayed (`--relay-forked`), then as by default: once a worker accepted a connection, the
+    // engine's answers ask the client to make its next ones over kernel TCP.
+    for relay_forked in [true, false] {
+        nginx_with(hosts, relay_forked);
+    }
+}
+
+fn nginx_with(hosts: Hosts, relay_forked: bool) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let _one_at_a_time = one_at_a_time();
-    let p = Pair::new(tb, &format!("nginx-{hosts:?}"), true, true);
+    let mut p = Pair::new(tb, &format!("nginx-{hosts:?}-{relay_forked}"), true, true);
+    if relay_forked {
+        p.server.run_options.push("--relay-forked".into());
+    }
     let port = ports(1);
     let root = p.dir.join("html");
     std::fs::create_dir_all(&root).unwrap();
@@ -426,7 +437,16 @@ fn nginx(hosts: Hosts) {
     assert!(got == body, "curl got {} bytes unlike the file", got.len());
     server.stop();
     // nginx's master owns the engine; its workers accept the relayed connections.
-    assert!(stat(&p.client.stats, "virtual sockets") >= 33, "{}", stats_text(&p.client.stats));
+    let (carried, forked) =
+        (stat(&p.client.stats, "virtual sockets"), stat(&p.client.stats, "forked server"));
+    if relay_forked {
+        assert!(carried >= 33 && forked == 0, "{}", stats_text(&p.client.stats));
+    } else {
+        // Each of wrk's threads connects its 8 connections before the first answer with the
+        // request comes back; then every other connect of its process within 2 s goes over
+        // kernel TCP.
+        assert!(carried >= 1 && forked >= 16, "{}", stats_text(&p.client.stats));
+    }
 }
 
 /// PostgreSQL's programs: Debian keeps them in /usr/lib/postgresql/VERSION/bin (the newest).
@@ -526,9 +546,15 @@ fn postgres(hosts: Hosts) {
     assert_eq!(counts, "100000\n2000\n");
     server.stop();
     // pgbench -i, pgbench (8 connections and one more) and psql: 11 connections. The
-    // postmaster accepted them all; its backends write the counters they inherited.
-    assert!(stat(&p.client.stats, "virtual sockets") >= 11, "{}", stats_text(&p.client.stats));
-    assert!(stat_max(&p.server.stats, "accept") >= 11, "{}", stats_text(&p.server.stats));
+    // postmaster accepted the carried ones, and its backends took them over (they write the
+    // counters they inherited). Once one was, the postmaster's engine asks clients for
+    // kernel TCP: a process's connections after its first go over kernel TCP.
+    let client = |field| stat(&p.client.stats, field);
+    let (carried, forked) = (client("virtual sockets"), client("forked server"));
+    assert!(carried >= 3 && forked >= 1, "{}", stats_text(&p.client.stats));
+    assert!(carried + forked >= 11, "{}", stats_text(&p.client.stats));
+    assert!(stat_max(&p.server.stats, "accept") >= carried, "{}", stats_text(&p.server.stats));
+    assert!(stat_max(&p.server.stats, "inherited") >= 1, "{}", stats_text(&p.server.stats));
 }
 
 /// haproxy in TCP mode between redis-benchmark and redis-server: one event loop that accepts

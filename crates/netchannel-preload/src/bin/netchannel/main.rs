@@ -137,6 +137,13 @@ struct Run {
     /// connection and a relay thread (the older path, kept for comparison; env NETCHANNEL_PATH).
     #[arg(long, value_enum, default_value_t = DataPath::Direct)]
     path: DataPath,
+    /// Keep relaying connections that forked processes of the program serve (a worker that
+    /// accepts from a listener it inherited, a child that takes a connection over). By
+    /// default, once one goes to a relay, the listener's answers ask clients to make their
+    /// further connections to that port over kernel TCP for a while, which the forked
+    /// processes serve natively (env NETCHANNEL_FORKED=relay).
+    #[arg(long)]
+    relay_forked: bool,
     /// The program and its arguments.
     #[arg(
         required = true,
@@ -216,6 +223,9 @@ fn main() {
     }
     if run.path == DataPath::Relay {
         envs.push(("NETCHANNEL_PATH", "relay".into()));
+    }
+    if run.relay_forked {
+        envs.push(("NETCHANNEL_FORKED", "relay".into()));
     }
     if run.stats {
         envs.push(("NETCHANNEL_STATS", "stderr".into()));
