@@ -120,9 +120,16 @@ if p:
                     if prog == s["program"] and s["metric"].endswith(m)), None)
         r = s["ratio"]
         paths = s.get("paths") or []
-        def side(direct, relayed):
-            return "no stats line" if direct is None else f"direct {direct}, relayed {relayed}"
-        path = (f"{side(paths[0], paths[1])} / {side(paths[2], paths[3])}"
-                if len(paths) == 4 else "-")
+        def side(direct, relayed, kernel=None):
+            if direct is None:
+                return "no stats line"
+            return f"direct {direct}, relayed {relayed}" + ("" if kernel is None else f", kernel tcp {kernel}")
+        # Four figures per run before ncperf counted kernel TCP connections too, six after.
+        if len(paths) == 4:
+            path = f"{side(paths[0], paths[1])} / {side(paths[2], paths[3])}"
+        elif len(paths) == 6:
+            path = f"{side(*paths[0:3])} / {side(*paths[3:6])}"
+        else:
+            path = "-"
         print(f"| {s['program']} | {s['metric']} | {s['linux']:,.1f} | {s['netchannel']:,.1f} | "
               f"{r:.2f} | {ok(r, key) if key else 'reported'} | {path} |")

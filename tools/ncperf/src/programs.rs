@@ -87,7 +87,7 @@ pub struct Run {
     /// Connections each side served on the direct path and through a relay, summed over its
     /// processes: `[client direct, client relayed, server direct, server relayed]`; `None` for
     /// a side none of whose processes wrote a stats line.
-    pub paths: Option<[Option<u64>; 4]>,
+    pub paths: Option<[Option<u64>; 6]>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -104,7 +104,7 @@ pub struct Summary {
     pub server_command: String,
     pub client_command: String,
     /// Which data path the netchannel runs' connections took (the first repetition's).
-    pub paths: Option<[Option<u64>; 4]>,
+    pub paths: Option<[Option<u64>; 6]>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -521,8 +521,8 @@ fn measure(
     };
     let paths = match (&client_stats, &server_stats) {
         (Some(c), Some(s)) => {
-            let ([cd, cr], [sd, sr]) = (side_paths(c), side_paths(s));
-            Some([cd, cr, sd, sr])
+            let ([cd, cr, ck], [sd, sr, sk]) = (side_paths(c), side_paths(s));
+            Some([cd, cr, ck, sd, sr, sk])
         }
         _ => None,
     };
@@ -537,13 +537,14 @@ fn measure(
     })
 }
 
-/// Direct and relayed connections over a side's stats lines; `None` when no process of the
-/// side wrote one (it did not exit cleanly), rather than a zero that reads as a figure.
-fn side_paths(text: &str) -> [Option<u64>; 2] {
+/// Direct, relayed and kernel TCP connections over a side's stats lines; `None` when no
+/// process of the side wrote one (it did not exit cleanly), rather than a zero that reads as a
+/// figure.
+fn side_paths(text: &str) -> [Option<u64>; 3] {
     if !text.lines().any(|l| l.contains(", direct ")) {
-        return [None, None];
+        return [None, None, None];
     }
-    [Some(stat_sum(text, "direct")), Some(stat_sum(text, "relayed"))]
+    ["direct", "relayed", "kernel tcp"].map(|field| Some(stat_sum(text, field)))
 }
 
 /// Sums the number after `", <field> "` over every stats line in `text` ("direct 3",
@@ -624,7 +625,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     })
 }
 
-fn first_paths(runs: &[Run], p: Program) -> Option<[Option<u64>; 4]> {
+fn first_paths(runs: &[Run], p: Program) -> Option<[Option<u64>; 6]> {
     runs.iter().find(|r| r.program == p && r.paths.is_some()).and_then(|r| r.paths)
 }
 
@@ -648,17 +649,17 @@ pub fn print(r: &Report) {
     println!("connections by data path (first netchannel repetition, all processes of a side):");
     let mut seen = Vec::new();
     for s in &r.summaries {
-        if let (Some([cd, cr, sd, sr]), false) = (s.paths, seen.contains(&s.program)) {
+        if let (Some([cd, cr, ck, sd, sr, sk]), false) = (s.paths, seen.contains(&s.program)) {
             seen.push(s.program);
-            let side = |d: Option<u64>, r: Option<u64>| match (d, r) {
-                (Some(d), Some(r)) => format!("direct {d}, relayed {r}"),
+            let side = |d: Option<u64>, r: Option<u64>, k: Option<u64>| match (d, r, k) {
+                (Some(d), Some(r), Some(k)) => format!("direct {d}, relayed {r}, kernel tcp {k}"),
                 _ => "no stats line (no process of the side exited cleanly)".to_string(),
             };
             println!(
                 "  {:<10} client: {}; server: {}",
                 s.program.name(),
-                side(cd, cr),
-                side(sd, sr)
+                side(cd, cr, ck),
+                side(sd, sr, sk)
             );
         }
     }
@@ -698,12 +699,12 @@ mod tests {
 
     #[test]
     fn sums_paths_over_processes() {
-        let line = |d: u64, r: u64| {
-            format!("netchannel: pid 1 virtual sockets 3 (connect 3, accept 0), direct {d}, relayed {r} (accepted by another process 0, inherited 0, by choice 0), kernel tcp 0\n")
+        let line = |d: u64, r: u64, k: u64| {
+            format!("netchannel: pid 1 virtual sockets 3 (connect 3, accept 0), direct {d}, relayed {r} (accepted by another process 0, inherited 0, by choice 0), kernel tcp {k} (no engine at peer 0, forked server {k})\n")
         };
-        let text = line(28, 0) + &line(2, 5);
+        let text = line(28, 0, 0) + &line(2, 5, 7);
         assert_eq!((stat_sum(&text, "direct"), stat_sum(&text, "relayed")), (30, 5));
-        assert_eq!(side_paths(&text), [Some(30), Some(5)]);
-        assert_eq!(side_paths(""), [None, None], "no stats line is not zero connections");
+        assert_eq!(side_paths(&text), [Some(30), Some(5), Some(7)]);
+        assert_eq!(side_paths(""), [None; 3], "no stats line is not zero connections");
     }
 }
