@@ -17,9 +17,10 @@ use crate::interpose::{dup_onto, real_connect};
 use crate::process::{bump, client_engine, in_owner, inside, settings, DataPath, COUNTERS};
 use crate::table;
 
-/// Destinations the peer's engine refused (none there, or no listener on that port) or that
-/// did not answer at the channel port: left to kernel TCP without asking again until
-/// `retry_at`. A refusal costs a round trip, and is asked again after 2 s. Silence costs the
+/// Destinations the peer's engine refused (none there, or no listener on that port), that
+/// did not answer at the channel port, or whose listener asked for kernel TCP (forked
+/// processes serve its connections: `kernel_preferred`): left to kernel TCP without asking
+/// again until `retry_at`. A refusal costs a round trip, and is asked again after 2 s. Silence costs the
 /// connect `DIAL_TIMEOUT` (250 ms), so the wait after it doubles with each silence in a row up
 /// to a minute: a host that drops the channel port stalls one connect a minute, not one every
 /// 2 s. At most `NO_ENGINE_MAX` destinations are kept (expired ones go first, then all): a
