@@ -460,11 +460,24 @@ pub(crate) fn accepted(
         SocketAddr::V4(a) => *a.ip() == INJECTOR_V4,
         SocketAddr::V6(a) => a.ip().to_ipv4_mapped() == Some(INJECTOR_V4),
     };
-    let ours = table::kind(listen_fd) & table::LISTENING != 0
-        && table::TABLES.listeners.lock().get(&listen_fd).is_some_and(|e| e.owner == pid());
-    if ours && INJECTED_COUNT.load(Ordering::Acquire) > 0 {
-        if let Some(inj) = take_injected(peer.port(), None) {
-            return Some(take_over(listen_fd, nfd, app, inj, modes));
+    // This process's engine listens behind `listen_fd`, or (an injected connection) behind
+    // another listener of this process on the same port: with `SO_REUSEPORT` the kernel
+    // spreads the injections over the whole group, and the program accepts from each socket.
+    let ours = || {
+        let entries = table::TABLES.listeners.lock();
+        if table::kind(listen_fd) & table::LISTENING != 0 {
+            if let Some(e) = entries.get(&listen_fd) {
+                return (e.owner == pid()).then_some(e.local);
+            }
+        }
+        let port = local_of(app).filter(|_| from_injector)?.port();
+        entries.values().find(|e| e.owner == pid() && e.local.port() == port).map(|e| e.local)
+    };
+    if INJECTED_COUNT.load(Ordering::Acquire) > 0 {
+        if let Some(local) = ours() {
+            if let Some(inj) = take_injected(peer.port(), None) {
+                return Some(take_over(local, nfd, app, inj, modes));
+            }
         }
     }
     let maybe_injected = from_injector
@@ -479,7 +492,7 @@ pub(crate) fn accepted(
 
 /// The owner accepted an injected connection.
 fn take_over(
-    listen_fd: c_int,
+    local: SocketAddr,
     nfd: c_int,
     app: BorrowedFd<'_>,
     inj: Injected,
@@ -495,12 +508,6 @@ fn take_over(
         crate::relay::note_relayed_peer(nfd, peer);
         return peer;
     };
-    let local = table::TABLES
-        .listeners
-        .lock()
-        .get(&listen_fd)
-        .map(|e| e.local)
-        .unwrap_or_else(|| local_of(app).unwrap_or(peer));
     let local = if local.ip().is_unspecified() {
         let ip = vs.local_channel_addr().map_or(local.ip(), |a| a.ip());
         SocketAddr::new(ip, local.port())

@@ -886,6 +886,78 @@ const SELECT_ECHO_PY: &str = "import selectors, signal, socket, sys\n\
       \x20               sel.unregister(c)\n\
       \x20               c.close()\n";
 
+/// One process, two listeners on one port (`SO_REUSEPORT`, as a server with a listener per
+/// thread has): the kernel spreads connections over both, and those that reach the second
+/// socket are served directly too, not taken for another process's (relayed, and then moved
+/// to kernel TCP as a forked server's).
+fn reuseport_listeners(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("reuseport-{hosts:?}"), true, true);
+    let port = ports(1);
+    let counts = p.dir.join("counts");
+    let server_py = p.dir.join("server.py");
+    std::fs::write(
+        &server_py,
+        "import selectors, signal, socket, sys\n\
+         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
+         sel = selectors.DefaultSelector()\n\
+         listeners = []\n\
+         for i in range(2):\n\
+         \x20   l = socket.socket()\n\
+         \x20   l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n\
+         \x20   l.bind((sys.argv[1], int(sys.argv[2])))\n\
+         \x20   l.listen(64)\n\
+         \x20   sel.register(l, selectors.EVENT_READ, i)\n\
+         \x20   listeners.append(l)\n\
+         accepted = [0, 0]\n\
+         while True:\n\
+         \x20   for k, _ in sel.select():\n\
+         \x20       if k.fileobj in listeners:\n\
+         \x20           c, _ = k.fileobj.accept()\n\
+         \x20           accepted[k.data] += 1\n\
+         \x20           open(sys.argv[3], 'w').write('%d %d' % tuple(accepted))\n\
+         \x20           sel.register(c, selectors.EVENT_READ, 'c')\n\
+         \x20       else:\n\
+         \x20           d = k.fileobj.recv(65536)\n\
+         \x20           if d:\n\
+         \x20               k.fileobj.sendall(d)\n\
+         \x20           else:\n\
+         \x20               sel.unregister(k.fileobj)\n\
+         \x20               k.fileobj.close()\n",
+    )
+    .unwrap();
+    let args = [server_py.display().to_string(), p.server.addr.clone(), port.to_string()];
+    let counts_arg = counts.display().to_string();
+    let server = p.server.spawn("python3", &[&args[0], &args[1], &args[2], &counts_arg]);
+    p.server.wait_listening(port);
+    let client = format!(
+        "import socket\n\
+         for i in range(40):\n\
+         \x20   s = socket.create_connection(('{}', {port}), timeout=10)\n\
+         \x20   s.sendall(b'%d' % i)\n\
+         \x20   assert s.recv(100) == b'%d' % i\n\
+         \x20   s.close()\n\
+         print('ok')\n",
+        p.server.addr
+    );
+    assert_eq!(p.client.run("python3", &["-c", &client], T).trim(), "ok");
+    server.stop();
+    let text = std::fs::read_to_string(&counts).unwrap();
+    let each: Vec<u64> = text.split(' ').map(|n| n.parse().unwrap()).collect();
+    // Carried connections on each socket (and the harness's probe that the port listens on
+    // one of them).
+    assert!(each.iter().all(|&n| n >= 2) && each.iter().sum::<u64>() >= 40, "accepts: {text}");
+    let (client, server) = (stats_text(&p.client.stats), stats_text(&p.server.stats));
+    assert!(stat(&p.client.stats, "virtual sockets") >= 40, "{client}");
+    assert_eq!(stat(&p.client.stats, "kernel tcp"), 0, "{client}");
+    assert_eq!(stat(&p.server.stats, "relayed"), 0, "{server}");
+    assert!(stat(&p.server.stats, "direct") >= 40, "{server}");
+}
+
 /// A one-process server accepting many short connections at once: every one is served by
 /// the owner directly, none is taken for another process's, none is lost. Between the
 /// namespaces the server's ephemeral port range is narrowed to 16 ports, so the injector's
@@ -1339,6 +1411,7 @@ crate::both_testbeds!(
     java,
     dual_stack_listener,
     connection_churn,
+    reuseport_listeners,
     fd_limit,
     peer_killed,
     stopped_peer,
