@@ -151,7 +151,10 @@ pub(crate) fn try_carry(
     if s.disabled || !is_stream(app) || dest.port() == 0 || dest.ip().is_unspecified() {
         return None;
     }
-    if dest.port() == s.channel_port || (!s.ports.is_empty() && !s.ports.contains(&dest.port())) {
+    if dest.port() == s.channel_port
+        || (!s.ports.is_empty() && !s.ports.contains(&dest.port()))
+        || (!s.carry_public && !is_private(dest.ip()))
+    {
         bump(&COUNTERS.kernel_not_selected);
         return None;
     }
@@ -230,6 +233,32 @@ pub(crate) fn try_carry(
         }
     }
     r
+}
+
+/// Whether `ip` is an address of this host or of a private network (loopback, RFC 1918,
+/// link-local, shared address space, benchmarking, IPv6 unique local), where peers running
+/// netchannel are found. Connects to other (public) addresses are left to kernel TCP unless
+/// `--carry-public`: asking a host on the internet at the channel port would send it a
+/// connection attempt the user never asked for, and cost `DIAL_TIMEOUT` where it is dropped.
+pub(crate) fn is_private(ip: IpAddr) -> bool {
+    let v4 = |a: Ipv4Addr| {
+        let [b0, b1, ..] = a.octets();
+        a.is_loopback()
+            || a.is_private()
+            || a.is_link_local()
+            || (b0 == 100 && (64..128).contains(&b1))
+            || (b0 == 198 && (18..20).contains(&b1))
+    };
+    match ip {
+        IpAddr::V4(a) => v4(a),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(m) => v4(m),
+            None => {
+                let first = a.segments()[0];
+                a.is_loopback() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80
+            }
+        },
+    }
 }
 
 fn is_stream(fd: BorrowedFd<'_>) -> bool {
@@ -370,6 +399,43 @@ pub(crate) fn loopback_of(a: &SocketAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_private_destinations_are_asked_by_default() {
+        let private = [
+            "127.0.0.1",
+            "10.214.0.2",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.1.1",
+            "100.64.0.1",
+            "100.127.255.255",
+            "198.18.0.1",
+            "198.19.255.255",
+            "::1",
+            "fd00::1",
+            "fc00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+        ];
+        let public = [
+            "8.8.8.8",
+            "172.32.0.1",
+            "100.128.0.1",
+            "198.20.0.1",
+            "1.1.1.1",
+            "2001:db8::1",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+        ];
+        for a in private {
+            assert!(is_private(a.parse().unwrap()), "{a}");
+        }
+        for a in public {
+            assert!(!is_private(a.parse().unwrap()), "{a}");
+        }
+    }
 
     #[test]
     fn destinations_without_engine_wait_longer_when_silent_and_stay_few() {

@@ -62,6 +62,9 @@ pub(crate) struct Settings {
     /// Keep relaying the connections of listeners whose connections forked processes serve,
     /// instead of asking clients for kernel TCP (`NETCHANNEL_FORKED=relay`).
     pub relay_forked: bool,
+    /// Also ask public addresses' hosts for an engine (`NETCHANNEL_CARRY_PUBLIC=1`); by
+    /// default only private ones are (`connect::is_private`).
+    pub carry_public: bool,
 }
 
 pub(crate) fn settings() -> &'static Settings {
@@ -80,7 +83,8 @@ pub(crate) fn settings() -> &'static Settings {
             _ => DataPath::Direct,
         };
         let relay_forked = std::env::var("NETCHANNEL_FORKED").is_ok_and(|v| v == "relay");
-        Settings { channel_port, ports, disabled, path, relay_forked }
+        let carry_public = std::env::var("NETCHANNEL_CARRY_PUBLIC").is_ok_and(|v| v == "1");
+        Settings { channel_port, ports, disabled, path, relay_forked, carry_public }
     })
 }
 

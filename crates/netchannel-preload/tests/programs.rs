@@ -1491,6 +1491,35 @@ fn stats_lines_come_from_the_processes_that_used_tcp() {
     assert!(lines[0].contains("kernel tcp 1 "), "{stderr}");
 }
 
+/// A connect to a public address (here TEST-NET-3, which goes nowhere) is left to kernel TCP
+/// without asking that host's channel port; `--carry-public` asks it.
+#[test]
+fn public_destinations_are_left_to_kernel_tcp() {
+    if !have("python3") {
+        return;
+    }
+    let client = "import socket\n\
+                  try:\n\
+                  \x20   socket.create_connection(('203.0.113.1', 9), timeout=0.3)\n\
+                  except OSError:\n\
+                  \x20   pass\n";
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(NETCHANNEL)
+            .arg("run")
+            .arg("--stats")
+            .args(extra)
+            .args(["--", "python3", "-c", client])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let default = run(&[]);
+    assert!(default.contains("not selected 1,"), "{default}");
+    let asked = run(&["--carry-public"]);
+    assert!(asked.contains("kernel tcp 1 ") && asked.contains("not selected 0,"), "{asked}");
+}
+
 /// What cannot be run at all exits as a shell would: 127 for a command that is not there, 126
 /// for a file that is not executable; a non-executable file earlier in PATH is skipped; the
 /// program keeps the name it was given. A stats file that cannot be written is an error at once.

@@ -70,6 +70,12 @@ struct Run {
     /// Carry only TCP connections to, and listeners on, these ports (default: all).
     #[arg(long, value_delimiter = ',', value_name = "P1,P2,...")]
     ports: Vec<u16>,
+    /// Also look for an engine at public (internet) addresses a program connects to. By
+    /// default only this host's and private networks' addresses are asked (loopback, RFC 1918,
+    /// link-local, 100.64/10, 198.18/15, IPv6 unique local), so that a program reaching the
+    /// internet sends nothing to other hosts' channel port (env NETCHANNEL_CARRY_PUBLIC=1).
+    #[arg(long)]
+    carry_public: bool,
     /// Print a one-line summary at exit, on stderr, for each process that used TCP (a
     /// connection, a listener, an engine); processes that never did print nothing.
     #[arg(long, conflicts_with = "stats_file")]
@@ -226,6 +232,9 @@ fn main() {
     }
     if run.relay_forked {
         envs.push(("NETCHANNEL_FORKED", "relay".into()));
+    }
+    if run.carry_public {
+        envs.push(("NETCHANNEL_CARRY_PUBLIC", "1".into()));
     }
     if run.stats {
         envs.push(("NETCHANNEL_STATS", "stderr".into()));
