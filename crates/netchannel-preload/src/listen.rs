@@ -460,18 +460,25 @@ pub(crate) fn accepted(
         SocketAddr::V4(a) => *a.ip() == INJECTOR_V4,
         SocketAddr::V6(a) => a.ip().to_ipv4_mapped() == Some(INJECTOR_V4),
     };
-    // This process's engine listens behind `listen_fd`, or (an injected connection) behind
-    // another listener of this process on the same port: with `SO_REUSEPORT` the kernel
-    // spreads the injections over the whole group, and the program accepts from each socket.
-    let ours = || {
+    // IPv6-only listeners are injected into from their own address (see the module doc).
+    let local = local_of(app);
+    let from_itself = peer.is_ipv6() && local.is_some_and(|l| l.ip() == peer.ip());
+    // An engine listener on the accepted socket's port (this process's, with `owned`): a
+    // socket that is not one itself may be another of its `SO_REUSEPORT` group, over which
+    // the kernel spreads the injections, and the program accepts from each.
+    let port_listener = |owned: bool| {
+        let port = local?.port();
         let entries = table::TABLES.listeners.lock();
-        if table::kind(listen_fd) & table::LISTENING != 0 {
-            if let Some(e) = entries.get(&listen_fd) {
+        entries.values().find(|e| e.local.port() == port && (!owned || e.owner == pid())).cloned()
+    };
+    let listening = table::kind(listen_fd) & table::LISTENING != 0;
+    let ours = || {
+        if listening {
+            if let Some(e) = table::TABLES.listeners.lock().get(&listen_fd) {
                 return (e.owner == pid()).then_some(e.local);
             }
         }
-        let port = local_of(app).filter(|_| from_injector)?.port();
-        entries.values().find(|e| e.owner == pid() && e.local.port() == port).map(|e| e.local)
+        port_listener(true).filter(|_| from_injector || from_itself).map(|e| e.local)
     };
     if INJECTED_COUNT.load(Ordering::Acquire) > 0 {
         if let Some(local) = ours() {
@@ -480,10 +487,8 @@ pub(crate) fn accepted(
             }
         }
     }
-    let maybe_injected = from_injector
-        || (table::kind(listen_fd) & table::LISTENING != 0
-            && peer.is_ipv6()
-            && local_of(app).is_some_and(|l| l.ip() == peer.ip()));
+    let maybe_injected =
+        from_injector || (from_itself && (listening || port_listener(false).is_some()));
     if maybe_injected && claim(app, from_injector) {
         bump(&COUNTERS.relayed_accepted_elsewhere);
     }
@@ -559,11 +564,16 @@ fn claim(app: BorrowedFd<'_>, certain: bool) -> bool {
 /// A connection this process accepted as `local` was taken over by another process (a child
 /// after fork, a program after exec): its listener notes it (`ListenEntry::note_relayed`).
 pub(crate) fn taken_over_from(local: SocketAddr) {
+    // A connection accepted from a wildcard listener reports the address it was reached at.
     let local = in_family(local, false);
     let entries: Vec<Arc<ListenEntry>> = table::TABLES.listeners.lock().values().cloned().collect();
-    if let Some(e) =
-        entries.into_iter().find(|e| e.owner == pid() && in_family(e.local, false) == local)
-    {
+    let serves = |e: &ListenEntry| {
+        let at = in_family(e.local, false);
+        e.owner == pid()
+            && at.port() == local.port()
+            && (at.ip() == local.ip() || at.ip().is_unspecified())
+    };
+    if let Some(e) = entries.into_iter().find(|e| serves(e)) {
         e.note_relayed();
     }
 }

@@ -894,9 +894,22 @@ fn reuseport_listeners(hosts: Hosts) {
     if !have("python3") {
         return;
     }
+    // IPv4, and IPv6-only listeners (injected into from their own address) on loopback.
+    for v6 in [false, true] {
+        reuseport_listeners_with(hosts, v6);
+    }
+}
+
+fn reuseport_listeners_with(hosts: Hosts, v6: bool) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let _one_at_a_time = one_at_a_time();
-    let p = Pair::new(tb, &format!("reuseport-{hosts:?}"), true, true);
+    let mut p = Pair::new(tb, &format!("reuseport-{hosts:?}-{v6}"), true, true);
+    if v6 {
+        if p.server.netns.is_some() {
+            return;
+        }
+        p.server.addr = "::1".into();
+    }
     let port = ports(1);
     let counts = p.dir.join("counts");
     let server_py = p.dir.join("server.py");
@@ -907,7 +920,9 @@ fn reuseport_listeners(hosts: Hosts) {
          sel = selectors.DefaultSelector()\n\
          listeners = []\n\
          for i in range(2):\n\
-         \x20   l = socket.socket()\n\
+         \x20   l = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET)\n\
+         \x20   if l.family == socket.AF_INET6:\n\
+         \x20       l.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)\n\
          \x20   l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n\
          \x20   l.bind((sys.argv[1], int(sys.argv[2])))\n\
          \x20   l.listen(64)\n\
@@ -956,6 +971,56 @@ fn reuseport_listeners(hosts: Hosts) {
     assert_eq!(stat(&p.client.stats, "kernel tcp"), 0, "{client}");
     assert_eq!(stat(&p.server.stats, "relayed"), 0, "{server}");
     assert!(stat(&p.server.stats, "direct") >= 40, "{server}");
+}
+
+/// A server that accepts and forks a child per connection, on the wildcard address (as
+/// PostgreSQL with `listen_addresses = '*'`): once a child took a connection over (relayed),
+/// the client's further connects there go over kernel TCP ("forked server").
+fn forking_server_on_the_wildcard(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("forking-{hosts:?}"), true, true);
+    let port = ports(1);
+    let server_py = p.dir.join("server.py");
+    std::fs::write(
+        &server_py,
+        "import os, signal, socket, sys\n\
+         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
+         signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n\
+         l = socket.socket()\n\
+         l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         l.bind(('0.0.0.0', int(sys.argv[1])))\n\
+         l.listen(64)\n\
+         while True:\n\
+         \x20   c, _ = l.accept()\n\
+         \x20   if os.fork() == 0:\n\
+         \x20       l.close()\n\
+         \x20       c.sendall(c.recv(100))\n\
+         \x20       c.close()\n\
+         \x20       os._exit(0)\n\
+         \x20   c.close()\n",
+    )
+    .unwrap();
+    let server = p.server.spawn("python3", &[&server_py.display().to_string(), &port.to_string()]);
+    p.server.wait_listening(port);
+    let client = format!(
+        "import socket\n\
+         for i in range(8):\n\
+         \x20   s = socket.create_connection(('{}', {port}), timeout=10)\n\
+         \x20   s.sendall(b'%d' % i)\n\
+         \x20   assert s.recv(100) == b'%d' % i\n\
+         \x20   s.close()\n\
+         print('ok')\n",
+        p.server.addr
+    );
+    assert_eq!(p.client.run("python3", &["-c", &client], T).trim(), "ok");
+    server.stop();
+    let (client, server) = (stats_text(&p.client.stats), stats_text(&p.server.stats));
+    assert!(stat(&p.client.stats, "forked server") >= 1, "{client}");
+    assert!(stat_max(&p.server.stats, "inherited") >= 1, "{server}");
 }
 
 /// A one-process server accepting many short connections at once: every one is served by
@@ -1412,6 +1477,7 @@ crate::both_testbeds!(
     dual_stack_listener,
     connection_churn,
     reuseport_listeners,
+    forking_server_on_the_wildcard,
     fd_limit,
     peer_killed,
     stopped_peer,

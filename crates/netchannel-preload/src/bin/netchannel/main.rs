@@ -190,7 +190,7 @@ fn fail(msg: &str) -> ! {
 /// the program's backlog holds); the engine has fds of its own (channels, epoll sets,
 /// eventfds). The library puts all of them above a floor (`NETCHANNEL_FD_BASE`), which is half
 /// the soft fd limit unless this raises the soft limit, within the hard one, to make room
-/// (three times the program's own) above it: the program then opens as many connections as
+/// (four times the program's own, plus 256) above it: the program then opens as many connections as
 /// its limit lets it on kernel TCP (about 1,000 under the usual soft limit, not about 500). The program sees the raised limit; its children inherit
 /// it and the floor. Not raised when the hard limit leaves less room than halving would, nor
 /// above a soft limit of 8,192 (the floor stays at 8,192 there, as the library's `fd_base`
