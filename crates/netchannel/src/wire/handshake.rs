@@ -11,7 +11,7 @@
 //!
 //! ```text
 //!  0  magic        [u8; 4] = "NCHN"
-//!  4  version      u16 = 3
+//!  4  version      u16 = 4
 //!  6  kind         u8   1 Hello, 2 Challenge, 3 Reject, 4 Confirm, 5 Accept
 //!  7  class        u8   0 Throughput, 1 Latency
 //!  8  engine_id    u64
