@@ -460,8 +460,9 @@ pub(crate) fn accepted(
         SocketAddr::V4(a) => *a.ip() == INJECTOR_V4,
         SocketAddr::V6(a) => a.ip().to_ipv4_mapped() == Some(INJECTOR_V4),
     };
-    // IPv6-only listeners are injected into from their own address (see the module doc).
-    let local = local_of(app);
+    // IPv6-only listeners are injected into from their own address (see the module doc). The
+    // socket's own address costs a system call: asked only where it can matter.
+    let local = (from_injector || peer.is_ipv6()).then(|| local_of(app)).flatten();
     let from_itself = peer.is_ipv6() && local.is_some_and(|l| l.ip() == peer.ip());
     // An engine listener on the accepted socket's port (this process's, with `owned`): a
     // socket that is not one itself may be another of its `SO_REUSEPORT` group, over which
