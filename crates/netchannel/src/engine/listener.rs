@@ -95,6 +95,7 @@ impl ListenerShared {
         self.answered.store(n.clamp(1, self.capacity), Ordering::Relaxed);
     }
 
+    /// Whether the answers from now on ask their openers to use kernel TCP for this port.
     pub fn set_kernel_preferred(&self, on: bool) {
         self.kernel_preferred.store(on, Ordering::Relaxed);
     }
