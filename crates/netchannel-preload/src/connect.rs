@@ -153,7 +153,7 @@ pub(crate) fn try_carry(
     }
     if dest.port() == s.channel_port
         || (!s.ports.is_empty() && !s.ports.contains(&dest.port()))
-        || (!s.carry_public && !is_private(dest.ip()))
+        || (!s.carry_public && !worth_asking(dest.ip()))
     {
         bump(&COUNTERS.kernel_not_selected);
         return None;
@@ -235,30 +235,121 @@ pub(crate) fn try_carry(
     r
 }
 
-/// Whether `ip` is an address of this host or of a private network (loopback, RFC 1918,
-/// link-local, shared address space, benchmarking, IPv6 unique local), where peers running
-/// netchannel are found. Connects to other (public) addresses are left to kernel TCP unless
-/// `--carry-public`: asking a host on the internet at the channel port would send it a
-/// connection attempt the user never asked for, and cost `DIAL_TIMEOUT` where it is dropped.
-pub(crate) fn is_private(ip: IpAddr) -> bool {
+/// Whether a connect to `ip` asks the host there for an engine: unless `--carry-public`, only
+/// where it is not a public (globally routed) address, or where a route of this host's
+/// reaches it without a gateway (a host on one of its own networks, whatever its addresses).
+/// Asking a host on the internet at the channel port would send it a connection attempt the
+/// user never asked for, and cost `DIAL_TIMEOUT` where that port's packets are dropped.
+pub(crate) fn worth_asking(ip: IpAddr) -> bool {
+    !is_global(ip) || on_link(ip)
+}
+
+/// Whether `ip` is a globally routed unicast address: not loopback, private (RFC 1918, IPv6
+/// unique local), link-local, shared (100.64/10), benchmarking (198.18/15), documentation
+/// (192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32), reserved, multicast or this
+/// network.
+pub(crate) fn is_global(ip: IpAddr) -> bool {
     let v4 = |a: Ipv4Addr| {
-        let [b0, b1, ..] = a.octets();
-        a.is_loopback()
+        let [b0, b1, b2, _] = a.octets();
+        !(b0 == 0
+            || a.is_loopback()
             || a.is_private()
             || a.is_link_local()
             || (b0 == 100 && (64..128).contains(&b1))
+            || (b0 == 192 && b1 == 0 && (b2 == 0 || b2 == 2))
             || (b0 == 198 && (18..20).contains(&b1))
+            || (b0 == 198 && b1 == 51 && b2 == 100)
+            || (b0 == 203 && b1 == 0 && b2 == 113)
+            || b0 >= 224)
     };
     match ip {
         IpAddr::V4(a) => v4(a),
         IpAddr::V6(a) => match a.to_ipv4_mapped() {
             Some(m) => v4(m),
             None => {
-                let first = a.segments()[0];
-                a.is_loopback() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80
+                let s = a.segments();
+                !(a.is_loopback()
+                    || a.is_unspecified()
+                    || (s[0] & 0xfe00) == 0xfc00
+                    || (s[0] & 0xffc0) == 0xfe80
+                    || (s[0] & 0xff00) == 0xff00
+                    || (s[0] == 0x2001 && s[1] == 0x0db8)
+                    || (s[0] == 0x2001 && s[1] == 0x0002 && s[2] == 0)
+                    || (s[0] == 0x0100 && s[1..4] == [0, 0, 0]))
             }
         },
     }
+}
+
+/// Whether this network namespace has a route to `ip` without a gateway (the main table, from
+/// /proc/net/route or /proc/net/ipv6_route; a default route does not count).
+fn on_link(ip: IpAddr) -> bool {
+    let read = |path: &str| -> Option<String> {
+        let fd = rustix::fs::open(
+            path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            0.into(),
+        )
+        .ok()?;
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        while text.len() < 1 << 20 {
+            match rustix::io::read(&fd, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => text.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8(text).ok()
+    };
+    let ip = match ip {
+        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(a) => read("/proc/net/route").is_some_and(|t| on_link_v4(&t, a)),
+        IpAddr::V6(a) => read("/proc/net/ipv6_route").is_some_and(|t| on_link_v6(&t, a)),
+    }
+}
+
+/// /proc/net/route: `Iface Destination Gateway Flags ... Mask ...`, addresses in hex as the
+/// kernel stores them (network order read as a little-endian word).
+fn on_link_v4(table: &str, a: Ipv4Addr) -> bool {
+    const RTF_UP: u32 = 1;
+    const RTF_GATEWAY: u32 = 2;
+    let addr = u32::from_le_bytes(a.octets());
+    table.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let hex = |i: usize| f.get(i).and_then(|v| u32::from_str_radix(v, 16).ok());
+        match (hex(1), hex(2), hex(3), hex(7)) {
+            (Some(dest), Some(gateway), Some(flags), Some(mask)) => {
+                mask != 0
+                    && gateway == 0
+                    && flags & RTF_UP != 0
+                    && flags & RTF_GATEWAY == 0
+                    && addr & mask == dest
+            }
+            _ => false,
+        }
+    })
+}
+
+/// /proc/net/ipv6_route: `dest prefixlen src srclen nexthop metric refcnt use flags iface`.
+fn on_link_v6(table: &str, a: Ipv6Addr) -> bool {
+    const RTF_GATEWAY: u32 = 2;
+    let addr = u128::from_be_bytes(a.octets());
+    table.lines().any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let parsed = (|| {
+            let dest = u128::from_str_radix(f.first()?, 16).ok()?;
+            let len = u32::from_str_radix(f.get(1)?, 16).ok()?;
+            let nexthop = u128::from_str_radix(f.get(4)?, 16).ok()?;
+            let flags = u32::from_str_radix(f.get(8)?, 16).ok()?;
+            Some((dest, len, nexthop, flags))
+        })();
+        let Some((dest, len, nexthop, flags)) = parsed else { return false };
+        let mask = if len == 0 || len > 128 { 0 } else { u128::MAX << (128 - len) };
+        mask != 0 && nexthop == 0 && flags & RTF_GATEWAY == 0 && addr & mask == dest & mask
+    })
 }
 
 fn is_stream(fd: BorrowedFd<'_>) -> bool {
@@ -401,8 +492,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_private_destinations_are_asked_by_default() {
-        let private = [
+    fn only_destinations_that_are_not_public_or_are_on_link_are_asked() {
+        let not_global = [
             "127.0.0.1",
             "10.214.0.2",
             "172.16.0.1",
@@ -413,28 +504,52 @@ mod tests {
             "100.127.255.255",
             "198.18.0.1",
             "198.19.255.255",
+            "192.0.2.2",
+            "198.51.100.7",
+            "203.0.113.1",
+            "240.0.0.1",
+            "0.1.2.3",
             "::1",
             "fd00::1",
             "fc00::1",
             "fe80::1",
+            "2001:db8::1",
             "::ffff:10.0.0.1",
+            "::ffff:192.0.2.1",
         ];
-        let public = [
+        let global = [
             "8.8.8.8",
             "172.32.0.1",
             "100.128.0.1",
             "198.20.0.1",
             "1.1.1.1",
-            "2001:db8::1",
+            "192.0.3.1",
             "2606:4700::1111",
+            "2001:4860::8888",
             "::ffff:8.8.8.8",
         ];
-        for a in private {
-            assert!(is_private(a.parse().unwrap()), "{a}");
+        for a in not_global {
+            assert!(!is_global(a.parse().unwrap()), "{a}");
         }
-        for a in public {
-            assert!(!is_private(a.parse().unwrap()), "{a}");
+        for a in global {
+            assert!(is_global(a.parse().unwrap()), "{a}");
         }
+        // Routes without a gateway make a public address worth asking (a test network with
+        // public addresses); a default route does not.
+        let v4 =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n\
+                  eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                  veth0\t00030201\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        assert!(on_link_v4(v4, "1.2.3.9".parse().unwrap()));
+        assert!(!on_link_v4(v4, "1.2.4.9".parse().unwrap()));
+        assert!(!on_link_v4(v4, "8.8.8.8".parse().unwrap()), "the default route has a gateway");
+        let v6 = "2a010000000000000000000000000000 40 00000000000000000000000000000000 00 \
+                  00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n\
+                  00000000000000000000000000000000 00 00000000000000000000000000000000 00 \
+                  fd000000000000000000000000000001 00000400 00000003 00000000 00000003 eth0\n";
+        assert!(on_link_v6(v6, "2a01::5".parse().unwrap()));
+        assert!(!on_link_v6(v6, "2606:4700::1111".parse().unwrap()), "only by the gateway");
+        assert!(worth_asking("10.0.0.1".parse().unwrap()));
     }
 
     #[test]

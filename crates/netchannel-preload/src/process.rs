@@ -63,7 +63,8 @@ pub(crate) struct Settings {
     /// instead of asking clients for kernel TCP (`NETCHANNEL_FORKED=relay`).
     pub relay_forked: bool,
     /// Also ask public addresses' hosts for an engine (`NETCHANNEL_CARRY_PUBLIC=1`); by
-    /// default only private ones are (`connect::is_private`).
+    /// default only those not public or on one of this host's networks are
+    /// (`connect::worth_asking`).
     pub carry_public: bool,
 }
 

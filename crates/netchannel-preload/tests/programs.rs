@@ -1023,6 +1023,35 @@ fn forking_server_on_the_wildcard(hosts: Hosts) {
     assert!(stat_max(&p.server.stats, "inherited") >= 1, "{server}");
 }
 
+/// A connect to a public address (8.8.8.8, from a namespace with no route there: nothing
+/// leaves) is left to kernel TCP without asking that host's channel port; `--carry-public`
+/// asks it.
+fn public_destinations_are_left_to_kernel_tcp(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let client = "import socket\n\
+                  try:\n\
+                  \x20   socket.create_connection(('8.8.8.8', 9), timeout=0.3)\n\
+                  except OSError:\n\
+                  \x20   pass\n";
+    for carry_public in [false, true] {
+        let Some(tb) = Testbed::of(hosts) else { return };
+        let _one_at_a_time = one_at_a_time();
+        let mut p = Pair::new(tb, &format!("public-{hosts:?}-{carry_public}"), true, true);
+        if p.client.netns.is_none() {
+            return;
+        }
+        if carry_public {
+            p.client.run_options.push("--carry-public".into());
+        }
+        p.client.run("python3", &["-c", client], T);
+        let stats = stats_text(&p.client.stats);
+        let asked = stat(&p.client.stats, "not selected") == 0;
+        assert!(stat(&p.client.stats, "kernel tcp") == 1 && asked == carry_public, "{stats}");
+    }
+}
+
 /// A one-process server accepting many short connections at once: every one is served by
 /// the owner directly, none is taken for another process's, none is lost. Between the
 /// namespaces the server's ephemeral port range is narrowed to 16 ports, so the injector's
@@ -1478,6 +1507,7 @@ crate::both_testbeds!(
     connection_churn,
     reuseport_listeners,
     forking_server_on_the_wildcard,
+    public_destinations_are_left_to_kernel_tcp,
     fd_limit,
     peer_killed,
     stopped_peer,
@@ -1555,35 +1585,6 @@ fn stats_lines_come_from_the_processes_that_used_tcp() {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("netchannel: pid")).collect();
     assert_eq!(lines.len(), 1, "one line, from bash alone:\n{stderr}");
     assert!(lines[0].contains("kernel tcp 1 "), "{stderr}");
-}
-
-/// A connect to a public address (here TEST-NET-3, which goes nowhere) is left to kernel TCP
-/// without asking that host's channel port; `--carry-public` asks it.
-#[test]
-fn public_destinations_are_left_to_kernel_tcp() {
-    if !have("python3") {
-        return;
-    }
-    let client = "import socket\n\
-                  try:\n\
-                  \x20   socket.create_connection(('203.0.113.1', 9), timeout=0.3)\n\
-                  except OSError:\n\
-                  \x20   pass\n";
-    let run = |extra: &[&str]| {
-        let out = std::process::Command::new(NETCHANNEL)
-            .arg("run")
-            .arg("--stats")
-            .args(extra)
-            .args(["--", "python3", "-c", client])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    let default = run(&[]);
-    assert!(default.contains("not selected 1,"), "{default}");
-    let asked = run(&["--carry-public"]);
-    assert!(asked.contains("kernel tcp 1 ") && asked.contains("not selected 0,"), "{asked}");
 }
 
 /// What cannot be run at all exits as a shell would: 127 for a command that is not there, 126
