@@ -315,8 +315,8 @@ pub(crate) fn server_engine() -> Option<&'static Engine> {
                     // leave the user to find "listeners without engine" in the stats.
                     eprintln!(
                         "netchannel: pid {}: channel port {port} is taken (another program under \
-                         netchannel run on this host owns it): this program's listeners stay on \
-                         kernel TCP",
+                         netchannel run on this host owns it; `netchannel stat` lists the \
+                         engines): this program's listeners stay on kernel TCP",
                         pid()
                     );
                 }
