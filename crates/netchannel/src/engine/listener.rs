@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::session::SessionRt;
+use super::session::{Core, SessionRt};
 use super::waiter::Waiter;
 use crate::proto::StreamId;
 use crate::sys::EventFd;
@@ -100,9 +100,14 @@ impl ListenerShared {
         self.kernel_preferred.store(on, Ordering::Relaxed);
     }
 
-    /// Answers this listener gives from now on ask their openers to use kernel TCP.
-    pub fn kernel_preferred(&self) -> bool {
-        self.kernel_preferred.load(Ordering::Relaxed)
+    /// Accepts stream `id` for this listener: its SYN_ACK grants `window`, and asks the opener
+    /// to use kernel TCP for this port if the listener does (`set_kernel_preferred`).
+    pub fn answer(&self, core: &mut Core, id: StreamId, window: u32) {
+        let mut stream = core.handle(id);
+        if self.kernel_preferred.load(Ordering::Relaxed) {
+            stream.prefer_kernel();
+        }
+        stream.accept(window);
     }
 
     /// Binds the listener to a local address (before anything can reach it).
@@ -247,11 +252,8 @@ impl ListenerShared {
         loop {
             let Some((session, id)) = self.waiting.lock().pop_front() else { return };
             let live = session.with_core(|core| {
+                self.answer(core, id, window);
                 let mut stream = core.handle(id);
-                if self.kernel_preferred() {
-                    stream.prefer_kernel();
-                }
-                stream.accept(window);
                 let live = stream.state().is_some_and(|s| s.reset.is_none());
                 if !live {
                     // Reset while it waited: no application will accept it, and so none will

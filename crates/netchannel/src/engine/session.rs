@@ -342,11 +342,7 @@ impl SessionRt {
                     let window = self.ctx.config.unaccepted_window;
                     match l.offer(self.clone(), id) {
                         Offer::Queued => {
-                            let mut stream = core.handle(id);
-                            if l.kernel_preferred() {
-                                stream.prefer_kernel();
-                            }
-                            stream.accept(window);
+                            l.answer(core, id, window);
                             wakes.listeners.push(l);
                         }
                         Offer::Waiting => {}
