@@ -464,14 +464,10 @@ pub(crate) fn accepted(
     // socket's own address costs a system call: asked only where it can matter.
     let local = (from_injector || peer.is_ipv6()).then(|| local_of(app)).flatten();
     let from_itself = peer.is_ipv6() && local.is_some_and(|l| l.ip() == peer.ip());
-    // An engine listener on the accepted socket's port (this process's, with `owned`): a
-    // socket that is not one itself may be another of its `SO_REUSEPORT` group, over which
-    // the kernel spreads the injections, and the program accepts from each.
-    let port_listener = |owned: bool| {
-        let port = local?.port();
-        let entries = table::TABLES.listeners.lock();
-        entries.values().find(|e| e.local.port() == port && (!owned || e.owner == pid())).cloned()
-    };
+    // An engine listener serving the accepted socket's address (this process's, with
+    // `owned`): a socket that is not one itself may be another of its `SO_REUSEPORT` group,
+    // over which the kernel spreads the injections, and the program accepts from each.
+    let port_listener = |owned: bool| listener_serving(local?, owned);
     let listening = table::kind(listen_fd) & table::LISTENING != 0;
     let ours = || {
         if listening {
@@ -562,19 +558,25 @@ fn claim(app: BorrowedFd<'_>, certain: bool) -> bool {
     rustix::net::send(app, &[CLAIM], rustix::net::SendFlags::NOSIGNAL).is_ok()
 }
 
-/// A connection this process accepted as `local` was taken over by another process (a child
-/// after fork, a program after exec): its listener notes it (`ListenEntry::note_relayed`).
-pub(crate) fn taken_over_from(local: SocketAddr) {
-    // A connection accepted from a wildcard listener reports the address it was reached at.
+/// The engine listener serving connections that report `local` as their own address (a
+/// wildcard one serves every address of its port; IPv4 in either form), of this process with
+/// `owned`, else of any process holding its entry (a forked child's copy of the tables).
+fn listener_serving(local: SocketAddr, owned: bool) -> Option<Arc<ListenEntry>> {
     let local = in_family(local, false);
-    let entries: Vec<Arc<ListenEntry>> = table::TABLES.listeners.lock().values().cloned().collect();
+    let entries = table::TABLES.listeners.lock();
     let serves = |e: &ListenEntry| {
         let at = in_family(e.local, false);
-        e.owner == pid()
+        (!owned || e.owner == pid())
             && at.port() == local.port()
             && (at.ip() == local.ip() || at.ip().is_unspecified())
     };
-    if let Some(e) = entries.into_iter().find(|e| serves(e)) {
+    entries.values().find(|e| serves(e)).cloned()
+}
+
+/// A connection this process accepted as `local` was taken over by another process (a child
+/// after fork, a program after exec): its listener notes it (`ListenEntry::note_relayed`).
+pub(crate) fn taken_over_from(local: SocketAddr) {
+    if let Some(e) = listener_serving(local, true) {
         e.note_relayed();
     }
 }
