@@ -71,9 +71,10 @@ struct Run {
     #[arg(long, value_delimiter = ',', value_name = "P1,P2,...")]
     ports: Vec<u16>,
     /// Also look for an engine at public (internet) addresses a program connects to. By
-    /// default only this host's and private networks' addresses are asked (loopback, RFC 1918,
-    /// link-local, 100.64/10, 198.18/15, IPv6 unique local), so that a program reaching the
-    /// internet sends nothing to other hosts' channel port (env NETCHANNEL_CARRY_PUBLIC=1).
+    /// default a globally routed address reached through a gateway is not asked, so that a
+    /// program reaching the internet sends nothing to other hosts' channel port; loopback,
+    /// private, link-local, documentation and other reserved addresses, and any address on one
+    /// of this host's networks, are (env NETCHANNEL_CARRY_PUBLIC=1).
     #[arg(long)]
     carry_public: bool,
     /// Print a one-line summary at exit, on stderr, for each process that used TCP (a
@@ -412,46 +413,44 @@ fn elf_interp(d: &[u8]) -> Option<bool> {
     if d.len() < 52 || &d[..4] != b"\x7fELF" || d[5] != 1 {
         return None;
     }
-    let u16_at = |o: usize| d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
-    let u32_at =
-        |o: usize| d.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize);
-    let u64_at =
-        |o: usize| d.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize);
+    let at = |o: usize, width: usize| le_at(d, o, width);
     let (phoff, phentsize, phnum) = match d[4] {
-        2 => (u64_at(0x20)?, u16_at(0x36)?, u16_at(0x38)?),
-        1 => (u32_at(0x1c)?, u16_at(0x2a)?, u16_at(0x2c)?),
+        2 => (at(0x20, 8)?, at(0x36, 2)?, at(0x38, 2)?),
+        1 => (at(0x1c, 4)?, at(0x2a, 2)?, at(0x2c, 2)?),
         _ => return None,
     };
     const PT_INTERP: usize = 3;
-    Some((0..phnum).any(|i| u32_at(phoff + i * phentsize) == Some(PT_INTERP)))
+    let header = |i: usize| phoff.checked_add(i.checked_mul(phentsize)?);
+    Some((0..phnum).any(|i| header(i).and_then(|h| at(h, 4)) == Some(PT_INTERP)))
 }
 
 /// Whether a 64- or 32-bit little-endian ELF file has a section of this name.
 fn elf_has_section(d: &[u8], name: &[u8]) -> bool {
-    let u16_at = |o: usize| d.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
-    let u32_at =
-        |o: usize| d.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize);
-    let u64_at =
-        |o: usize| d.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize);
+    let at = |o: usize, width: usize| le_at(d, o, width);
     let found = || -> Option<bool> {
-        // (section table, entry size, entries, names' section, a header's name and offset)
-        let (shoff, shentsize, shnum, shstrndx, offset_at): (_, _, _, _, fn(usize) -> usize) =
-            match *d.get(4)? {
-                2 => (u64_at(0x28)?, u16_at(0x3a)?, u16_at(0x3c)?, u16_at(0x3e)?, |h| h + 0x18),
-                1 => (u32_at(0x20)?, u16_at(0x2e)?, u16_at(0x30)?, u16_at(0x32)?, |h| h + 0x10),
-                _ => return None,
-            };
+        // The section table, its entry size and count, the names' section, and where a
+        // section header keeps its file offset (and how wide that is).
+        let (shoff, shentsize, shnum, shstrndx, offset_field, offset_width) = match *d.get(4)? {
+            2 => (at(0x28, 8)?, at(0x3a, 2)?, at(0x3c, 2)?, at(0x3e, 2)?, 0x18, 8),
+            1 => (at(0x20, 4)?, at(0x2e, 2)?, at(0x30, 2)?, at(0x32, 2)?, 0x10, 4),
+            _ => return None,
+        };
         let header = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
-        let offset = |h: usize| if d[4] == 2 { u64_at(offset_at(h)) } else { u32_at(offset_at(h)) };
-        let names = offset(header(shstrndx)?)?;
+        let names = at(header(shstrndx)?.checked_add(offset_field)?, offset_width)?;
         Some((0..shnum).any(|i| {
-            let start = header(i).and_then(u32_at).and_then(|n| names.checked_add(n));
+            let start = header(i).and_then(|h| at(h, 4)).and_then(|n| names.checked_add(n));
             start.and_then(|s| d.get(s..)).is_some_and(|rest| {
                 rest.len() > name.len() && rest.starts_with(name) && rest[name.len()] == 0
             })
         }))
     };
     found().unwrap_or(false)
+}
+
+/// The `width`-byte little-endian number at offset `o` of `d`, if `d` reaches that far.
+fn le_at(d: &[u8], o: usize, width: usize) -> Option<usize> {
+    let bytes = d.get(o..o.checked_add(width)?)?;
+    Some(bytes.iter().rev().fold(0, |n, &b| n << 8 | usize::from(b)))
 }
 
 #[cfg(test)]
