@@ -262,35 +262,30 @@ pub(crate) fn is_global(ip: IpAddr) -> bool {
             || (b0 == 203 && b1 == 0 && b2 == 113)
             || b0 >= 224)
     };
-    match ip {
+    match ip.to_canonical() {
         IpAddr::V4(a) => v4(a),
-        IpAddr::V6(a) => match a.to_ipv4_mapped() {
-            Some(m) => v4(m),
-            None => {
-                let s = a.segments();
-                !(a.is_loopback()
-                    || a.is_unspecified()
-                    || (s[0] & 0xfe00) == 0xfc00
-                    || (s[0] & 0xffc0) == 0xfe80
-                    || (s[0] & 0xff00) == 0xff00
-                    || (s[0] == 0x2001 && s[1] == 0x0db8)
-                    || (s[0] == 0x2001 && s[1] == 0x0002 && s[2] == 0)
-                    || (s[0] == 0x0100 && s[1..4] == [0, 0, 0]))
-            }
-        },
+        IpAddr::V6(a) => {
+            let s = a.segments();
+            !(a.is_loopback()
+                || a.is_unspecified()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xff00) == 0xff00
+                || (s[0] == 0x2001 && s[1] == 0x0db8)
+                || (s[0] == 0x2001 && s[1] == 0x0002 && s[2] == 0)
+                || (s[0] == 0x0100 && s[1..4] == [0, 0, 0]))
+        }
     }
 }
 
 /// Whether this network namespace has a route to `ip` without a gateway (the main table, from
 /// /proc/net/route or /proc/net/ipv6_route; a default route does not count).
 fn on_link(ip: IpAddr) -> bool {
+    // By raw system calls, as all the library's own I/O (nothing interposed is re-entered);
+    // at most 1 MiB of routes.
     let read = |path: &str| -> Option<String> {
-        let fd = rustix::fs::open(
-            path,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            0.into(),
-        )
-        .ok()?;
+        let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
+        let fd = rustix::fs::open(path, flags, rustix::fs::Mode::empty()).ok()?;
         let mut text = Vec::new();
         let mut buf = [0u8; 4096];
         while text.len() < 1 << 20 {
@@ -301,11 +296,7 @@ fn on_link(ip: IpAddr) -> bool {
         }
         String::from_utf8(text).ok()
     };
-    let ip = match ip {
-        IpAddr::V6(a) => a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4),
-        v4 => v4,
-    };
-    match ip {
+    match ip.to_canonical() {
         IpAddr::V4(a) => read("/proc/net/route").is_some_and(|t| on_link_v4(&t, a)),
         IpAddr::V6(a) => read("/proc/net/ipv6_route").is_some_and(|t| on_link_v6(&t, a)),
     }
