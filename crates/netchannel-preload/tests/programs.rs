@@ -1490,6 +1490,66 @@ fn bound_listener(hosts: Hosts) {
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }
 
+/// An event-loop server that answers and closes at once, its client's request unread (as Redis
+/// refuses a client in protected mode: write the error, close): the client reads the whole
+/// answer, then `ECONNRESET`, as on kernel TCP. The library had
+/// dropped the answer (its write waited for the loop's next wait, and the close reset first),
+/// and a reset sent on one channel could overtake the answer on another: most clients got
+/// `ECONNRESET` and no byte.
+fn answer_then_close(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let server_py = "import select, socket, sys\n\
+         l = socket.create_server(('0.0.0.0', int(sys.argv[1])), backlog=128)\n\
+         l.setblocking(False)\n\
+         ep = select.epoll()\n\
+         ep.register(l.fileno(), select.EPOLLIN)\n\
+         while True:\n\
+         \x20   for fd, _ in ep.poll():\n\
+         \x20       try:\n\
+         \x20           c, _ = l.accept()\n\
+         \x20       except BlockingIOError:\n\
+         \x20           continue\n\
+         \x20       c.setblocking(False)\n\
+         \x20       ep.register(c.fileno(), select.EPOLLIN)\n\
+         \x20       select.select([c], [], [], 10)\n\
+         \x20       c.send(b'E' * 500)\n\
+         \x20       ep.unregister(c.fileno())\n\
+         \x20       c.close()\n";
+    let Some(outputs) = kernel_then_carried(hosts, "answer-then-close", |p, _| {
+        let port = ports(1);
+        let server = p.server.spawn("python3", &["-c", server_py, &port.to_string()]);
+        p.server.wait_listening(port);
+        let client = format!(
+            "import socket, time\n\
+             full = reset = 0\n\
+             for i in range(200):\n\
+             \x20   s = socket.create_connection(('{}', {port}), timeout=10)\n\
+             \x20   s.sendall(b'u')\n\
+             \x20   got = b''\n\
+             \x20   try:\n\
+             \x20       while True:\n\
+             \x20           b = s.recv(4096)\n\
+             \x20           if not b: break\n\
+             \x20           got += b\n\
+             \x20   except ConnectionResetError:\n\
+             \x20       reset += 1\n\
+             \x20   full += len(got) == 500\n\
+             \x20   s.close()\n\
+             print('read the whole answer:', full, 'of 200; then reset:', reset)\n",
+            p.server.addr
+        );
+        let out = p.client.run("python3", &["-c", &client], T);
+        server.stop();
+        out
+    }) else {
+        return;
+    };
+    assert_eq!(outputs[0], "read the whole answer: 200 of 200; then reset: 200\n", "kernel TCP");
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -1507,6 +1567,7 @@ crate::both_testbeds!(
     connection_churn,
     reuseport_listeners,
     forking_server_on_the_wildcard,
+    answer_then_close,
     public_destinations_are_left_to_kernel_tcp,
     fd_limit,
     peer_killed,

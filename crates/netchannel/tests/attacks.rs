@@ -837,8 +837,10 @@ fn streams_reset_in_the_waiting_line_are_freed(hosts: Hosts) {
         std::thread::sleep(Duration::from_millis(1));
     }
     let waiting = incoming();
-    let rsts: Vec<Frame<'static>> =
-        waiting.iter().map(|&dst| Frame::Rst { dst, reason: wire::RstReason::Aborted }).collect();
+    let rsts: Vec<Frame<'static>> = waiting
+        .iter()
+        .map(|&dst| Frame::Rst { dst, reason: wire::RstReason::Aborted, final_offset: 0 })
+        .collect();
     ch.send(&rsts).unwrap();
     while b.stats().sockets.iter().filter(|s| s.state == "reset").count() < 2 {
         assert!(Instant::now() < deadline, "{:?}", b.stats().sockets);

@@ -233,6 +233,14 @@ impl SendBuf {
         Some((off, out))
     }
 
+    /// Where the bytes sent once and not to be sent again end, for a stream whose next byte
+    /// written would be `send_next`: the first byte waiting to be sent (again), if any.
+    pub fn sent_end(&self, send_next: u64) -> u64 {
+        let resend = self.retransmit.iter().flat_map(|q| q.iter()).map(|&(off, _)| off).min();
+        let unsent = self.chunks.front().map(|&(off, _)| off);
+        resend.into_iter().chain(unsent).min().unwrap_or(send_next)
+    }
+
     /// Drops everything (reset); returns the bytes dropped.
     pub fn clear(&mut self) -> u64 {
         let n = self.bytes;

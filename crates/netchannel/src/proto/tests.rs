@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::framing::{FrameReader, Heap, Parsed};
-use super::stream::Violation;
+use super::stream::{Violation, F_RST_PENDING};
 use super::*;
 use crate::scheduler::Policy;
 use crate::wire::{Class, Frame, RstReason};
@@ -1543,7 +1543,7 @@ mod fuzz {
         Data { id: u8, offset: u64, len: u16 },
         Syn { src: u64, port: u16, window: u32, latency: bool },
         SynAck { id: u8, src: u64, window: u32 },
-        Rst { id: u8, reason: u8 },
+        Rst { id: u8, reason: u8, offset: u64 },
         Fin { id: u8, offset: u64 },
         Credit { id: u8, consumed: u64, window: u32 },
         Ack { channel: u16, incarnation: u16, position: u64 },
@@ -1569,7 +1569,8 @@ mod fuzz {
                 .prop_map(|(src, port, window, latency)| Spec::Syn { src, port, window, latency }),
             1 => (any::<u8>(), any::<u64>(), window.clone())
                 .prop_map(|(id, src, window)| Spec::SynAck { id, src, window }),
-            1 => (any::<u8>(), any::<u8>()).prop_map(|(id, reason)| Spec::Rst { id, reason }),
+            1 => (any::<u8>(), any::<u8>(), offset.clone())
+                .prop_map(|(id, reason, offset)| Spec::Rst { id, reason, offset }),
             1 => (any::<u8>(), offset.clone()).prop_map(|(id, offset)| Spec::Fin { id, offset }),
             2 => (any::<u8>(), offset.clone(), window)
                 .prop_map(|(id, consumed, window)| Spec::Credit { id, consumed, window }),
@@ -1593,9 +1594,11 @@ mod fuzz {
             Spec::SynAck { id, src, window } => {
                 Frame::SynAck { dst: id_of(id, real), src, window, kernel_preferred: false }
             }
-            Spec::Rst { id, reason } => {
-                Frame::Rst { dst: id_of(id, real), reason: RstReason::from_code(reason % 6) }
-            }
+            Spec::Rst { id, reason, offset } => Frame::Rst {
+                dst: id_of(id, real),
+                reason: RstReason::from_code(reason % 6),
+                final_offset: offset,
+            },
             Spec::Fin { id, offset } => Frame::Fin { dst: id_of(id, real), final_offset: offset },
             Spec::Credit { id, consumed, window } => {
                 Frame::Credit { dst: id_of(id, real), consumed, window }
@@ -1682,4 +1685,102 @@ fn space_left_unused_by_woken_senders_reaches_the_others() {
     }
     assert_eq!(p.sides[0].stats().unsent_bytes, 0);
     assert_eq!(told.len(), streams.len(), "every waiting sender hears of the space: {told:?}");
+}
+
+/// As TCP's RST comes after the segments sent before it, the peer reads every byte the resetter
+/// sent before its RST, then the reset: the RST (on any channel) waits for bytes still on the
+/// others. Bytes the resetter had not sent yet are dropped, as TCP drops its unsent queue.
+#[test]
+fn a_reset_comes_after_the_bytes_sent_before_it() {
+    let mut overtaken = 0;
+    for seed in 1..60 {
+        let mut p = Pair::new(seed, &[Class::Throughput; 4], config());
+        let (a, b) = p.open(80, Class::Throughput);
+        // Side 1 writes, pulls some of it onto the channels, and resets.
+        let mut sent = 0u64;
+        let mut chunk = vec![0u8; 40_000];
+        for _ in 0..(1 + p.rng.below(8)) {
+            let n = 1 + p.rng.below(chunk.len() as u64) as usize;
+            pattern(seed, sent, &mut chunk[..n]);
+            match p.sides[1].handle(b).send(&chunk[..n]) {
+                Ok(k) => sent += k as u64,
+                Err(_) => break,
+            }
+            if p.rng.chance(50) {
+                p.transmit(1);
+            }
+        }
+        let s = p.sides[1].stream(b).unwrap();
+        let final_offset = s.tx.sent_end(s.send_next);
+        p.sides[1].handle(b).abort(ResetCause::LocalAbort);
+        // The channel the bytes went on (the first) is full for now: the RST takes another.
+        let cap = p.pipe_cap;
+        p.pipe_cap = p.links[0].dirs[1].pipe.len();
+        p.transmit(1);
+        p.pipe_cap = cap;
+        let mut got = 0u64;
+        let mut buf = vec![0u8; 70_000];
+        let mut reset = false;
+        for _ in 0..20_000 {
+            p.step();
+            match p.recv(0, a, &mut buf) {
+                Recv::Data(n) => {
+                    let mut expect = vec![0u8; n as usize];
+                    pattern(seed, got, &mut expect);
+                    assert!(buf[..n as usize] == expect[..], "seed {seed}: bytes differ at {got}");
+                    got += n;
+                }
+                Recv::Reset(cause) => {
+                    assert_eq!(cause, ResetCause::Peer(RstReason::Aborted));
+                    reset = true;
+                    break;
+                }
+                Recv::Empty => {}
+                other => panic!("seed {seed}: {other:?}"),
+            }
+            if p.sides[0].stream(a).is_some_and(|s| s.flags & F_RST_PENDING != 0) {
+                overtaken += 1;
+            }
+        }
+        assert!(reset, "seed {seed}: the reset never came");
+        assert_eq!(
+            got, final_offset,
+            "seed {seed}: read {got} of the {final_offset} sent before the RST"
+        );
+    }
+    assert!(overtaken > 0, "no RST overtook its stream's bytes: the test tests nothing");
+}
+
+/// A peer's RST is validated like its FIN: one that claims bytes beyond the credit granted is
+/// a violation (the channel closes); one that claims bytes it never sends leaves the stream
+/// open, holding nothing, as a peer that stopped sending does, until the application closes it.
+#[test]
+fn an_rst_is_held_to_the_window_and_waits_only_within_it() {
+    let mut p = Pair::new(17, &[Class::Throughput], config());
+    let (_a, b) = p.open(80, Class::Throughput);
+    let ch = ChannelId::new(0, 0);
+    let granted = p.sides[1].stream(b).unwrap().granted;
+    let rst = |final_offset| {
+        Parsed::Control(Frame::Rst { dst: b.get(), reason: RstReason::Aborted, final_offset })
+    };
+    let r = p.sides[1].receive(ch, rst(granted + 1), p.now, |_, _| false);
+    assert_eq!(r, Err(Violation::BeyondCredit));
+
+    // (Injected frames move the channel's position past what the peer sent: a fresh pair,
+    // and no step after the injection.)
+    let mut p = Pair::new(18, &[Class::Throughput], config());
+    let (_a, b) = p.open(80, Class::Throughput);
+    let granted = p.sides[1].stream(b).unwrap().granted;
+    let rst = Parsed::Control(Frame::Rst {
+        dst: b.get(),
+        reason: RstReason::Aborted,
+        final_offset: granted,
+    });
+    assert_eq!(p.sides[1].receive(ch, rst, p.now, |_, _| false), Ok(None));
+    let mut buf = [0u8; 16];
+    assert_eq!(p.recv(1, b, &mut buf), Recv::Empty, "the bytes before the RST are awaited");
+    assert_eq!(p.sides[1].rx_held(), 0);
+    p.sides[1].handle(b).close(p.now);
+    assert!(p.sides[1].stream(b).is_none());
+    assert_eq!(p.sides[1].pending_rst_count(), 0, "a closed stream's pending RST is forgotten");
 }

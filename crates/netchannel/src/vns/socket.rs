@@ -701,6 +701,8 @@ impl VSocket {
         self.count_class(Class::Throughput);
         let s = &self.session;
         s.app_addrs.lock().remove(&self.id.get());
+        // A close with unread bytes resets (as TCP's does), and a reset drops what is unsent.
+        self.send_before_reset(|st| st.rx.unread() > 0);
         let class = s.with_core(|core| {
             let class = core.stream_mut(self.id).map(|st| {
                 st.user.poll = None;
@@ -795,8 +797,25 @@ impl VSocket {
     /// Resets the connection and closes the socket (a TCP close with `SO_LINGER` zero): what
     /// is unsent is dropped and the peer's next read fails with `ConnectionReset`.
     pub fn abort(&self) {
+        self.send_before_reset(|_| true);
         self.session.with_core(|core| core.handle(self.id).abort(ResetCause::LocalAbort));
         self.close_inner();
+    }
+
+    /// Before this socket resets (when `resets` says it will): sends what its writes left
+    /// in the send buffer for a moment (a burst, or an event loop's iteration, leaves together),
+    /// as far as the peer's window and the channels take it. TCP would have sent those bytes
+    /// when they were written, so its peer reads them before the RST; only bytes the window
+    /// holds back are dropped, as TCP drops its unsent queue.
+    fn send_before_reset(&self, resets: impl FnOnce(&crate::proto::Stream<StreamUser>) -> bool) {
+        let class = self.session.with_core(|core| {
+            core.stream(self.id)
+                .filter(|st| st.reset.is_none() && !st.tx.is_empty() && resets(st))
+                .map(|st| st.class)
+        });
+        if let Some(class) = class {
+            self.session.transmit_classes(class.bit());
+        }
     }
 
     /// Its readiness, all of it read under one lock.

@@ -1,4 +1,4 @@
-//! Frames inside a channel's byte stream, after the handshake (protocol version 4).
+//! Frames inside a channel's byte stream, after the handshake (protocol version 5).
 //!
 //! Every frame starts with a 12-byte common header, followed by a type-specific part (big-endian):
 //!
@@ -8,7 +8,7 @@
 //! DATA   1 offset u64 | length u32 | payload[length]             24 + length
 //! SYN    2 port u16 | class u8 | reserved u8 (0) | window u32       20
 //! SYNACK 3 source stream u64 | window u32                         24
-//! RST    4 reason u8 | reserved [u8; 3] (0)                        16
+//! RST    4 reason u8 | reserved [u8; 3] (0) | final offset u64     24
 //! FIN    5 final offset u64                                        20
 //! CREDIT 6 consumed u64 | window u32                               24
 //! ACK    7 channel u16 | incarnation u16 | position u64           24   (stream 0)
@@ -118,12 +118,17 @@ pub enum Frame<'a> {
         /// `FLAG_KERNEL_PREFERRED`.
         kernel_preferred: bool,
     },
-    /// Aborts stream `dst` (RST).
+    /// Aborts stream `dst` (RST) once the bytes sent before it are in: as TCP's RST comes after
+    /// the segments sent before it, the receiver delivers the stream's bytes below
+    /// `final_offset` (which may still be on other channels) before the reset.
     Rst {
         /// The receiver's stream id.
         dst: u64,
         /// Why.
         reason: RstReason,
+        /// The sender sent none of the stream's bytes at or beyond this offset, and will send
+        /// none (0 when it knows of no bytes, e.g. for a stream it does not have).
+        final_offset: u64,
     },
     /// No byte at or beyond `final_offset` will follow (FIN).
     Fin {
@@ -187,7 +192,7 @@ impl Frame<'_> {
             Frame::SynAck { dst, src, window, kernel_preferred } => {
                 Frame::SynAck { dst, src, window, kernel_preferred }
             }
-            Frame::Rst { dst, reason } => Frame::Rst { dst, reason },
+            Frame::Rst { dst, reason, final_offset } => Frame::Rst { dst, reason, final_offset },
             Frame::Fin { dst, final_offset } => Frame::Fin { dst, final_offset },
             Frame::Credit { dst, consumed, window } => Frame::Credit { dst, consumed, window },
             Frame::Ack { channel, incarnation, position } => {
@@ -201,8 +206,9 @@ impl Frame<'_> {
         match self {
             Frame::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
             Frame::Syn { .. } | Frame::Fin { .. } => 20,
-            Frame::Rst { .. } => 16,
-            Frame::SynAck { .. } | Frame::Credit { .. } | Frame::Ack { .. } => 24,
+            Frame::SynAck { .. } | Frame::Rst { .. } | Frame::Credit { .. } | Frame::Ack { .. } => {
+                24
+            }
         }
     }
 
@@ -241,9 +247,10 @@ impl Frame<'_> {
                 rest[8..12].copy_from_slice(&window.to_be_bytes());
                 24
             }
-            Frame::Rst { reason, .. } => {
+            Frame::Rst { reason, final_offset, .. } => {
                 rest[0] = reason.code();
-                16
+                rest[4..12].copy_from_slice(&final_offset.to_be_bytes());
+                24
             }
             Frame::Fin { final_offset, .. } => {
                 rest[0..8].copy_from_slice(&final_offset.to_be_bytes());
@@ -318,9 +325,8 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
     }
     let ty = buf[0];
     let fixed = match ty {
-        T_DATA | T_SYN_ACK | T_CREDIT | T_ACK => 24,
+        T_DATA | T_SYN_ACK | T_RST | T_CREDIT | T_ACK => 24,
         T_SYN | T_FIN => 20,
-        T_RST => 16,
         t => return Err(WireError::UnknownType(t)),
     };
     if buf.len() < COMMON_LEN {
@@ -374,7 +380,11 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
         },
         T_RST => {
             zero(&buf[r + 1..r + 4], "reserved")?;
-            Frame::Rst { dst: stream, reason: RstReason::from_code(buf[r]) }
+            Frame::Rst {
+                dst: stream,
+                reason: RstReason::from_code(buf[r]),
+                final_offset: be_u64(buf, r + 4),
+            }
         }
         T_FIN => Frame::Fin { dst: stream, final_offset: be_u64(buf, r) },
         T_CREDIT => {
@@ -431,7 +441,11 @@ mod tests {
                 window: *win,
                 kernel_preferred: *lat,
             },
-            3 => Frame::Rst { dst: *s, reason: RstReason::from_code((*port % 5) as u8) },
+            3 => Frame::Rst {
+                dst: *s,
+                reason: RstReason::from_code((*port % 5) as u8),
+                final_offset: *off,
+            },
             4 => Frame::Fin { dst: *s, final_offset: *off },
             5 => Frame::Credit { dst: *s, consumed: *off, window: *win },
             _ => Frame::Ack { channel: *port, incarnation: *win as u16, position: *off },

@@ -1,4 +1,4 @@
-//! The channel handshake: the first messages each side writes on a new channel (version 4).
+//! The channel handshake: the first messages each side writes on a new channel (version 5).
 //!
 //! Four fixed-size messages: the dialer's `Hello`, the acceptor's `Challenge`, the dialer's
 //! `Confirm`, and the acceptor's `Accept`; either side may answer `Reject` instead. With a
@@ -32,7 +32,7 @@ use super::{Class, WireError};
 /// First bytes of every handshake message.
 pub const MAGIC: [u8; 4] = *b"NCHN";
 /// The protocol version this engine speaks.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Bytes of every handshake message.
 pub const HANDSHAKE_LEN: usize = 72;
 /// Channel indexes are bits of 64-bit masks.

@@ -87,7 +87,7 @@ impl<U: Default> Session<U> {
         }
         let (peer, class) = (s.peer, s.class);
         self.free(id);
-        self.queue_rst(class, peer, reason);
+        self.queue_rst(class, OwedRst { peer, reason, final_offset: 0 });
     }
 
     /// Room for unsent bytes of `class`, or `NoSpace` (registering `id` to be woken).
@@ -260,6 +260,10 @@ impl<U: Default> Session<U> {
             return;
         }
         s.app_closed = true;
+        if s.flags & F_RST_PENDING != 0 {
+            // The peer reset it: nobody waits for the bytes before the RST any more.
+            return self.settle_rst(id);
+        }
         if s.reset.is_some() || s.phase == Phase::Connecting {
             // A connect given up: a late SYN_ACK finds no stream and is answered with RST.
             self.free(id);

@@ -7,7 +7,6 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use super::*;
-use crate::wire::RstReason;
 
 /// Spare chunks a session keeps when it has less than this in flight (one RPC message's chunk
 /// survives between messages; an idle session holds no more).
@@ -20,7 +19,7 @@ const ACKED_STREAMS_KEPT: usize = 1024;
 pub(super) enum Retained {
     Data { stream: StreamId, offset: u64, bytes: Bytes },
     Control { stream: StreamId, owe: u8 },
-    Rst { peer: PeerStreamId, reason: RstReason, class: Class },
+    Rst { rst: OwedRst, class: Class },
 }
 
 /// The protocol state of one channel.
@@ -183,6 +182,7 @@ impl<U: Default> Session<U> {
         }
         if self.channel_count() == 0 {
             self.dead = true;
+            self.apply_pending_rsts();
             for id in self.streams.ids() {
                 let ends = self.streams.get_mut(id).is_some_and(|s| {
                     s.received_everything() || (closed_by_peer && s.end_with_peer())
@@ -245,9 +245,12 @@ impl<U: Default> Session<U> {
                     }
                     self.owe(stream, again);
                 }
-                Retained::Rst { peer, reason, class } => self.queue_rst(class, peer, reason),
+                Retained::Rst { rst, class } => self.queue_rst(class, rst),
             }
         }
+        // Bytes a peer's RST waits for may have been on this channel, and the peer does not
+        // send a reset stream's bytes again.
+        self.apply_pending_rsts();
         self.wake_space_waiters(class);
     }
 

@@ -80,6 +80,7 @@ impl<U: Default> Session<U> {
         s.flags &= !F_DEFERRED_EMPTY;
         s.direct_read_us = us;
         self.after_consume(id);
+        self.settle_rst(id);
         true
     }
 
@@ -148,6 +149,7 @@ impl<U: Default> Session<U> {
                 self.emit(stream, EV_READ);
             }
         }
+        self.settle_rst(stream);
     }
 
     /// `n` bytes of the payload deferred in `channel` were read and dropped.

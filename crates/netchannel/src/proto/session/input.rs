@@ -128,18 +128,28 @@ impl<U: Default> Session<U> {
             Parsed::Control(f) => self.on_frame(ch, f, None, now).map(|()| None),
             Parsed::Data { stream, offset, payload } => {
                 let f = Frame::Data { stream, offset, payload: &[] };
-                self.on_frame(ch, f, Some(payload), now).map(|()| None)
+                let r = self.on_frame(ch, f, Some(payload), now).map(|()| None);
+                self.settle_rst_after_data(stream);
+                r
             }
             Parsed::Header { stream, offset, len, prefix } => {
+                // Not while the peer's RST waits for the stream's bytes: it waits for them
+                // in user space.
                 let defer = match self.streams.lookup(stream) {
-                    Lookup::Live => may_defer(self, StreamId(stream)),
+                    Lookup::Live => {
+                        !self.pending_rsts.contains_key(&StreamId(stream))
+                            && may_defer(self, StreamId(stream))
+                    }
                     _ => false,
                 };
-                self.data_header(ch, stream, offset, len, prefix, defer, now).map(Some)
+                let r = self.data_header(ch, stream, offset, len, prefix, defer, now).map(Some);
+                self.settle_rst_after_data(stream);
+                r
             }
             Parsed::Piece { stream, offset, data } => {
                 // The stream its header named: if it was closed since, the lookup misses.
                 self.data_piece(ch, StreamId(stream), offset, data);
+                self.settle_rst_after_data(stream);
                 Ok(None)
             }
             Parsed::StagedDeferred(data) => {
@@ -154,6 +164,14 @@ impl<U: Default> Session<U> {
                 self.discard(ch, bytes);
                 Ok(None)
             }
+        }
+    }
+
+    /// After bytes of stream `stream` (the receiver's id on the wire) came: a pending RST of
+    /// the peer may take effect now.
+    fn settle_rst_after_data(&mut self, stream: u64) {
+        if !self.pending_rsts.is_empty() && self.streams.lookup(stream) == Lookup::Live {
+            self.settle_rst(StreamId(stream));
         }
     }
 
@@ -231,7 +249,9 @@ impl<U: Default> Session<U> {
             Frame::SynAck { dst, src, window, kernel_preferred } => {
                 let Some(id) = self.resolve(dst)? else {
                     // The connector gave up (timed out): tell the acceptor.
-                    self.queue_rst(Class::Throughput, PeerStreamId(src), RstReason::Aborted);
+                    let peer = PeerStreamId(src);
+                    let rst = OwedRst { peer, reason: RstReason::Aborted, final_offset: 0 };
+                    self.queue_rst(Class::Throughput, rst);
                     return Ok(());
                 };
                 let s = self.streams.get_mut(id).expect("live");
@@ -256,10 +276,9 @@ impl<U: Default> Session<U> {
                     _ => Err(self.violated(id, Violation::UnexpectedFrame("SYN_ACK"))),
                 }
             }
-            Frame::Rst { dst, reason } => {
+            Frame::Rst { dst, reason, final_offset } => {
                 let Some(id) = self.resolve(dst)? else { return Ok(()) };
-                self.reset_stream(id, ResetCause::Peer(reason), false);
-                Ok(())
+                self.on_rst(id, reason, final_offset)
             }
             Frame::Fin { dst, final_offset } => {
                 let Some(id) = self.resolve(dst)? else { return Ok(()) };
@@ -323,7 +342,10 @@ impl<U: Default> Session<U> {
             s.follow(ch);
             s
         }) else {
-            return self.queue_rst(class, src, RstReason::Refused);
+            return self.queue_rst(
+                class,
+                OwedRst { peer: src, reason: RstReason::Refused, final_offset: 0 },
+            );
         };
         // One entry per stream held here, whatever ids the peer chooses.
         self.opened_by_peer.insert(src, id);

@@ -97,6 +97,14 @@ impl<U: Default> Session<U> {
             return;
         }
         s.reset = Some(cause);
+        // What the peer will have had before the RST: bytes past it (unsent, or to be sent
+        // again after a channel loss) are dropped below.
+        let final_offset = s.tx.sent_end(s.send_next);
+        if s.flags & F_RST_PENDING != 0 {
+            s.flags &= !F_RST_PENDING;
+            self.pending_rsts.remove(&id);
+        }
+        let s = self.streams.get_mut(id).expect("live");
         let dropped = s.tx.clear();
         self.rx_held -= s.rx.held_bytes();
         // As TCP's reset: what arrived in order before it is still read, then the error (the
@@ -115,7 +123,7 @@ impl<U: Default> Session<U> {
         self.recharge(id);
         self.feed_starved();
         if tell_peer && phase != Phase::Connecting {
-            self.queue_rst(class, peer, rst_reason(cause));
+            self.queue_rst(class, OwedRst { peer, reason: rst_reason(cause), final_offset });
         }
         self.emit(id, EV_READ | EV_WRITE);
         if closed {
@@ -159,8 +167,56 @@ impl<U: Default> Session<U> {
         }
     }
 
+    /// The peer reset stream `id` after sending the bytes below `final_offset`: the reset
+    /// takes effect once those are in user space (the application reads them first, as from a
+    /// TCP socket whose RST came after its data), at once if they are, or nobody reads.
+    pub(super) fn on_rst(
+        &mut self,
+        id: StreamId,
+        reason: RstReason,
+        final_offset: u64,
+    ) -> Result<(), Violation> {
+        let s = self.streams.get_mut(id).expect("live");
+        if s.reset.is_some() {
+            return Ok(());
+        }
+        if final_offset > s.granted {
+            return Err(self.violated(id, Violation::BeyondCredit));
+        }
+        s.flags |= F_RST_PENDING;
+        self.pending_rsts.insert(id, (final_offset, reason));
+        self.settle_rst(id);
+        Ok(())
+    }
+
+    /// Applies the peer's pending RST of stream `id` if what came before it is all in user
+    /// space (or nobody will read it).
+    pub(super) fn settle_rst(&mut self, id: StreamId) {
+        let Some(s) = self.streams.get(id) else { return };
+        if s.flags & F_RST_PENDING == 0 {
+            return;
+        }
+        let Some(&(final_offset, reason)) = self.pending_rsts.get(&id) else { return };
+        let arrived = s.rx.contiguous_end() >= final_offset && !s.rx.has_deferred();
+        if arrived || s.app_closed || s.phase != Phase::Open {
+            self.reset_stream(id, ResetCause::Peer(reason), false);
+        }
+    }
+
+    /// Applies every pending RST now (a channel was lost: what they wait for may never come).
+    pub(super) fn apply_pending_rsts(&mut self) {
+        let pending: Vec<(StreamId, RstReason)> =
+            self.pending_rsts.iter().map(|(&id, &(_, reason))| (id, reason)).collect();
+        for (id, reason) in pending {
+            self.reset_stream(id, ResetCause::Peer(reason), false);
+        }
+    }
+
     pub(super) fn free(&mut self, id: StreamId) {
         if let Some(s) = self.streams.remove(id) {
+            if s.flags & F_RST_PENDING != 0 {
+                self.pending_rsts.remove(&id);
+            }
             self.rx_held -= s.rx.held_bytes();
             self.rx_granted -= s.rx_charge;
             self.rx_competing -= usize::from(s.flags & F_COMPETING != 0);

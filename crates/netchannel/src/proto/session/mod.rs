@@ -38,7 +38,7 @@ mod transmit;
 
 use channels::ChannelState;
 pub use deferred::DeferredRx;
-use transmit::{ClassTx, ThreadTurns};
+use transmit::{ClassTx, OwedRst, ThreadTurns};
 
 /// Event bits: the stream may have become readable / writable (or failed).
 pub const EV_READ: u8 = 1;
@@ -246,6 +246,9 @@ pub struct Session<U> {
     /// was last looked at (`surplus_channel`).
     surplus_since: Option<Instant>,
     surplus_checked: Option<Instant>,
+    /// The peer's RSTs that wait for the bytes sent before them (`F_RST_PENDING`): the final
+    /// offset and the reason, by stream. At most one per stream held here.
+    pending_rsts: HashMap<StreamId, (u64, crate::wire::RstReason)>,
 }
 
 impl<U: Default> Session<U> {
@@ -281,6 +284,7 @@ impl<U: Default> Session<U> {
             thread_turns: ThreadTurns::default(),
             surplus_since: None,
             surplus_checked: None,
+            pending_rsts: HashMap::new(),
         }
     }
 
@@ -289,6 +293,12 @@ impl<U: Default> Session<U> {
     pub(super) fn in_flight(&self) -> usize {
         let unsent: u64 = self.classes.iter().map(|c| c.unsent).sum();
         (unsent + self.retained_total) as usize
+    }
+
+    /// The peer's RSTs waiting for bytes (tests).
+    #[cfg(test)]
+    pub fn pending_rst_count(&self) -> usize {
+        self.pending_rsts.len()
     }
 
     /// Entries of the peer-id-to-stream map (tests: it holds one per stream, whatever ids the

@@ -103,6 +103,15 @@ impl ThreadTurns {
     }
 }
 
+/// An RST to send: the peer's stream, why, and where the bytes sent before it end (the peer
+/// delivers those first, wherever they travel).
+#[derive(Clone, Copy)]
+pub(super) struct OwedRst {
+    pub(super) peer: PeerStreamId,
+    pub(super) reason: RstReason,
+    pub(super) final_offset: u64,
+}
+
 /// Per class: its channels and what waits for them.
 #[derive(Default)]
 pub(super) struct ClassTx {
@@ -111,7 +120,7 @@ pub(super) struct ClassTx {
     /// Streams owing control frames.
     pub(super) control: VecDeque<StreamId>,
     /// RSTs owed for streams that have no state here (refused, aborted, stale).
-    pub(super) rsts: VecDeque<(PeerStreamId, RstReason)>,
+    pub(super) rsts: VecDeque<OwedRst>,
     pub(super) unsent: u64,
     pub(super) space_waiters: VecDeque<StreamId>,
     /// A sender found no space since the last `take_congestion`.
@@ -206,15 +215,19 @@ impl<U: Default> Session<U> {
         let served = self.served_by(class);
         for &k in served.iter() {
             while out.len() - start < max_frames {
-                let Some((peer, reason)) = self.classes[k.index()].rsts.pop_front() else {
+                let Some(rst) = self.classes[k.index()].rsts.pop_front() else {
                     break;
                 };
-                let f = OutFrame::control(Frame::Rst { dst: peer.get(), reason });
+                let f = OutFrame::control(Frame::Rst {
+                    dst: rst.peer.get(),
+                    reason: rst.reason,
+                    final_offset: rst.final_offset,
+                });
                 let cap = self.cfg.max_pending_rsts as u32;
                 let st = self.channel_mut(ch).expect("pulling for a live channel");
                 if st.retained_rsts < cap {
                     st.retained_rsts += 1;
-                    bytes += self.retain(ch, f.len(), Retained::Rst { peer, reason, class: k });
+                    bytes += self.retain(ch, f.len(), Retained::Rst { rst, class: k });
                 } else {
                     st.tx_pos += f.len() as u64;
                     bytes += f.len();
@@ -546,13 +559,13 @@ impl<U: Default> Session<U> {
         }
     }
 
-    pub(super) fn queue_rst(&mut self, class: Class, peer: PeerStreamId, reason: RstReason) {
+    pub(super) fn queue_rst(&mut self, class: Class, rst: OwedRst) {
         let q = &mut self.classes[class.index()].rsts;
         if q.len() >= self.cfg.max_pending_rsts {
             self.stats.dropped_rsts += 1;
             return;
         }
-        q.push_back((peer, reason));
+        q.push_back(rst);
     }
 
     /// Whether stream `id` owes the peer a control frame (a CREDIT after reads, a FIN, ...).
