@@ -126,6 +126,11 @@ fn resolve(slot: &AtomicUsize, name: &'static [u8]) -> usize {
 }
 
 extern "C" fn init() {
+    if let Some(Some(why)) = caught(process::liburing_refusal) {
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), why.as_bytes());
+        // SAFETY: ends the process before its own code ran (the launcher's refusal, status 2).
+        unsafe { libc::_exit(2) };
+    }
     process::set_pid();
     resolve_all();
     // SAFETY: registering plain extern "C" functions with no arguments.

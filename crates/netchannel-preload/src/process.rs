@@ -27,6 +27,30 @@ pub(crate) fn pid() -> u32 {
     PID.load(Ordering::Relaxed)
 }
 
+/// Why the program must not run: `netchannel run` asked (its pid, which the program keeps
+/// across its exec, in `NETCHANNEL_REFUSE_LIBURING`; no other process) and the loader mapped
+/// liburing, whose io_uring sockets would bypass the calls interposed here.
+pub(crate) fn liburing_refusal() -> Option<String> {
+    let asked = std::env::var("NETCHANNEL_REFUSE_LIBURING").ok()?;
+    if asked.parse::<u32>().ok()? != std::process::id() {
+        return None;
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let liburing = maps
+        .lines()
+        .filter_map(|l| l.rsplit('/').next())
+        .any(|file| file.starts_with("liburing.so") || file.starts_with("liburing-"));
+    if !liburing {
+        return None;
+    }
+    let program = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default();
+    Some(format!(
+        "netchannel: cannot carry {program}: it is linked with liburing, and sockets it drives \
+         through io_uring bypass the socket calls netchannel interposes (they would silently use \
+         kernel TCP); --allow-io-uring runs it anyway\n"
+    ))
+}
+
 /// Called at load time and in a forked child.
 pub(crate) fn set_pid() {
     PID.store(std::process::id(), Ordering::Relaxed);
@@ -320,7 +344,6 @@ pub(crate) fn server_engine() -> Option<&'static Engine> {
                         pid()
                     );
                 }
-                crate::relay::loops();
                 e
             })
             .ok()
@@ -338,11 +361,9 @@ pub(crate) fn client_engine() -> Option<&'static Engine> {
     live(CLIENT_ENGINE.get_or_init(|| {
         inside(|| {
             fds_high(|| {
-                let e = engine_config(Config::default().listen_addr)
+                engine_config(Config::default().listen_addr)
                     .ok_or_else(|| io::Error::other("no key"))
-                    .and_then(Engine::new);
-                crate::relay::loops();
-                e
+                    .and_then(Engine::new)
             })
             .ok()
             .map(|engine| ProcEngine { engine, pid: pid() })

@@ -59,10 +59,10 @@ pub(crate) struct Loop {
     wake: EventFd,
 }
 
-/// The relay loops, started on first use. Called where the process's engine is created, once
-/// `fds_high` has set the floor: the loops' own fds move above the application's as they are
-/// made (`moved_above`, and the engine's poller by the floor).
-pub(crate) fn loops() -> &'static [Arc<Loop>] {
+/// The relay loops, started on first use (most processes never relay: a short-lived client
+/// would start them for nothing), under `fds_high`: the loops' own fds move above the
+/// application's as they are made (`moved_above`, and their pollers by the floor).
+fn loops() -> &'static [Arc<Loop>] {
     static LOOPS: OnceLock<Vec<Arc<Loop>>> = OnceLock::new();
     LOOPS.get_or_init(|| {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
@@ -88,7 +88,7 @@ fn start() -> Option<Arc<Loop>> {
 pub(crate) fn relay(app: TcpStream, vs: Held) {
     use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let all = loops();
+    let all = crate::process::fds_high(loops);
     if all.is_empty() {
         // No thread could be started: the connection cannot be served; dropping both ends
         // closes them, so the application sees its connection end rather than hang.

@@ -267,8 +267,11 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// The cores this process may run on, asked once: each ask reads cgroup and mount files (about
+/// 100 us), and a short-lived program's first connect would ask several times.
 fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 impl Default for Config {

@@ -292,13 +292,11 @@ fn main() {
     if let Err(why) = carriable(&program) {
         fail(&format!("cannot carry {}: {why}; run it without netchannel", program.display()));
     }
-    if !run.allow_io_uring && links_liburing(&program) {
-        fail(&format!(
-            "cannot carry {}: it is linked with liburing, and sockets it drives through \
-             io_uring bypass the socket calls netchannel interposes (they would silently use \
-             kernel TCP); --allow-io-uring runs it anyway",
-            program.display()
-        ));
+    if !run.allow_io_uring {
+        // The library, loaded into the program (this process, after exec), refuses it if the
+        // loader mapped liburing: the loader's own account of every library the program loads,
+        // where asking it through `ldd` cost about 5 ms per run.
+        envs.push(("NETCHANNEL_REFUSE_LIBURING", std::process::id().to_string().into()));
     }
     let mut preload = lib.into_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
@@ -370,10 +368,15 @@ fn carriable(program: &Path) -> Result<(), String> {
     if let Some(interp) = script_interpreter(program) {
         return carriable(&interp);
     }
-    let data = std::fs::read(program).map_err(|e| e.to_string())?;
-    match elf_interp(&data) {
+    // Only the headers are read: the whole file is tens of megabytes for some programs (node,
+    // about 50 ms).
+    let file = std::fs::File::open(program).map_err(|e| e.to_string())?;
+    let read = |offset: usize, buf: &mut [u8]| {
+        std::os::unix::fs::FileExt::read_exact_at(&file, buf, offset as u64).is_ok()
+    };
+    match elf_interp(&read) {
         // Go's runtime makes its socket calls by raw system call, never through libc.
-        Some(true) if elf_has_section(&data, b".go.buildinfo") => Err(
+        Some(true) if elf_has_section(&read, b".go.buildinfo") => Err(
             "it is a Go program, whose sockets bypass libc's socket calls (they would silently \
              use kernel TCP)"
                 .into(),
@@ -386,19 +389,6 @@ fn carriable(program: &Path) -> Result<(), String> {
     }
 }
 
-/// Whether the program (or a library it loads) is linked with liburing, by the dynamic
-/// loader's own account (`ldd`); without ldd, by the program's own dependency names.
-fn links_liburing(program: &Path) -> bool {
-    let program = script_interpreter(program).unwrap_or_else(|| program.to_path_buf());
-    match Command::new("ldd").arg(&program).output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .any(|l| l.trim_start().starts_with("liburing")),
-        _ => std::fs::read(&program)
-            .is_ok_and(|d| d.windows(b"liburing.so".len()).any(|w| w == b"liburing.so")),
-    }
-}
-
 /// A script's interpreter (`#!` line), which is what the loader runs.
 fn script_interpreter(program: &Path) -> Option<PathBuf> {
     let mut head = [0u8; 256];
@@ -408,13 +398,18 @@ fn script_interpreter(program: &Path) -> Option<PathBuf> {
     interp.split_whitespace().next().map(PathBuf::from)
 }
 
+/// Fills the buffer with the file's bytes at an offset; false where the file is shorter.
+trait ReadAt: Fn(usize, &mut [u8]) -> bool {}
+impl<F: Fn(usize, &mut [u8]) -> bool> ReadAt for F {}
+
 /// Whether a 64- or 32-bit little-endian ELF file has a PT_INTERP program header.
-fn elf_interp(d: &[u8]) -> Option<bool> {
-    if d.len() < 52 || &d[..4] != b"\x7fELF" || d[5] != 1 {
+fn elf_interp(d: &impl ReadAt) -> Option<bool> {
+    let mut ident = [0u8; 6];
+    if !d(0, &mut ident) || &ident[..4] != b"\x7fELF" || ident[5] != 1 || !d(51, &mut [0]) {
         return None;
     }
     let at = |o: usize, width: usize| le_at(d, o, width);
-    let (phoff, phentsize, phnum) = match d[4] {
+    let (phoff, phentsize, phnum) = match ident[4] {
         2 => (at(0x20, 8)?, at(0x36, 2)?, at(0x38, 2)?),
         1 => (at(0x1c, 4)?, at(0x2a, 2)?, at(0x2c, 2)?),
         _ => return None,
@@ -425,32 +420,51 @@ fn elf_interp(d: &[u8]) -> Option<bool> {
 }
 
 /// Whether a 64- or 32-bit little-endian ELF file has a section of this name.
-fn elf_has_section(d: &[u8], name: &[u8]) -> bool {
+fn elf_has_section(d: &impl ReadAt, name: &[u8]) -> bool {
     let at = |o: usize, width: usize| le_at(d, o, width);
     let found = || -> Option<bool> {
         // The section table, its entry size and count, the names' section, and where a
         // section header keeps its file offset (and how wide that is).
-        let (shoff, shentsize, shnum, shstrndx, offset_field, offset_width) = match *d.get(4)? {
+        let (shoff, shentsize, shnum, shstrndx, offset_field, offset_width) = match at(4, 1)? {
             2 => (at(0x28, 8)?, at(0x3a, 2)?, at(0x3c, 2)?, at(0x3e, 2)?, 0x18, 8),
             1 => (at(0x20, 4)?, at(0x2e, 2)?, at(0x30, 2)?, at(0x32, 2)?, 0x10, 4),
             _ => return None,
         };
         let header = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
         let names = at(header(shstrndx)?.checked_add(offset_field)?, offset_width)?;
+        let mut candidate = vec![0u8; name.len() + 1];
         Some((0..shnum).any(|i| {
             let start = header(i).and_then(|h| at(h, 4)).and_then(|n| names.checked_add(n));
-            start.and_then(|s| d.get(s..)).is_some_and(|rest| {
-                rest.len() > name.len() && rest.starts_with(name) && rest[name.len()] == 0
+            start.is_some_and(|s| {
+                d(s, &mut candidate) && candidate.starts_with(name) && candidate[name.len()] == 0
             })
         }))
     };
     found().unwrap_or(false)
 }
 
-/// The `width`-byte little-endian number at offset `o` of `d`, if `d` reaches that far.
-fn le_at(d: &[u8], o: usize, width: usize) -> Option<usize> {
-    let bytes = d.get(o..o.checked_add(width)?)?;
+/// The `width`-byte (at most 8) little-endian number at offset `o` of `d`, if `d` reaches that
+/// far.
+fn le_at(d: &impl ReadAt, o: usize, width: usize) -> Option<usize> {
+    let mut buf = [0u8; 8];
+    let bytes = buf.get_mut(..width)?;
+    o.checked_add(width)?;
+    if !d(o, bytes) {
+        return None;
+    }
     Some(bytes.iter().rev().fold(0, |n, &b| n << 8 | usize::from(b)))
+}
+
+/// Reads from a file's bytes in memory (tests).
+#[cfg(test)]
+fn in_memory(d: &[u8]) -> impl ReadAt + '_ {
+    move |o: usize, buf: &mut [u8]| match o.checked_add(buf.len()).and_then(|end| d.get(o..end)) {
+        Some(bytes) => {
+            buf.copy_from_slice(bytes);
+            true
+        }
+        None => false,
+    }
 }
 
 #[cfg(test)]
@@ -460,16 +474,19 @@ mod tests {
     #[test]
     fn section_names_are_read_from_the_elf_section_table() {
         let elf = std::fs::read("/bin/true").unwrap();
-        assert!(elf_has_section(&elf, b".text"));
-        assert!(!elf_has_section(&elf, b".tex"), "a whole name, not a prefix");
-        assert!(!elf_has_section(&elf, b".go.buildinfo"));
+        assert!(elf_has_section(&in_memory(&elf), b".text"));
+        assert!(!elf_has_section(&in_memory(&elf), b".tex"), "a whole name, not a prefix");
+        assert!(!elf_has_section(&in_memory(&elf), b".go.buildinfo"));
+        assert_eq!(elf_interp(&in_memory(&elf)), Some(true));
         // A truncated or damaged file answers no, and never panics.
         for len in (0..elf.len()).step_by(97) {
-            let _ = elf_has_section(&elf[..len], b".text");
+            let _ = elf_has_section(&in_memory(&elf[..len]), b".text");
+            let _ = elf_interp(&in_memory(&elf[..len]));
         }
+        assert_eq!(elf_interp(&in_memory(&elf[..40])), None);
         let mut damaged = elf.clone();
         damaged[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(!elf_has_section(&damaged, b".text"));
+        assert!(!elf_has_section(&in_memory(&damaged), b".text"));
     }
 
     #[test]
