@@ -171,23 +171,44 @@ pub(crate) fn try_carry(
         return None;
     };
     let engine_addr = SocketAddr::new(dest.ip(), s.channel_port);
-    let in_background = s.path == DataPath::Direct && nonblocking(app) && carried_before(dest);
+    let mut in_background = s.path == DataPath::Direct && nonblocking(app) && carried_before(dest);
+    // A blocking connect gives up waiting after the socket's send timeout, as TCP's does
+    // (`EINPROGRESS`, the connect going on): only the direct path can go on in the background.
+    let send_timeout =
+        rustix::net::sockopt::socket_timeout(app, rustix::net::sockopt::Timeout::Send)
+            .ok()
+            .flatten()
+            .filter(|&t| t < OPEN_WAIT && s.path == DataPath::Direct);
     // The first connect to a peer dials its channels in this thread (their fds go above the
     // program's, as the engine's all do).
     let opened = inside(|| {
         let class = engine.config().default_class;
         let vs = engine.connect_nonblocking(engine_addr, dest.port(), class)?;
-        if !in_background {
-            vs.wait_open(OPEN_WAIT)?;
+        if in_background {
+            return Ok((vs, false));
         }
-        Ok::<_, io::Error>(vs)
+        match vs.wait_open(send_timeout.unwrap_or(OPEN_WAIT)) {
+            Ok(()) => Ok((vs, false)),
+            // The peer's engine holds the open in its listener's queue: the port is carried
+            // there, so the open may go on here.
+            Err(e) if send_timeout.is_some() && netchannel::is_unanswered_open(&e) => {
+                Ok((vs, true))
+            }
+            Err(e) => Err(e),
+        }
     });
     let vs = match opened {
-        Ok(vs) if !in_background && vs.peer_prefers_kernel() => {
+        Ok((vs, timed_out)) if timed_out => {
+            in_background = true;
+            NO_ENGINE.lock().answered(&dest);
+            note_carried(dest);
+            vs
+        }
+        Ok((vs, _)) if !in_background && vs.peer_prefers_kernel() => {
             kernel_preferred(dest);
             vs
         }
-        Ok(vs) => {
+        Ok((vs, _)) => {
             NO_ENGINE.lock().answered(&dest);
             note_carried(dest);
             vs

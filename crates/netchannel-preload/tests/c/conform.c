@@ -1511,6 +1511,17 @@ static void connect_in_progress(const char *host, int port) {
     int again = connect(last, (void *)&a, sizeof a) < 0 ? errno : 0;
     printf("in progress: beyond the backlog: poll %d, getpeername %s, connect again %s\n",
            ready, en(gp), en(again));
+    /* A blocking connect beyond the backlog gives up waiting after its send timeout, as TCP's
+     * does: EINPROGRESS (the open goes on; closed here). */
+    int blocking = socket(AF_INET, SOCK_STREAM, 0);
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 300000};
+    setsockopt(blocking, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    double t0 = now(CLOCK_MONOTONIC);
+    int brc = connect(blocking, (void *)&a, sizeof a) < 0 ? errno : 0;
+    double waited = now(CLOCK_MONOTONIC) - t0;
+    printf("in progress: a blocking connect with SO_SNDTIMEO 0.3 s: %s, after 0.25-1 s: %s\n",
+           en(brc), waited >= 0.25 && waited < 1 ? "yes" : "no");
+    close(blocking);
     write(ctl, "A6", 2);
     int ok = 0;
     for (int i = 0; i < HELD; i++) {
