@@ -13,6 +13,7 @@ use netchannel::VSocket;
 use parking_lot::Mutex;
 
 use crate::carried::{errno_of, Carried};
+use crate::hints;
 use crate::interpose::{dup_onto, real_connect};
 use crate::process::{bump, client_engine, in_owner, inside, settings, DataPath, COUNTERS};
 use crate::table;
@@ -25,7 +26,8 @@ use crate::table;
 /// to a minute: a host that drops the channel port stalls one connect a minute, not one every
 /// 2 s. At most `NO_ENGINE_MAX` destinations are kept (expired ones go first, then all): a
 /// program that reaches millions of kernel-TCP destinations keeps a bounded map, and pays at
-/// worst a dial more.
+/// worst a dial more. What a process learns here is shared with the host's other processes
+/// (`hints`): a new process starts from it, where each one used to learn it again.
 static NO_ENGINE: Mutex<NoEngineMap> = Mutex::new(NoEngineMap(None));
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
 const SILENT_MOST: Duration = Duration::from_secs(60);
@@ -45,12 +47,30 @@ struct NoEngineMap(Option<HashMap<SocketAddr, NoEngine>>);
 
 impl NoEngineMap {
     /// Whether a connect to `dest` asks the engine at `now`: `Err(forked)` if not, `forked`
-    /// when the peer's listener asked for kernel TCP.
-    fn asks(&self, dest: &SocketAddr, now: Instant) -> Result<(), bool> {
+    /// when the peer's listener asked for kernel TCP. With nothing known here, what another
+    /// process of the host learnt holds (`host`: not for destinations this process carries).
+    fn asks(&mut self, dest: &SocketAddr, now: Instant, host: bool) -> Result<(), bool> {
         match self.0.as_ref().and_then(|m| m.get(dest)) {
-            Some(e) if now < e.retry_at => Err(e.forked),
-            _ => Ok(()),
+            Some(e) if now < e.retry_at => return Err(e.forked),
+            Some(_) => return Ok(()),
+            None => {}
         }
+        let Some(h) = host.then(|| hints::lookup(*dest)).flatten() else { return Ok(()) };
+        let (silent, forked) = (h.kind == hints::Kind::Silent, h.kind == hints::Kind::Forked);
+        let e = NoEngine { retry_at: now + h.remaining, wait: h.wait, silent, forked };
+        self.insert(*dest, e, now);
+        Err(forked)
+    }
+
+    fn insert(&mut self, dest: SocketAddr, e: NoEngine, now: Instant) {
+        let m = self.0.get_or_insert_with(HashMap::new);
+        if m.len() >= NO_ENGINE_MAX && !m.contains_key(&dest) {
+            m.retain(|_, e| e.retry_at > now);
+            if m.len() >= NO_ENGINE_MAX {
+                m.clear();
+            }
+        }
+        m.insert(dest, e);
     }
 
     /// `dest`'s engine refused, or (`silent`) nothing answered at its channel port.
@@ -61,24 +81,23 @@ impl NoEngineMap {
     /// `dest` goes over kernel TCP for a while: its engine refused, nothing answered at its
     /// channel port (`silent`), or its listener asked for it (`forked`).
     fn leave_for(&mut self, dest: SocketAddr, silent: bool, forked: bool, now: Instant) {
-        let m = self.0.get_or_insert_with(HashMap::new);
-        let wait = match m.get(&dest) {
+        let wait = match self.0.as_ref().and_then(|m| m.get(&dest)) {
             Some(e) if silent && e.silent => (e.wait * 2).clamp(NO_ENGINE_TTL, SILENT_MOST),
             _ => NO_ENGINE_TTL,
         };
-        if m.len() >= NO_ENGINE_MAX && !m.contains_key(&dest) {
-            m.retain(|_, e| e.retry_at > now);
-            if m.len() >= NO_ENGINE_MAX {
-                m.clear();
-            }
-        }
-        m.insert(dest, NoEngine { retry_at: now + wait, wait, silent, forked });
+        self.insert(dest, NoEngine { retry_at: now + wait, wait, silent, forked }, now);
+        let kind = match (silent, forked) {
+            (true, _) => hints::Kind::Silent,
+            (_, true) => hints::Kind::Forked,
+            _ => hints::Kind::Refused,
+        };
+        hints::record(dest, kind, wait);
     }
 
-    /// `dest`'s engine took a connection.
+    /// `dest`'s engine took a connection (what was known of it, here or on the host, goes).
     fn answered(&mut self, dest: &SocketAddr) {
-        if let Some(m) = self.0.as_mut() {
-            m.remove(dest);
+        if self.0.as_mut().and_then(|m| m.remove(dest)).is_some() {
+            hints::clear(*dest);
         }
     }
 }
@@ -162,7 +181,8 @@ pub(crate) fn try_carry(
         bump(&COUNTERS.kernel_other);
         return None;
     }
-    if let Err(forked) = NO_ENGINE.lock().asks(&dest, Instant::now()) {
+    let host_hints = !carried_before(dest);
+    if let Err(forked) = NO_ENGINE.lock().asks(&dest, Instant::now(), host_hints) {
         bump(if forked { &COUNTERS.kernel_forked_server } else { &COUNTERS.kernel_no_engine });
         return None;
     }
@@ -569,13 +589,13 @@ mod tests {
         let mut m = NoEngineMap(None);
         let dest: SocketAddr = "10.0.0.2:80".parse().unwrap();
         let t0 = Instant::now();
-        assert!(m.asks(&dest, t0).is_ok());
+        assert!(m.asks(&dest, t0, false).is_ok());
         // A refusal: asked again after 2 s, every time.
         m.refused(dest, false, t0);
-        assert!(m.asks(&dest, t0 + Duration::from_millis(1999)).is_err());
-        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL).is_ok());
+        assert!(m.asks(&dest, t0 + Duration::from_millis(1999), false).is_err());
+        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL, false).is_ok());
         m.refused(dest, false, t0 + NO_ENGINE_TTL);
-        assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL).is_ok());
+        assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL, false).is_ok());
         // Silence in a row: 2, 4, 8, ... s, at most a minute.
         let mut now = t0;
         let mut waits = Vec::new();
@@ -584,17 +604,17 @@ mod tests {
             let e = &m.0.as_ref().unwrap()[&dest];
             waits.push(e.wait.as_secs());
             now = e.retry_at;
-            assert!(m.asks(&dest, now).is_ok());
+            assert!(m.asks(&dest, now, false).is_ok());
         }
         assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60]);
         m.answered(&dest);
-        assert!(m.asks(&dest, t0).is_ok());
+        assert!(m.asks(&dest, t0, false).is_ok());
         // A listener served by forked processes asked for kernel TCP: said so, for 2 s.
         m.leave_for(dest, false, true, t0);
-        assert_eq!(m.asks(&dest, t0 + Duration::from_millis(1999)), Err(true));
-        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL).is_ok());
+        assert_eq!(m.asks(&dest, t0 + Duration::from_millis(1999), false), Err(true));
+        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL, false).is_ok());
         m.refused(dest, false, t0);
-        assert_eq!(m.asks(&dest, t0), Err(false));
+        assert_eq!(m.asks(&dest, t0, false), Err(false));
         // Bounded: expired destinations go first, then all.
         for i in 0..10_000u32 {
             let d = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 80));

@@ -14,7 +14,8 @@
 //!
 //! Module map: `interpose` (the C entry points, the only unsafe code), `table` (which fds are
 //! ours), `connect`, `listen`, `carried` (a direct-path connection and its placeholder),
-//! `sockopt`, `waits`, `elide` (readiness a wait reports itself), `inherit`, `reaper`, `relay`, `process` (settings, engines, counters).
+//! `sockopt`, `waits`, `elide` (readiness a wait reports itself), `hints` (destinations left to
+//! kernel TCP, shared by a host's processes), `inherit`, `reaper`, `relay`, `process` (settings, engines, counters).
 
 #![deny(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -22,6 +23,7 @@
 mod carried;
 mod connect;
 mod elide;
+mod hints;
 mod inherit;
 #[allow(unsafe_code)]
 mod interpose;

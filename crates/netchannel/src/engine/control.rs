@@ -47,7 +47,7 @@ pub fn default_control_dir() -> PathBuf {
 
 /// Creates `dir` (mode 0700) if missing and checks that it is a directory of this user's that
 /// nobody else can write to (else another user could put an endpoint of theirs there).
-fn private_dir(dir: &Path) -> io::Result<()> {
+pub fn private_dir(dir: &Path) -> io::Result<()> {
     match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
