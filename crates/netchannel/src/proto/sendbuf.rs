@@ -234,11 +234,12 @@ impl SendBuf {
     }
 
     /// Where the bytes sent once and not to be sent again end, for a stream whose next byte
-    /// written would be `send_next`: the first byte waiting to be sent (again), if any.
+    /// written would be `send_next`: the first byte waiting to be sent (again), if any (chunks
+    /// of writers that copied concurrently may be queued out of offset order).
     pub fn sent_end(&self, send_next: u64) -> u64 {
-        let resend = self.retransmit.iter().flat_map(|q| q.iter()).map(|&(off, _)| off).min();
-        let unsent = self.chunks.front().map(|&(off, _)| off);
-        resend.into_iter().chain(unsent).min().unwrap_or(send_next)
+        let resend = self.retransmit.iter().flat_map(|q| q.iter()).map(|&(off, _)| off);
+        let unsent = self.chunks.iter().map(|&(off, _)| off);
+        resend.chain(unsent).min().unwrap_or(send_next).min(send_next)
     }
 
     /// Drops everything (reset); returns the bytes dropped.
@@ -316,6 +317,20 @@ mod tests {
         assert_eq!(b.chunks.back().map(|(_, c)| c.len()), Some(3000));
         let Some((_, Chunk::Open(c))) = b.chunks.back() else { panic!("an open chunk") };
         assert!(c.capacity() < 4096, "capacity {}", c.capacity());
+    }
+
+    #[test]
+    fn what_was_sent_ends_at_the_first_byte_waiting_to_go() {
+        let mut b = SendBuf::default();
+        assert_eq!(b.sent_end(300), 300, "nothing waits: everything written was sent");
+        // Two writers' chunks, committed out of offset order.
+        b.push_frozen(200, Bytes::from(vec![1u8; 100]));
+        b.push_frozen(100, Bytes::from(vec![2u8; 100]));
+        assert_eq!(b.sent_end(300), 100);
+        b.retransmit(40, Bytes::from(vec![3u8; 10]));
+        assert_eq!(b.sent_end(300), 40, "bytes to send again were not delivered");
+        b.clear();
+        assert_eq!(b.sent_end(300), 300);
     }
 
     #[test]

@@ -1753,7 +1753,7 @@ fn a_reset_comes_after_the_bytes_sent_before_it() {
 
 /// A peer's RST is validated like its FIN: one that claims bytes beyond the credit granted is
 /// a violation (the channel closes); one that claims bytes it never sends leaves the stream
-/// open, holding nothing, as a peer that stopped sending does, until the application closes it.
+/// open, holding nothing, until the application closes it or a second has passed.
 #[test]
 fn an_rst_is_held_to_the_window_and_waits_only_within_it() {
     let mut p = Pair::new(17, &[Class::Throughput], config());
@@ -1783,4 +1783,42 @@ fn an_rst_is_held_to_the_window_and_waits_only_within_it() {
     p.sides[1].handle(b).close(p.now);
     assert!(p.sides[1].stream(b).is_none());
     assert_eq!(p.sides[1].pending_rst_count(), 0, "a closed stream's pending RST is forgotten");
+
+    // Bytes that never come (they were on a channel lost before the RST arrived, and the peer
+    // does not send a reset stream's bytes again) are awaited for a second at most.
+    let mut p = Pair::new(19, &[Class::Throughput], config());
+    let (_a, b) = p.open(80, Class::Throughput);
+    let rst =
+        Parsed::Control(Frame::Rst { dst: b.get(), reason: RstReason::Aborted, final_offset: 100 });
+    assert_eq!(p.sides[1].receive(ch, rst, p.now, |_, _| false), Ok(None));
+    p.sides[1].handle_timeout(p.now + Duration::from_millis(900));
+    assert_eq!(p.recv(1, b, &mut buf), Recv::Empty);
+    p.sides[1].handle_timeout(p.now + Duration::from_millis(1001));
+    assert_eq!(p.recv(1, b, &mut buf), Recv::Reset(ResetCause::Peer(RstReason::Aborted)));
+    assert_eq!(p.sides[1].pending_rst_count(), 0);
+}
+
+/// An RST sent while a large write is still being copied in (reserved, not yet committed) does
+/// not claim those bytes: the peer applies it at once rather than wait for bytes that never come.
+#[test]
+fn an_rst_does_not_claim_bytes_still_being_copied_in() {
+    let mut p = Pair::new(21, &[Class::Throughput; 2], config());
+    let (a, b) = p.open(80, Class::Throughput);
+    let (offset, n) = p.sides[1].handle(b).reserve(100_000).unwrap();
+    assert_eq!((offset, n), (0, 100_000));
+    p.sides[1].handle(b).abort(ResetCause::LocalAbort);
+    p.sides[1].handle(b).commit(offset, Bytes::from(vec![0u8; n]));
+    let mut buf = [0u8; 16];
+    for _ in 0..100 {
+        p.step();
+        match p.recv(0, a, &mut buf) {
+            Recv::Reset(cause) => {
+                assert_eq!(cause, ResetCause::Peer(RstReason::Aborted));
+                return;
+            }
+            Recv::Empty => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("the reset waited for bytes that were never sent");
 }

@@ -146,10 +146,16 @@ impl<U: Default> Session<U> {
     pub(super) fn reserve(&mut self, id: StreamId, max: usize) -> Result<(u64, usize), SendError> {
         let (offset, n) = self.send_checks(id, max)?;
         self.streams.get_mut(id).expect("checked").send_next += n as u64;
+        if n > 0 {
+            self.reserved.push((id, offset));
+        }
         Ok((offset, n))
     }
 
     pub(super) fn commit(&mut self, id: StreamId, offset: u64, chunk: Bytes) {
+        if let Some(i) = self.reserved.iter().position(|&r| r == (id, offset)) {
+            self.reserved.swap_remove(i);
+        }
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.reset.is_some() {
             return;

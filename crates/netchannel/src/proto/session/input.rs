@@ -137,7 +137,8 @@ impl<U: Default> Session<U> {
                 // in user space.
                 let defer = match self.streams.lookup(stream) {
                     Lookup::Live => {
-                        !self.pending_rsts.contains_key(&StreamId(stream))
+                        (self.pending_rsts.is_empty()
+                            || !self.pending_rsts.contains_key(&StreamId(stream)))
                             && may_defer(self, StreamId(stream))
                     }
                     _ => false,

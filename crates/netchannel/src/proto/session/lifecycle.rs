@@ -80,7 +80,9 @@ impl<U: Default> Session<U> {
                 continue;
             }
             s.deadline = 0;
-            if s.phase == Phase::Connecting {
+            if s.flags & F_RST_PENDING != 0 && !s.app_closed {
+                self.apply_pending_rst(id);
+            } else if s.phase == Phase::Connecting {
                 self.reset_stream(id, ResetCause::ConnectTimeout, false);
             } else if s.app_closed {
                 let undelivered = !s.tx.is_empty() || s.unacked_frames > 0 || s.owe != 0;
@@ -99,7 +101,8 @@ impl<U: Default> Session<U> {
         s.reset = Some(cause);
         // What the peer will have had before the RST: bytes past it (unsent, or to be sent
         // again after a channel loss) are dropped below.
-        let final_offset = s.tx.sent_end(s.send_next);
+        let reserved = self.reserved.iter().filter(|r| r.0 == id).map(|r| r.1).min();
+        let final_offset = s.tx.sent_end(s.send_next).min(reserved.unwrap_or(u64::MAX));
         if s.flags & F_RST_PENDING != 0 {
             s.flags &= !F_RST_PENDING;
             self.pending_rsts.remove(&id);
@@ -186,6 +189,13 @@ impl<U: Default> Session<U> {
         s.flags |= F_RST_PENDING;
         self.pending_rsts.insert(id, (final_offset, reason));
         self.settle_rst(id);
+        if self.streams.get(id).is_some_and(|s| s.flags & F_RST_PENDING != 0) {
+            // The bytes come within a round trip, or were on a channel lost before the RST
+            // came (the peer does not send a reset stream's bytes again): waited for only so
+            // long.
+            let deadline = self.clock() + RST_WAIT;
+            self.set_deadline(id, Some(deadline));
+        }
         Ok(())
     }
 
@@ -205,15 +215,23 @@ impl<U: Default> Session<U> {
 
     /// Applies every pending RST now (a channel was lost: what they wait for may never come).
     pub(super) fn apply_pending_rsts(&mut self) {
-        let pending: Vec<(StreamId, RstReason)> =
-            self.pending_rsts.iter().map(|(&id, &(_, reason))| (id, reason)).collect();
-        for (id, reason) in pending {
+        let pending: Vec<StreamId> = self.pending_rsts.keys().copied().collect();
+        for id in pending {
+            self.apply_pending_rst(id);
+        }
+    }
+
+    fn apply_pending_rst(&mut self, id: StreamId) {
+        if let Some(&(_, reason)) = self.pending_rsts.get(&id) {
             self.reset_stream(id, ResetCause::Peer(reason), false);
         }
     }
 
     pub(super) fn free(&mut self, id: StreamId) {
         if let Some(s) = self.streams.remove(id) {
+            if !self.reserved.is_empty() {
+                self.reserved.retain(|r| r.0 != id);
+            }
             if s.flags & F_RST_PENDING != 0 {
                 self.pending_rsts.remove(&id);
             }

@@ -249,7 +249,14 @@ pub struct Session<U> {
     /// The peer's RSTs that wait for the bytes sent before them (`F_RST_PENDING`): the final
     /// offset and the reason, by stream. At most one per stream held here.
     pending_rsts: HashMap<StreamId, (u64, crate::wire::RstReason)>,
+    /// Ranges taken by `reserve` and not yet `commit`ted (a large write being copied outside
+    /// the lock), by stream and offset: an RST's final offset stops before them. One per
+    /// writing thread at most.
+    reserved: Vec<(StreamId, u64)>,
 }
+
+/// How long a peer's RST waits for the bytes sent before it (`Session::pending_rsts`).
+const RST_WAIT: Duration = Duration::from_secs(1);
 
 impl<U: Default> Session<U> {
     pub fn new(cfg: CoreConfig) -> Self {
@@ -285,6 +292,7 @@ impl<U: Default> Session<U> {
             surplus_since: None,
             surplus_checked: None,
             pending_rsts: HashMap::new(),
+            reserved: Vec::new(),
         }
     }
 
