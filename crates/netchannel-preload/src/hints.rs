@@ -11,7 +11,8 @@
 //! 4,096 slots of 64 bytes, a destination's slot picked by hash. A slot holds one destination,
 //! its kind, when it expires and the wait that led to it (silences double it), and a checksum:
 //! a torn or foreign slot reads as empty, and two destinations that share a slot only forget
-//! each other. The file's size is fixed, so what it costs does not grow with destinations.
+//! each other. The file's size is fixed, so what it costs does not grow with destinations;
+//! other namespaces' files unwritten for 10 minutes are removed when a process opens its own.
 
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
@@ -120,6 +121,7 @@ fn file() -> Option<&'static File> {
         let dir = netchannel::control::default_control_dir();
         netchannel::control::private_dir(&dir).ok()?;
         let path = dir.join(format!("hints-{}", netns()?));
+        remove_stale(&dir, &path);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -135,6 +137,24 @@ fn file() -> Option<&'static File> {
         Some(File::from(crate::process::relocate(OwnedFd::from(f))))
     })
     .as_ref()
+}
+
+/// Removes other namespaces' files nobody wrote to for 10 minutes: every hint in them has
+/// expired (none holds beyond a minute), and namespaces come and go (containers, tests).
+fn remove_stale(dir: &std::path::Path, ours: &std::path::Path) {
+    const STALE: Duration = Duration::from_secs(600);
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        let hints = e.file_name().to_str().is_some_and(|n| n.starts_with("hints-"));
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > STALE));
+        if hints && old && path != ours {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// What another process (or this one) learnt about `dest`, if it still holds.
