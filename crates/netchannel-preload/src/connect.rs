@@ -50,16 +50,29 @@ impl NoEngineMap {
     /// when the peer's listener asked for kernel TCP. With nothing known here, what another
     /// process of the host learnt holds (`host`: not for destinations this process carries).
     fn asks(&mut self, dest: &SocketAddr, now: Instant, host: bool) -> Result<(), bool> {
-        match self.0.as_ref().and_then(|m| m.get(dest)) {
-            Some(e) if now < e.retry_at => return Err(e.forked),
-            Some(_) => return Ok(()),
-            None => {}
+        let keys = [*dest, silence_key(dest)];
+        let mut known = false;
+        for k in &keys {
+            if let Some(e) = self.0.as_ref().and_then(|m| m.get(k)) {
+                if now < e.retry_at {
+                    return Err(e.forked);
+                }
+                known = true;
+            }
         }
-        let Some(h) = host.then(|| hints::lookup(*dest)).flatten() else { return Ok(()) };
-        let (silent, forked) = (h.kind == hints::Kind::Silent, h.kind == hints::Kind::Forked);
-        let e = NoEngine { retry_at: now + h.remaining, wait: h.wait, silent, forked };
-        self.insert(*dest, e, now);
-        Err(forked)
+        if known || !host {
+            return Ok(());
+        }
+        for k in keys {
+            if let Some(h) = hints::lookup(k) {
+                let (silent, forked) =
+                    (h.kind == hints::Kind::Silent, h.kind == hints::Kind::Forked);
+                let e = NoEngine { retry_at: now + h.remaining, wait: h.wait, silent, forked };
+                self.insert(k, e, now);
+                return Err(forked);
+            }
+        }
+        Ok(())
     }
 
     fn insert(&mut self, dest: SocketAddr, e: NoEngine, now: Instant) {
@@ -81,6 +94,7 @@ impl NoEngineMap {
     /// `dest` goes over kernel TCP for a while: its engine refused, nothing answered at its
     /// channel port (`silent`), or its listener asked for it (`forked`).
     fn leave_for(&mut self, dest: SocketAddr, silent: bool, forked: bool, now: Instant) {
+        let dest = if silent { silence_key(&dest) } else { dest };
         let wait = match self.0.as_ref().and_then(|m| m.get(&dest)) {
             Some(e) if silent && e.silent => (e.wait * 2).clamp(NO_ENGINE_TTL, SILENT_MOST),
             _ => NO_ENGINE_TTL,
@@ -96,10 +110,19 @@ impl NoEngineMap {
 
     /// `dest`'s engine took a connection (what was known of it, here or on the host, goes).
     fn answered(&mut self, dest: &SocketAddr) {
-        if self.0.as_mut().and_then(|m| m.remove(dest)).is_some() {
-            hints::clear(*dest);
+        for k in [*dest, silence_key(dest)] {
+            if self.0.as_mut().and_then(|m| m.remove(&k)).is_some() {
+                hints::clear(k);
+            }
         }
     }
+}
+
+/// Silence at the channel port is the host's, whatever port the program connects to: kept
+/// under the address alone (port 0), so that connects to other ports of that host do not wait
+/// again.
+fn silence_key(dest: &SocketAddr) -> SocketAddr {
+    SocketAddr::new(dest.ip().to_canonical(), 0)
 }
 
 fn no_engine(dest: SocketAddr, silent: bool) {
@@ -596,12 +619,14 @@ mod tests {
         assert!(m.asks(&dest, t0 + NO_ENGINE_TTL, false).is_ok());
         m.refused(dest, false, t0 + NO_ENGINE_TTL);
         assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL, false).is_ok());
-        // Silence in a row: 2, 4, 8, ... s, at most a minute.
-        let mut now = t0;
+        // Silence in a row: 2, 4, 8, ... s, at most a minute; kept for the host (any port).
+        let mut now = t0 + 2 * NO_ENGINE_TTL;
         let mut waits = Vec::new();
         for _ in 0..8 {
             m.refused(dest, true, now);
-            let e = &m.0.as_ref().unwrap()[&dest];
+            let other_port = SocketAddr::new(dest.ip(), 443);
+            assert!(m.asks(&other_port, now, false).is_err(), "silence is the host's");
+            let e = &m.0.as_ref().unwrap()[&silence_key(&dest)];
             waits.push(e.wait.as_secs());
             now = e.retry_at;
             assert!(m.asks(&dest, now, false).is_ok());

@@ -1564,8 +1564,8 @@ fn answer_then_close(hosts: Hosts) {
 }
 
 /// A host whose channel port drops packets costs the dial timeout (250 ms) once for the
-/// processes of a host, not once per process: the first to find the silence tells the others
-/// (`hints`). Here the destination is an address of the namespaces' link that no host holds, so
+/// processes of a host, not once per process and port: the first to find the silence tells
+/// the others (`hints`), for every port of that host. Here the destination is an address of the namespaces' link that no host holds, so
 /// nothing answers at all; each process makes one non-blocking connect there and says how long
 /// the call took (kernel TCP: no time, `EINPROGRESS` at once). Each process used to wait 250 ms.
 fn a_silent_host_costs_one_dial_per_host(hosts: Hosts) {
@@ -1576,20 +1576,25 @@ fn a_silent_host_costs_one_dial_per_host(hosts: Hosts) {
     let _one_at_a_time = one_at_a_time();
     let p = Pair::new(tb, "silent-host", true, true);
     let (net, _) = p.server.addr.rsplit_once('.').unwrap();
-    let client = format!(
-        "import socket, time\n\
+    // An address nobody holds, another each run (a run's silence is remembered for a while).
+    let nobody = 100 + std::process::id() % 150;
+    let base = ports(4);
+    let client = |port: u16| {
+        format!(
+            "import socket, time\n\
          s = socket.socket()\n\
          s.setblocking(False)\n\
          t = time.monotonic()\n\
          try:\n\
-         \x20   s.connect(('{net}.99', {}))\n\
+         \x20   s.connect(('{net}.{nobody}', {port}))\n\
          except BlockingIOError:\n\
          \x20   pass\n\
-         print(round(time.monotonic() - t, 3))\n",
-        ports(1)
-    );
+         print(round(time.monotonic() - t, 3))\n"
+        )
+    };
+    // Each to another port: the silence is the host's channel port's, whatever the port.
     let waits: Vec<f64> = (0..4)
-        .map(|_| p.client.run("python3", &["-c", &client], T).trim().parse().unwrap())
+        .map(|i| p.client.run("python3", &["-c", &client(base + i)], T).trim().parse().unwrap())
         .collect();
     assert!(waits[0] >= 0.2, "the first process waits for the dial: {waits:?}");
     assert!(waits[1..].iter().all(|&w| w < 0.1), "the others do not: {waits:?}");
