@@ -28,7 +28,7 @@ use crate::table;
 /// program that reaches millions of kernel-TCP destinations keeps a bounded map, and pays at
 /// worst a dial more. What a process learns here is shared with the host's other processes
 /// (`hints`): a new process starts from it, where each one used to learn it again.
-static NO_ENGINE: Mutex<NoEngineMap> = Mutex::new(NoEngineMap(None));
+pub(crate) static NO_ENGINE: Mutex<NoEngineMap> = Mutex::new(NoEngineMap(None));
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
 const SILENT_MOST: Duration = Duration::from_secs(60);
 const NO_ENGINE_MAX: usize = 4096;
@@ -43,36 +43,50 @@ struct NoEngine {
 }
 
 /// The destinations left to kernel TCP for now (see `NO_ENGINE`).
-struct NoEngineMap(Option<HashMap<SocketAddr, NoEngine>>);
+pub(crate) struct NoEngineMap(Option<HashMap<SocketAddr, NoEngine>>);
+
+/// What this process knows of a destination (`NoEngineMap::known`).
+#[derive(Debug, PartialEq, Eq)]
+enum Known {
+    /// Ask its engine.
+    Ask,
+    /// Leave it to kernel TCP for now (`forked`: its listener asked for that).
+    Skip { forked: bool },
+    /// Nothing: the host's hints may know.
+    Nothing,
+}
 
 impl NoEngineMap {
-    /// Whether a connect to `dest` asks the engine at `now`: `Err(forked)` if not, `forked`
-    /// when the peer's listener asked for kernel TCP. With nothing known here, what another
-    /// process of the host learnt holds (`host`: not for destinations this process carries).
-    fn asks(&mut self, dest: &SocketAddr, now: Instant, host: bool) -> Result<(), bool> {
-        let keys = [*dest, silence_key(dest)];
-        let mut known = false;
-        for k in &keys {
-            if let Some(e) = self.0.as_ref().and_then(|m| m.get(k)) {
+    /// What is known here of `dest` at `now` (under its own key, and its host's silence).
+    fn known(&self, dest: &SocketAddr, now: Instant) -> Known {
+        let mut known = Known::Nothing;
+        for k in [*dest, silence_key(dest)] {
+            if let Some(e) = self.0.as_ref().and_then(|m| m.get(&k)) {
                 if now < e.retry_at {
-                    return Err(e.forked);
+                    return Known::Skip { forked: e.forked };
                 }
-                known = true;
+                known = Known::Ask;
             }
         }
-        if known || !host {
-            return Ok(());
+        known
+    }
+
+    /// Whether a connect to `dest` asks the engine at `now`: `Err(forked)` if not, `forked`
+    /// when the peer's listener asked for kernel TCP.
+    #[cfg(test)]
+    fn asks(&self, dest: &SocketAddr, now: Instant) -> Result<(), bool> {
+        match self.known(dest, now) {
+            Known::Skip { forked } => Err(forked),
+            _ => Ok(()),
         }
-        for k in keys {
-            if let Some(h) = hints::lookup(k) {
-                let (silent, forked) =
-                    (h.kind == hints::Kind::Silent, h.kind == hints::Kind::Forked);
-                let e = NoEngine { retry_at: now + h.remaining, wait: h.wait, silent, forked };
-                self.insert(k, e, now);
-                return Err(forked);
-            }
-        }
-        Ok(())
+    }
+
+    /// Takes over what another process of the host learnt about `key`.
+    fn adopt(&mut self, key: SocketAddr, h: hints::Hint, now: Instant) -> bool {
+        let (silent, forked) = (h.kind == hints::Kind::Silent, h.kind == hints::Kind::Forked);
+        let e = NoEngine { retry_at: now + h.remaining, wait: h.wait, silent, forked };
+        self.insert(key, e, now);
+        forked
     }
 
     fn insert(&mut self, dest: SocketAddr, e: NoEngine, now: Instant) {
@@ -87,13 +101,14 @@ impl NoEngineMap {
     }
 
     /// `dest`'s engine refused, or (`silent`) nothing answered at its channel port.
-    fn refused(&mut self, dest: SocketAddr, silent: bool, now: Instant) {
-        self.leave_for(dest, silent, false, now);
+    fn refused(&mut self, dest: SocketAddr, silent: bool, now: Instant) -> Learnt {
+        self.leave_for(dest, silent, false, now)
     }
 
     /// `dest` goes over kernel TCP for a while: its engine refused, nothing answered at its
-    /// channel port (`silent`), or its listener asked for it (`forked`).
-    fn leave_for(&mut self, dest: SocketAddr, silent: bool, forked: bool, now: Instant) {
+    /// channel port (`silent`), or its listener asked for it (`forked`). Returns what to tell
+    /// the host's other processes (after the lock: `Learnt::share`).
+    fn leave_for(&mut self, dest: SocketAddr, silent: bool, forked: bool, now: Instant) -> Learnt {
         let dest = if silent { silence_key(&dest) } else { dest };
         let wait = match self.0.as_ref().and_then(|m| m.get(&dest)) {
             Some(e) if silent && e.silent => (e.wait * 2).clamp(NO_ENGINE_TTL, SILENT_MOST),
@@ -105,17 +120,59 @@ impl NoEngineMap {
             (_, true) => hints::Kind::Forked,
             _ => hints::Kind::Refused,
         };
-        hints::record(dest, kind, wait);
+        Learnt { key: dest, kind, wait }
     }
 
-    /// `dest`'s engine took a connection (what was known of it, here or on the host, goes).
+    /// `dest`'s engine took a connection: what was known of it here goes.
     fn answered(&mut self, dest: &SocketAddr) {
-        for k in [*dest, silence_key(dest)] {
-            if self.0.as_mut().and_then(|m| m.remove(&k)).is_some() {
-                hints::clear(k);
-            }
+        if let Some(m) = self.0.as_mut() {
+            m.remove(dest);
+            m.remove(&silence_key(dest));
         }
     }
+}
+
+/// What a process learnt about a destination, for the host's hints (written without holding
+/// `NO_ENGINE`: a file's first use creates it, and a fork meanwhile must not leave a child
+/// a held lock for that long).
+#[must_use]
+struct Learnt {
+    key: SocketAddr,
+    kind: hints::Kind,
+    wait: Duration,
+}
+
+impl Learnt {
+    fn share(self) {
+        hints::record(self.key, self.kind, self.wait);
+    }
+}
+
+/// Whether a connect to `dest` asks its engine now (`Err(forked)` if not): what this process
+/// knows, else what the host's other processes learnt (`host`: not for destinations this
+/// process carries, whose answers it has).
+fn asks(dest: SocketAddr, host: bool) -> Result<(), bool> {
+    let now = Instant::now();
+    match NO_ENGINE.lock().known(&dest, now) {
+        Known::Ask => return Ok(()),
+        Known::Skip { forked } => return Err(forked),
+        Known::Nothing if !host => return Ok(()),
+        Known::Nothing => {}
+    }
+    for k in [dest, silence_key(&dest)] {
+        if let Some(h) = hints::lookup(k) {
+            return Err(NO_ENGINE.lock().adopt(k, h, now));
+        }
+    }
+    Ok(())
+}
+
+/// `dest`'s engine took a connection: what was known of it goes, here and on the host (a host
+/// that answers again is asked again at once by every process).
+fn answered(dest: SocketAddr) {
+    NO_ENGINE.lock().answered(&dest);
+    hints::clear(dest);
+    hints::clear(silence_key(&dest));
 }
 
 /// Silence at the channel port is the host's, whatever port the program connects to: kept
@@ -126,7 +183,8 @@ fn silence_key(dest: &SocketAddr) -> SocketAddr {
 }
 
 fn no_engine(dest: SocketAddr, silent: bool) {
-    NO_ENGINE.lock().refused(dest, silent, Instant::now());
+    let learnt = NO_ENGINE.lock().refused(dest, silent, Instant::now());
+    learnt.share();
 }
 
 /// The peer's listener answered a connection to `dest` asking for kernel TCP (its connections
@@ -134,7 +192,8 @@ fn no_engine(dest: SocketAddr, silent: bool) {
 /// ones there go over kernel TCP for `NO_ENGINE_TTL`, after which one asks again.
 pub(crate) fn kernel_preferred(dest: SocketAddr) {
     refused_later(dest);
-    NO_ENGINE.lock().leave_for(dest, false, true, Instant::now());
+    let learnt = NO_ENGINE.lock().leave_for(dest, false, true, Instant::now());
+    learnt.share();
 }
 
 /// Destinations (address and port) whose engine took a connection from this process. A
@@ -143,7 +202,7 @@ pub(crate) fn kernel_preferred(dest: SocketAddr) {
 /// mean "a program on kernel TCP", which only an answer can tell for other destinations (their
 /// connect waits for it, `OPEN_WAIT` at most). A destination whose open is refused later
 /// leaves the set (`refused_later`); at most `CARRIED_BEFORE_MAX` are kept (then all go).
-static CARRIED_BEFORE: Mutex<Option<HashSet<SocketAddr>>> = Mutex::new(None);
+pub(crate) static CARRIED_BEFORE: Mutex<Option<HashSet<SocketAddr>>> = Mutex::new(None);
 const CARRIED_BEFORE_MAX: usize = 4096;
 
 /// How long a connect waits for the peer engine to answer an open before it goes over kernel
@@ -204,8 +263,8 @@ pub(crate) fn try_carry(
         bump(&COUNTERS.kernel_other);
         return None;
     }
-    let host_hints = !carried_before(dest);
-    if let Err(forked) = NO_ENGINE.lock().asks(&dest, Instant::now(), host_hints) {
+    let carried_before = carried_before(dest);
+    if let Err(forked) = asks(dest, !carried_before) {
         bump(if forked { &COUNTERS.kernel_forked_server } else { &COUNTERS.kernel_no_engine });
         return None;
     }
@@ -214,14 +273,16 @@ pub(crate) fn try_carry(
         return None;
     };
     let engine_addr = SocketAddr::new(dest.ip(), s.channel_port);
-    let mut in_background = s.path == DataPath::Direct && nonblocking(app) && carried_before(dest);
+    let mut in_background = s.path == DataPath::Direct && nonblocking(app) && carried_before;
     // A blocking connect gives up waiting after the socket's send timeout, as TCP's does
-    // (`EINPROGRESS`, the connect going on): only the direct path can go on in the background.
+    // (`EINPROGRESS`, the connect going on): only the direct path can go on in the background,
+    // and only to a destination carried before (elsewhere only the answer tells whether the
+    // port is carried: a refusal still on its way must send this connect to kernel TCP).
     let send_timeout =
         rustix::net::sockopt::socket_timeout(app, rustix::net::sockopt::Timeout::Send)
             .ok()
             .flatten()
-            .filter(|&t| t < OPEN_WAIT && s.path == DataPath::Direct);
+            .filter(|&t| t < OPEN_WAIT && s.path == DataPath::Direct && carried_before);
     // The first connect to a peer dials its channels in this thread (their fds go above the
     // program's, as the engine's all do).
     let opened = inside(|| {
@@ -243,7 +304,7 @@ pub(crate) fn try_carry(
     let vs = match opened {
         Ok((vs, timed_out)) if timed_out => {
             in_background = true;
-            NO_ENGINE.lock().answered(&dest);
+            answered(dest);
             note_carried(dest);
             vs
         }
@@ -252,7 +313,7 @@ pub(crate) fn try_carry(
             vs
         }
         Ok((vs, _)) => {
-            NO_ENGINE.lock().answered(&dest);
+            answered(dest);
             note_carried(dest);
             vs
         }
@@ -612,38 +673,38 @@ mod tests {
         let mut m = NoEngineMap(None);
         let dest: SocketAddr = "10.0.0.2:80".parse().unwrap();
         let t0 = Instant::now();
-        assert!(m.asks(&dest, t0, false).is_ok());
+        assert!(m.asks(&dest, t0).is_ok());
         // A refusal: asked again after 2 s, every time.
-        m.refused(dest, false, t0);
-        assert!(m.asks(&dest, t0 + Duration::from_millis(1999), false).is_err());
-        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL, false).is_ok());
-        m.refused(dest, false, t0 + NO_ENGINE_TTL);
-        assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL, false).is_ok());
+        let _ = m.refused(dest, false, t0);
+        assert!(m.asks(&dest, t0 + Duration::from_millis(1999)).is_err());
+        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL).is_ok());
+        let _ = m.refused(dest, false, t0 + NO_ENGINE_TTL);
+        assert!(m.asks(&dest, t0 + 2 * NO_ENGINE_TTL).is_ok());
         // Silence in a row: 2, 4, 8, ... s, at most a minute; kept for the host (any port).
         let mut now = t0 + 2 * NO_ENGINE_TTL;
         let mut waits = Vec::new();
         for _ in 0..8 {
-            m.refused(dest, true, now);
+            let _ = m.refused(dest, true, now);
             let other_port = SocketAddr::new(dest.ip(), 443);
-            assert!(m.asks(&other_port, now, false).is_err(), "silence is the host's");
+            assert!(m.asks(&other_port, now).is_err(), "silence is the host's");
             let e = &m.0.as_ref().unwrap()[&silence_key(&dest)];
             waits.push(e.wait.as_secs());
             now = e.retry_at;
-            assert!(m.asks(&dest, now, false).is_ok());
+            assert!(m.asks(&dest, now).is_ok());
         }
         assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60]);
         m.answered(&dest);
-        assert!(m.asks(&dest, t0, false).is_ok());
+        assert!(m.asks(&dest, t0).is_ok());
         // A listener served by forked processes asked for kernel TCP: said so, for 2 s.
-        m.leave_for(dest, false, true, t0);
-        assert_eq!(m.asks(&dest, t0 + Duration::from_millis(1999), false), Err(true));
-        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL, false).is_ok());
-        m.refused(dest, false, t0);
-        assert_eq!(m.asks(&dest, t0, false), Err(false));
+        let _ = m.leave_for(dest, false, true, t0);
+        assert_eq!(m.asks(&dest, t0 + Duration::from_millis(1999)), Err(true));
+        assert!(m.asks(&dest, t0 + NO_ENGINE_TTL).is_ok());
+        let _ = m.refused(dest, false, t0);
+        assert_eq!(m.asks(&dest, t0), Err(false));
         // Bounded: expired destinations go first, then all.
         for i in 0..10_000u32 {
             let d = SocketAddr::from(([10, (i >> 16) as u8, (i >> 8) as u8, i as u8], 80));
-            m.refused(d, false, t0);
+            let _ = m.refused(d, false, t0);
         }
         assert!(m.0.as_ref().unwrap().len() <= NO_ENGINE_MAX);
     }

@@ -12,7 +12,8 @@
 //! its kind, when it expires and the wait that led to it (silences double it), and a checksum:
 //! a torn or foreign slot reads as empty, and two destinations that share a slot only forget
 //! each other. The file's size is fixed, so what it costs does not grow with destinations;
-//! other namespaces' files unwritten for 10 minutes are removed when a process opens its own.
+//! other namespaces' files unused for a day are removed when a process opens its own. A file
+//! is per namespace and channel port (`netchannel run --port`).
 
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
@@ -120,7 +121,9 @@ fn file() -> Option<&'static File> {
     FILE.get_or_init(|| {
         let dir = netchannel::control::default_control_dir();
         netchannel::control::private_dir(&dir).ok()?;
-        let path = dir.join(format!("hints-{}", netns()?));
+        // Per channel port too: processes asking another port learn of other engines.
+        let port = crate::process::settings().channel_port;
+        let path = dir.join(format!("hints-{}-{port}", netns()?));
         remove_stale(&dir, &path);
         let f = std::fs::OpenOptions::new()
             .read(true)
@@ -133,16 +136,20 @@ fn file() -> Option<&'static File> {
         if f.metadata().ok()?.len() < SLOTS * SLOT as u64 {
             f.set_len(SLOTS * SLOT as u64).ok()?;
         }
+        // Opened now: not stale for another day, whether written or not.
+        let _ = f.set_modified(SystemTime::now());
         // Above the program's fds, as all of the library's are.
         Some(File::from(crate::process::relocate(OwnedFd::from(f))))
     })
     .as_ref()
 }
 
-/// Removes other namespaces' files nobody wrote to for 10 minutes: every hint in them has
-/// expired (none holds beyond a minute), and namespaces come and go (containers, tests).
+/// Removes other namespaces' files nobody opened or wrote to for a day: every hint in them
+/// has expired (none holds beyond a minute), and namespaces come and go (containers, tests).
+/// A process that kept one open that long without a write loses only the sharing (it writes
+/// to the removed file; the namespace's new processes make another).
 fn remove_stale(dir: &std::path::Path, ours: &std::path::Path) {
-    const STALE: Duration = Duration::from_secs(600);
+    const STALE: Duration = Duration::from_secs(24 * 3600);
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let path = e.path();

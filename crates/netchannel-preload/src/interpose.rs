@@ -131,6 +131,11 @@ extern "C" fn init() {
         // SAFETY: ends the process before its own code ran (the launcher's refusal, status 2).
         unsafe { libc::_exit(2) };
     }
+    // Asked of the program the launcher started, once: not of what it execs later under the
+    // same pid, nor of its descendants.
+    // SAFETY: a NUL-terminated literal; at load time, before the program's main, no thread of
+    // the program reads the environment.
+    unsafe { libc::unsetenv(c"NETCHANNEL_REFUSE_LIBURING".as_ptr()) };
     process::set_pid();
     resolve_all();
     // SAFETY: registering plain extern "C" functions with no arguments.
@@ -185,6 +190,9 @@ impl<T> ForkLock for parking_lot::Mutex<T> {
 extern "C" fn fork_prepare() {
     // Before the locks: ending elision writes tokens (and takes the registry's lock).
     let _ = caught(crate::elide::before_fork);
+    // The connect path's memories first: nothing takes them while holding a table's lock.
+    crate::connect::NO_ENGINE.hold();
+    crate::connect::CARRIED_BEFORE.hold();
     table::fork_locks(|l| l.hold(), |l| l.hold(), |l| l.hold(), |l| l.hold());
 }
 
@@ -196,6 +204,11 @@ fn release_fork_locks() {
         |l| unsafe { l.release() },
         |l| unsafe { l.release() },
     );
+    // SAFETY: as above.
+    unsafe {
+        crate::connect::CARRIED_BEFORE.release();
+        crate::connect::NO_ENGINE.release();
+    }
 }
 
 extern "C" fn fork_parent() {

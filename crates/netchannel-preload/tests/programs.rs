@@ -1782,6 +1782,13 @@ fn reports_io_uring() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("liburing"), "{out:?}");
     let out = run(&["run", "--allow-io-uring", "--", "./linked"]);
     assert!(out.status.success(), "{out:?}");
+    // Asked once, of the program the launcher started: a script under `netchannel run` may exec
+    // (same pid) a launcher that allows it, or a program linked with liburing.
+    let nested = format!("exec {NETCHANNEL} run --allow-io-uring -- ./linked");
+    let out = run(&["run", "--", "sh", "-c", &nested]);
+    assert!(out.status.success(), "{out:?}");
+    let out = run(&["run", "--", "sh", "-c", "exec ./linked"]);
+    assert!(out.status.success(), "{out:?}");
 
     std::fs::write(
         dir.join("ring.c"),

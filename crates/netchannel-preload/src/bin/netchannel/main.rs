@@ -292,24 +292,23 @@ fn main() {
     if let Err(why) = carriable(&program) {
         fail(&format!("cannot carry {}: {why}; run it without netchannel", program.display()));
     }
-    if !run.allow_io_uring {
-        // The library, loaded into the program (this process, after exec), refuses it if the
-        // loader mapped liburing: the loader's own account of every library the program loads,
-        // where asking it through `ldd` cost about 5 ms per run.
-        envs.push(("NETCHANNEL_REFUSE_LIBURING", std::process::id().to_string().into()));
-    }
+    // The library, loaded into the program (this process, after exec), refuses it if the
+    // loader mapped liburing: the loader's own account of every library the program loads,
+    // where asking it through `ldd` cost about 5 ms per run.
+    let refuse_liburing = (!run.allow_io_uring).then(|| std::process::id().to_string());
     let mut preload = lib.into_os_string();
     if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
         preload.push(" ");
         preload.push(old);
     }
     // The program checked above, under the name it was given (argv[0], as a shell passes it).
-    let err = Command::new(&program)
-        .arg0(&command[0])
-        .args(&command[1..])
-        .envs(envs)
-        .env("LD_PRELOAD", preload)
-        .exec();
+    let mut cmd = Command::new(&program);
+    cmd.arg0(&command[0]).args(&command[1..]).envs(envs).env("LD_PRELOAD", preload);
+    match refuse_liburing {
+        Some(pid) => cmd.env("NETCHANNEL_REFUSE_LIBURING", pid),
+        None => cmd.env_remove("NETCHANNEL_REFUSE_LIBURING"),
+    };
+    let err = cmd.exec();
     let code = if err.kind() == std::io::ErrorKind::NotFound { NOT_FOUND } else { NOT_EXECUTABLE };
     fail_with(code, &format!("cannot run {}: {err}", command[0].to_string_lossy()))
 }
@@ -361,12 +360,20 @@ fn resolve(cmd: &Path) -> Result<PathBuf, (i32, &'static str)> {
 /// runtime never calls libc's socket functions). Scripts are run by
 /// their interpreter, which is checked instead.
 fn carriable(program: &Path) -> Result<(), String> {
+    carriable_at(program, 0)
+}
+
+fn carriable_at(program: &Path, depth: usize) -> Result<(), String> {
     let meta = std::fs::metadata(program).map_err(|e| e.to_string())?;
     if meta.permissions().mode() & 0o6000 != 0 {
         return Err("it is setuid/setgid, so the dynamic loader ignores LD_PRELOAD".into());
     }
     if let Some(interp) = script_interpreter(program) {
-        return carriable(&interp);
+        // The kernel follows at most 4 interpreters (a script naming itself never ends).
+        if depth >= 4 {
+            return Err("its #! interpreters nest too deep".into());
+        }
+        return carriable_at(&interp, depth + 1);
     }
     // Only the headers are read: the whole file is tens of megabytes for some programs (node,
     // about 50 ms).
