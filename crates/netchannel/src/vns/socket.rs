@@ -795,7 +795,9 @@ impl VSocket {
     }
 
     /// Resets the connection and closes the socket (a TCP close with `SO_LINGER` zero): what
-    /// is unsent is dropped and the peer's next read fails with `ConnectionReset`.
+    /// the writes left waiting for a moment goes first, as far as the peer's window takes it
+    /// (TCP sent it at the write), the rest is dropped, and the peer's read fails with
+    /// `ConnectionReset` after the bytes sent before.
     pub fn abort(&self) {
         self.send_before_reset(|_| true);
         self.session.with_core(|core| core.handle(self.id).abort(ResetCause::LocalAbort));
