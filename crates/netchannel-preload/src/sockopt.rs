@@ -4,7 +4,7 @@
 //! from an untouched template TCP socket of the same family. The few options that change
 //! behaviour are also kept in a form the data path uses (timeouts, `SO_LINGER`).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -105,6 +105,34 @@ fn templates(v6: bool) -> Option<&'static Templates> {
         [make(rustix::net::AddressFamily::INET), make(rustix::net::AddressFamily::INET6)]
     });
     t[usize::from(v6)].as_ref()
+}
+
+/// Options that change what a carried connection does, or that programs read back, taken
+/// over from the kernel socket it replaces (`adopt`).
+const ADOPTED: [(i32, i32); 6] = [
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO),
+    (libc::SOL_SOCKET, libc::SO_LINGER),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+];
+
+/// Options the program set on the kernel socket before it was carried (before its `connect`,
+/// or on the listener an accepted socket inherits them from, as TCP's accepted sockets do):
+/// they hold for the carried connection and read back as set. A common pattern (timeouts set,
+/// then `connect`) had its timeouts dropped: a read waited for data forever.
+pub(crate) fn adopt(c: &Carried, from: BorrowedFd<'_>) {
+    let Some(t) = templates(c.v6) else { return };
+    let mut now = [0u8; 16];
+    let mut fresh = [0u8; 16];
+    for (level, name) in ADOPTED {
+        let Ok(n) = raw_getsockopt(from, level, name, &mut now) else { continue };
+        let Ok(m) = raw_getsockopt(t.defaults.as_fd(), level, name, &mut fresh) else { continue };
+        if now[..n] != fresh[..m] {
+            let _ = set(c, level, name, &now[..n]);
+        }
+    }
 }
 
 /// `setsockopt` on a carried connection.

@@ -1827,7 +1827,8 @@ int main(void) {
 /// per arrival, one-shot re-armed, EPOLLEXCLUSIVE, one fd in two epoll sets, a registration kept
 /// by a dup, an epoll fd in poll and select, poll/select over a socket, a pipe and a UDP
 /// socket; poll/epoll masks, recv, SO_ERROR and send after the peer's FIN and after its RST;
-/// SO_RCVTIMEO, SO_SNDTIMEO, MSG_WAITALL and SA_RESTART against signals; SHUT_RD, also waking a
+/// SO_RCVTIMEO, SO_SNDTIMEO, MSG_WAITALL and SA_RESTART against signals; SO_RCVTIMEO and
+/// TCP_NODELAY set before connect; SHUT_RD, also waking a
 /// blocked reader; O_NONBLOCK shared by dups; a full window's EPOLLOUT and POLLOUT waiters using no CPU;
 /// sendfile, splice both ways, IOV_MAX writev/readv; a forked child using the socket, a server
 /// forking a child per connection, posix_spawn with the socket as stdin/stdout, SCM_RIGHTS to

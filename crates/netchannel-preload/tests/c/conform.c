@@ -900,6 +900,25 @@ static void timeouts_and_signals(const char *host, int port) {
     printf("SO_RCVTIMEO negative: recv=%s at_once=%d", r, waited < 0.1);
     printf(" recv0=%s\n", res(recv(s, b, 0, 0)));
 
+    /* Options set before connect hold after it (a carried connection took them over). */
+    {
+        int t = socket(AF_INET, SOCK_STREAM, 0), one = 1, nodelay = 0;
+        struct timeval before = {0, 200000};
+        setsockopt(t, SOL_SOCKET, SO_RCVTIMEO, &before, sizeof before);
+        setsockopt(t, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+        inet_pton(AF_INET, host, &a.sin_addr);
+        if (connect(t, (void *)&a, sizeof a)) die("connect");
+        double t1 = now(CLOCK_MONOTONIC);
+        const char *rr = res(recv(t, b, sizeof b, 0));
+        double w = now(CLOCK_MONOTONIC) - t1;
+        socklen_t nl = sizeof nodelay;
+        getsockopt(t, IPPROTO_TCP, TCP_NODELAY, &nodelay, &nl);
+        printf("set before connect: SO_RCVTIMEO 200 ms recv=%s waited_timeout=%d TCP_NODELAY=%d\n",
+               rr, w >= 0.19 && w < 2, nodelay);
+        close(t);
+    }
+
     /* Zero-length reads: read returns 0 at once; recv waits for something to read (EAGAIN
      * when it may not wait, or at its timeout), then returns 0 and leaves the data. */
     printf("zero-length: read=%s", res(read(s, b, 0)));
