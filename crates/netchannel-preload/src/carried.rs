@@ -1040,6 +1040,11 @@ impl Carried {
             libc::SHUT_RDWR => (true, true),
             _ => return Err(libc::EINVAL),
         };
+        // A connect in progress is given up, as TCP's shutdown in SYN_SENT does: 0, then the
+        // socket shows POLLERR|POLLHUP and SO_ERROR ECONNRESET.
+        if self.connecting() && self.vs.abort_connect() {
+            return Ok(());
+        }
         let r = self.vs.readiness();
         if r.error.is_some() {
             return Err(libc::ENOTCONN);

@@ -1541,6 +1541,15 @@ static void connect_in_progress(const char *host, int port) {
     printf("in progress: a blocking connect with SO_SNDTIMEO 0.3 s: %s, after 0.25-1 s: %s\n",
            en(brc), waited >= 0.25 && waited < 1 ? "yes" : "no");
     close(blocking);
+    /* shutdown gives a connect in progress up: 0, then the socket fails (ECONNRESET). */
+    int given_up = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (connect(given_up, (void *)&a, sizeof a) == 0 || errno != EINPROGRESS) die("connect");
+    int src = shutdown(given_up, SHUT_RDWR) < 0 ? errno : 0;
+    struct pollfd gp_ = {.fd = given_up, .events = POLLOUT};
+    poll(&gp_, 1, 1000);
+    printf("in progress: shutdown %s, then POLLERR %d POLLHUP %d, SO_ERROR %s\n", en(src),
+           !!(gp_.revents & POLLERR), !!(gp_.revents & POLLHUP), en(so_error(given_up)));
+    close(given_up);
     write(ctl, "A6", 2);
     int ok = 0;
     for (int i = 0; i < HELD; i++) {

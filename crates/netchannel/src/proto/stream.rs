@@ -15,6 +15,8 @@ pub enum ResetCause {
     ChannelLost,
     /// The peer did not answer the open in time.
     ConnectTimeout,
+    /// The application gave the open up (TCP's `shutdown` of a socket in SYN_SENT).
+    ConnectAborted,
     /// The local engine shut down.
     EngineShutdown,
     /// Closed locally with unread data (the peer was sent RST).

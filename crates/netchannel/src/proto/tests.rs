@@ -1822,3 +1822,22 @@ fn an_rst_does_not_claim_bytes_still_being_copied_in() {
     }
     panic!("the reset waited for bytes that were never sent");
 }
+
+/// An open given up here while the application keeps its handle (TCP's `shutdown` in SYN_SENT,
+/// or a connect timeout) stays given up when the peer's answer comes late: the answer is
+/// refused with an RST, where it had turned the stream open under a reset.
+#[test]
+fn a_given_up_connect_refuses_the_late_answer() {
+    let mut p = Pair::new(23, &[Class::Throughput], config());
+    p.listening[1].insert(80);
+    let a = p.sides[0].open(80, Class::Throughput, (), p.now).unwrap();
+    p.transmit(0);
+    p.sides[0].handle(a).abort(ResetCause::ConnectAborted);
+    for _ in 0..200 {
+        p.step();
+    }
+    let s = p.sides[0].stream(a).unwrap();
+    assert_eq!((s.phase, s.reset), (Phase::Connecting, Some(ResetCause::ConnectAborted)));
+    let mut buf = [0u8; 4];
+    assert_eq!(p.recv(0, a, &mut buf), Recv::Reset(ResetCause::ConnectAborted));
+}

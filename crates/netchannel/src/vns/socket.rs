@@ -48,6 +48,7 @@ fn reset_error(cause: ResetCause) -> io::Error {
         ResetCause::Peer(_) => (ConnectionReset, "connection reset by peer"),
         ResetCause::ChannelLost => (ConnectionReset, "every channel to the peer was lost"),
         ResetCause::ConnectTimeout => (TimedOut, "the peer did not answer in time"),
+        ResetCause::ConnectAborted => (ConnectionReset, "the connect was given up"),
         ResetCause::EngineShutdown => (ConnectionAborted, "the local engine shut down"),
         ResetCause::LocalAbort => (ConnectionAborted, "the socket was aborted"),
         ResetCause::ProtocolError => (ConnectionReset, "the peer broke the protocol"),
@@ -802,6 +803,23 @@ impl VSocket {
         self.send_before_reset(|_| true);
         self.session.with_core(|core| core.handle(self.id).abort(ResetCause::LocalAbort));
         self.close_inner();
+    }
+
+    /// Gives up a connect still waiting for the peer's answer, as TCP's `shutdown` of a socket
+    /// in SYN_SENT does: the socket fails with `ConnectionReset` and the peer's late answer is
+    /// refused. False (nothing done) if the socket is not connecting.
+    pub fn abort_connect(&self) -> bool {
+        let aborted = self.session.with_core(|core| {
+            let connecting = core
+                .stream(self.id)
+                .is_some_and(|st| st.phase == Phase::Connecting && st.reset.is_none());
+            if connecting {
+                core.handle(self.id).abort(ResetCause::ConnectAborted);
+            }
+            connecting
+        });
+        self.session.timers_changed();
+        aborted
     }
 
     /// Before this socket resets (when `resets` says it will): sends what its writes left

@@ -256,6 +256,15 @@ impl<U: Default> Session<U> {
                     return Ok(());
                 };
                 let s = self.streams.get_mut(id).expect("live");
+                if s.phase == Phase::Connecting && s.reset.is_some() {
+                    // Given up here (timed out, or aborted) while the handle stays: the
+                    // acceptor's stream is refused as if it were gone.
+                    let peer = PeerStreamId(src);
+                    let rst = OwedRst { peer, reason: RstReason::Aborted, final_offset: 0 };
+                    let class = s.class;
+                    self.queue_rst(class, rst);
+                    return Ok(());
+                }
                 match s.phase {
                     Phase::Connecting => {
                         s.phase = Phase::Open;
