@@ -702,8 +702,9 @@ impl VSocket {
         self.count_class(Class::Throughput);
         let s = &self.session;
         s.app_addrs.lock().remove(&self.id.get());
-        // A close with unread bytes resets (as TCP's does), and a reset drops what is unsent.
-        self.send_before_reset(|st| st.rx.unread() > 0);
+        // A close that resets (unread bytes now, or arriving before the close is done, as
+        // TCP's does) drops what is unsent: what the writes held back goes first.
+        self.send_before_reset(false);
         let class = s.with_core(|core| {
             let class = core.stream_mut(self.id).map(|st| {
                 st.user.poll = None;
@@ -800,7 +801,7 @@ impl VSocket {
     /// (TCP sent it at the write), the rest is dropped, and the peer's read fails with
     /// `ConnectionReset` after the bytes sent before.
     pub fn abort(&self) {
-        self.send_before_reset(|_| true);
+        self.send_before_reset(true);
         self.session.with_core(|core| core.handle(self.id).abort(ResetCause::LocalAbort));
         self.close_inner();
     }
@@ -822,19 +823,29 @@ impl VSocket {
         aborted
     }
 
-    /// Before this socket resets (when `resets` says it will): sends what its writes left
-    /// in the send buffer for a moment (a burst, or an event loop's iteration, leaves together),
-    /// as far as the peer's window and the channels take it. TCP would have sent those bytes
-    /// when they were written, so its peer reads them before the RST; only bytes the window
-    /// holds back are dropped, as TCP drops its unsent queue.
-    fn send_before_reset(&self, resets: impl FnOnce(&crate::proto::Stream<StreamUser>) -> bool) {
-        let class = self.session.with_core(|core| {
-            core.stream(self.id)
-                .filter(|st| st.reset.is_none() && !st.tx.is_empty() && resets(st))
-                .map(|st| st.class)
-        });
-        if let Some(class) = class {
+    /// Before this socket closes (`abort`: resets): sends what its writes left in the send
+    /// buffer for a moment (a burst, or an event loop's iteration, leaves together), as far as
+    /// the peer's window and the channels take it. TCP would have sent those bytes when they
+    /// were written, so its peer reads them before the RST of a close that resets; only bytes
+    /// the window holds back are dropped, as TCP drops its unsent queue. When the close will
+    /// reset (`abort`, or bytes unread), bytes the window allows but a channel busy with
+    /// another thread's writing did not take are tried again for up to 2 ms.
+    fn send_before_reset(&self, abort: bool) {
+        let look = |core: &mut crate::engine::session::Core| {
+            core.stream(self.id).filter(|st| st.reset.is_none() && !st.tx.is_empty()).map(|st| {
+                let sendable = st.tx.sent_end(st.send_next) < st.send_limit;
+                (st.class, sendable && (abort || st.rx.unread() > 0))
+            })
+        };
+        let Some((class, _)) = self.session.with_core(look) else { return };
+        let deadline = Instant::now() + Duration::from_millis(2);
+        loop {
             self.session.transmit_classes(class.bit());
+            let retry = self.session.with_core(look).is_some_and(|(_, retry)| retry);
+            if !retry || Instant::now() >= deadline {
+                return;
+            }
+            std::thread::yield_now();
         }
     }
 
