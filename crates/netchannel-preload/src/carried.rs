@@ -513,11 +513,27 @@ impl Carried {
     }
 
     /// A `connect` on the connected (or connecting) socket, as `inet_stream_connect` answers
-    /// it: `EALREADY` while the connect in progress waits, then once 0 (or its error), then
-    /// `EISCONN`.
+    /// it: `EALREADY` while the connect in progress waits (a blocking socket waits first),
+    /// then once 0 (or its error), then `EISCONN`.
     pub(crate) fn connect_again(&self, fd: BorrowedFd<'_>) -> Result<(), i32> {
         if self.connect_state.load(Ordering::Acquire) == CONNECT_DONE {
             return Err(libc::EISCONN);
+        }
+        if !self.nonblocking(fd) && self.vs.take_error().is_ok_and(|open| !open) {
+            // A blocking socket waits for the answer again (up to its send timeout, then
+            // `EALREADY`; a signal interrupts it as TCP's wait), as `inet_stream_connect` does:
+            // a retry loop on it must not spin.
+            let timeout = self.opts.snd_timeout();
+            let deadline = timeout.map(|t| Instant::now() + t);
+            let seen = signals::snapshot();
+            while self.vs.take_error().is_ok_and(|open| !open) {
+                match self.block(false, deadline, seen, timeout.is_some(), 0) {
+                    Ok(()) => {}
+                    Err(Err(libc::EAGAIN)) => return Err(libc::EALREADY),
+                    Err(Err(errno)) => return Err(errno),
+                    Err(Ok(_)) => return Err(libc::EALREADY),
+                }
+            }
         }
         match self.vs.take_error() {
             Ok(false) => Err(libc::EALREADY),

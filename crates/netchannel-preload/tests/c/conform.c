@@ -1540,6 +1540,12 @@ static void connect_in_progress(const char *host, int port) {
     double waited = now(CLOCK_MONOTONIC) - t0;
     printf("in progress: a blocking connect with SO_SNDTIMEO 0.3 s: %s, after 0.25-1 s: %s\n",
            en(brc), waited >= 0.25 && waited < 1 ? "yes" : "no");
+    /* Again, still beyond the backlog: it waits its timeout again (no spinning retry loop). */
+    t0 = now(CLOCK_MONOTONIC);
+    brc = connect(blocking, (void *)&a, sizeof a) < 0 ? errno : 0;
+    waited = now(CLOCK_MONOTONIC) - t0;
+    printf("in progress: connect again: %s, after 0.25-1 s: %s\n", en(brc),
+           waited >= 0.25 && waited < 1 ? "yes" : "no");
     close(blocking);
     /* shutdown gives a connect in progress up: 0, then the socket fails (ECONNRESET). */
     int given_up = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
