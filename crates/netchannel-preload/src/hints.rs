@@ -118,30 +118,37 @@ fn file() -> Option<&'static File> {
         return None;
     }
     static FILE: OnceLock<Option<File>> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let dir = netchannel::control::default_control_dir();
-        netchannel::control::private_dir(&dir).ok()?;
-        // Per channel port too: processes asking another port learn of other engines.
-        let port = crate::process::settings().channel_port;
-        let path = dir.join(format!("hints-{}-{port}", netns()?));
-        remove_stale(&dir, &path);
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .ok()?;
-        if f.metadata().ok()?.len() < SLOTS * SLOT as u64 {
-            f.set_len(SLOTS * SLOT as u64).ok()?;
-        }
-        // Opened now: not stale for another day, whether written or not.
-        let _ = f.set_modified(SystemTime::now());
-        // Above the program's fds, as all of the library's are.
-        Some(File::from(crate::process::relocate(OwnedFd::from(f))))
-    })
-    .as_ref()
+    if let Some(f) = FILE.get() {
+        return f.as_ref();
+    }
+    // Opened outside the cell's lock (only the store takes it): a fork while a thread opens
+    // it must not leave the child waiting on a lock nobody will release.
+    let _ = FILE.set(open_file());
+    FILE.get().and_then(Option::as_ref)
+}
+
+fn open_file() -> Option<File> {
+    let dir = netchannel::control::default_control_dir();
+    netchannel::control::private_dir(&dir).ok()?;
+    // Per channel port too: processes asking another port learn of other engines.
+    let port = crate::process::settings().channel_port;
+    let path = dir.join(format!("hints-{}-{port}", netns()?));
+    remove_stale(&dir, &path);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .ok()?;
+    if f.metadata().ok()?.len() < SLOTS * SLOT as u64 {
+        f.set_len(SLOTS * SLOT as u64).ok()?;
+    }
+    // Opened now: not stale for another day, whether written or not.
+    let _ = f.set_modified(SystemTime::now());
+    // Above the program's fds, as all of the library's are.
+    Some(File::from(crate::process::relocate(OwnedFd::from(f))))
 }
 
 /// Removes other namespaces' files nobody opened or wrote to for a day: every hint in them
