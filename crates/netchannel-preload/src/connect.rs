@@ -302,17 +302,13 @@ pub(crate) fn try_carry(
         }
     });
     let vs = match opened {
-        Ok((vs, timed_out)) if timed_out => {
-            in_background = true;
-            answered(dest);
-            note_carried(dest);
-            vs
-        }
+        // (An open that timed out is not answered yet: no SYN_ACK told it to prefer kernel TCP.)
         Ok((vs, _)) if !in_background && vs.peer_prefers_kernel() => {
             kernel_preferred(dest);
             vs
         }
-        Ok((vs, _)) => {
+        Ok((vs, timed_out)) => {
+            in_background |= timed_out;
             answered(dest);
             note_carried(dest);
             vs

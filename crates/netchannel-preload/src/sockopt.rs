@@ -80,10 +80,12 @@ fn duration(ns: u64) -> Option<Duration> {
 const EXPIRED: u64 = u64::MAX;
 
 /// Template sockets of one family: `defaults` is never changed, `scratch` takes the options
-/// being checked or read back.
+/// being checked or read back. `adopted` holds the `ADOPTED` options' values on `defaults`,
+/// read once (every carried connection compares against them).
 struct Templates {
     defaults: OwnedFd,
     scratch: Mutex<OwnedFd>,
+    adopted: [Option<Vec<u8>>; ADOPTED.len()],
 }
 
 fn templates(v6: bool) -> Option<&'static Templates> {
@@ -100,7 +102,13 @@ fn templates(v6: bool) -> Option<&'static Templates> {
                 .ok()
                 .map(crate::process::relocate)
             };
-            Some(Templates { defaults: sock()?, scratch: Mutex::new(sock()?) })
+            let defaults = sock()?;
+            let adopted = ADOPTED.map(|(level, name)| {
+                let mut v = [0u8; 16];
+                let n = raw_getsockopt(defaults.as_fd(), level, name, &mut v).ok()?;
+                Some(v[..n].to_vec())
+            });
+            Some(Templates { defaults, scratch: Mutex::new(sock()?), adopted })
         };
         [make(rustix::net::AddressFamily::INET), make(rustix::net::AddressFamily::INET6)]
     });
@@ -125,11 +133,10 @@ const ADOPTED: [(i32, i32); 6] = [
 pub(crate) fn adopt(c: &Carried, from: BorrowedFd<'_>) {
     let Some(t) = templates(c.v6) else { return };
     let mut now = [0u8; 16];
-    let mut fresh = [0u8; 16];
-    for (level, name) in ADOPTED {
+    for ((level, name), fresh) in ADOPTED.into_iter().zip(&t.adopted) {
+        let Some(fresh) = fresh else { continue };
         let Ok(n) = raw_getsockopt(from, level, name, &mut now) else { continue };
-        let Ok(m) = raw_getsockopt(t.defaults.as_fd(), level, name, &mut fresh) else { continue };
-        if now[..n] != fresh[..m] {
+        if now[..n] != fresh[..] {
             let _ = set(c, level, name, &now[..n]);
         }
     }
