@@ -612,6 +612,10 @@ impl Carried {
     /// A write given `EPIPE` raises SIGPIPE (`write_failed`), as TCP's `sk_stream_error` does.
     fn failed(&self, fd: BorrowedFd<'_>, e: &io::Error, writing: bool) -> i32 {
         let errno = errno_of(e);
+        if !matches!(errno, libc::EAGAIN | libc::EINTR) {
+            // The exit's own shutdown or reset, met by another thread's call under way.
+            crate::process::hold_if_exiting();
+        }
         if matches!(errno, libc::EAGAIN | libc::EINTR | libc::EPIPE | libc::ENOTCONN) {
             return errno;
         }
@@ -935,6 +939,7 @@ impl Carried {
         bufs: &[IoSlice<'_>],
         flags: c_int,
     ) -> Result<usize, i32> {
+        crate::process::hold_if_exiting();
         let nosignal = flags & libc::MSG_NOSIGNAL != 0;
         let dontwait = flags & libc::MSG_DONTWAIT != 0;
         let total: usize = bufs.iter().map(|b| b.len()).sum();
@@ -1412,6 +1417,32 @@ impl Drop for Carried {
 /// The registered connection `id` (for a process taking it over through the relay).
 pub(crate) fn registered(id: u64) -> Option<Arc<Carried>> {
     REGISTRY.lock().get_or_insert_with(HashMap::new).get(&id).cloned()
+}
+
+/// At the exit of the process that owns them, every connection it still holds ends as its
+/// kernel ends a TCP socket when the exit closes the last fd: end of stream after the bytes
+/// queued, or a reset with bytes unread (or `SO_LINGER` 0). Without this the peer saw the
+/// channels go with the process and read a reset where TCP gives a FIN. The registry's lock
+/// is only tried: `exit` may be called where this thread holds it (a signal handler).
+pub(crate) fn end_all_at_exit() {
+    let Some(held) = REGISTRY
+        .try_lock_for(std::time::Duration::from_millis(100))
+        .map(|mut r| r.get_or_insert_with(HashMap::new).values().cloned().collect::<Vec<_>>())
+    else {
+        return;
+    };
+    for c in held {
+        if c.owner == pid()
+            && !c.handed_over.load(Ordering::Acquire)
+            && !c.closed.load(Ordering::Acquire)
+        {
+            if c.opts.linger_abort() || c.has_returned() || c.vs.readiness().unread > 0 {
+                c.vs.abort();
+            } else {
+                let _ = c.vs.shutdown();
+            }
+        }
+    }
 }
 
 fn drain_ballast(m: &mut Mirror) {

@@ -112,6 +112,8 @@ reals! {
     sigaction: unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int,
     siginterrupt: unsafe extern "C" fn(c_int, c_int) -> c_int,
     syscall: unsafe extern "C" fn(c_long, ...) -> c_long,
+    _exit: unsafe extern "C" fn(c_int) -> !,
+    _Exit: unsafe extern "C" fn(c_int) -> !,
 }
 
 fn resolve(slot: &AtomicUsize, name: &'static [u8]) -> usize {
@@ -150,6 +152,25 @@ extern "C" fn init() {
 
 extern "C" fn at_exit() {
     let _ = caught(process::at_exit);
+}
+
+/// # Safety
+/// C ABI: as _exit(2). A process that ends this way (no `atexit` handlers) leaves what its
+/// sockets queued to its kernel too: the engine delivers it first (`process::drain_engines`).
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    let _ = caught(process::drain_engines);
+    // SAFETY: forwarding the caller's argument.
+    unsafe { real!(_exit)(status) }
+}
+
+/// # Safety
+/// C ABI: as _Exit(2) (the same as `_exit`).
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    let _ = caught(process::drain_engines);
+    // SAFETY: forwarding the caller's argument.
+    unsafe { real!(_Exit)(status) }
 }
 
 #[used]

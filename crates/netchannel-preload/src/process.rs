@@ -8,7 +8,7 @@ use std::io::{self, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -193,7 +193,52 @@ pub(crate) fn io_uring_rings() -> usize {
         .count()
 }
 
+/// The thread running the process's exit (`drain_engines`), 0 before.
+static EXITING: AtomicI32 = AtomicI32::new(0);
+
+/// A write on a carried connection by another thread while the process exits waits for the
+/// exit to end the thread, as the kernel's `exit_group` ends it: the exit has shut the
+/// connections' write halves, and the write would otherwise fail with `EPIPE` (and raise
+/// `SIGPIPE`, whose default action would change the process's exit status).
+pub(crate) fn hold_if_exiting() {
+    let exiting = EXITING.load(Ordering::Acquire);
+    if exiting != 0 && exiting != rustix::thread::gettid().as_raw_nonzero().get() {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}
+
+/// How long an exiting process waits for a peer that takes none of its bytes, and at most
+/// (see `drain_engines`).
+const EXIT_STALL: std::time::Duration = std::time::Duration::from_secs(2);
+const EXIT_CAP: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// At exit, the connections still open end (`carried::end_all_at_exit`), and what they queued
+/// reaches the peer engines before the engine's threads and channels go with the process. A
+/// kernel's exit leaves its sockets' queues to the kernel, which delivers them after the
+/// process (an orphaned socket): without this, the bytes a program wrote just before exiting
+/// (still in a stream's send buffer, or in a channel the exit resets because it holds unread
+/// bytes) were lost, and the peer read a reset. A peer that takes nothing for `EXIT_STALL` ends
+/// the wait (the kernel would go on trying for minutes); so does `EXIT_CAP`. Only the process
+/// that owns an engine waits, not a forked or vforked child (asked of the kernel: a vfork child
+/// shares the cached pid).
+pub(crate) fn drain_engines() {
+    let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    if me != pid() {
+        return;
+    }
+    EXITING.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Release);
+    crate::carried::end_all_at_exit();
+    for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
+        if e.pid == me {
+            e.engine.drain(EXIT_STALL, EXIT_CAP);
+        }
+    }
+}
+
 pub(crate) fn at_exit() {
+    drain_engines();
     let rings = io_uring_rings();
     if rings > 0 {
         let _ = writeln!(

@@ -1563,6 +1563,92 @@ fn answer_then_close(hosts: Hosts) {
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }
 
+/// A client that writes and exits at once, with `exit` or `_exit`, its socket closed first or
+/// left to the exit: the server, which reads only half a second later, reads every byte and the
+/// end of stream, as from kernel TCP (whose exit leaves the socket's queue to the kernel; a
+/// socket left open is detached from Python's object, so that the exit, not Python, ends it). The
+/// client also holds a second connection with bytes unread, so that its exit resets that one
+/// and the channels it shared. The library had lost the bytes still in the stream's send
+/// buffer or in a channel the exit reset, and the server read a reset after 0.2-1.9 MB.
+fn bytes_written_before_exit_arrive(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let server_py = "import socket, sys, threading, time\n\
+         l = socket.create_server(('0.0.0.0', int(sys.argv[1])), backlog=8)\n\
+         def chatter(c):\n\
+         \x20   try:\n\
+         \x20       while True:\n\
+         \x20           c.sendall(b'y' * 1000)\n\
+         \x20           time.sleep(0.0005)\n\
+         \x20   except OSError:\n\
+         \x20       pass\n\
+         while True:\n\
+         \x20   a, _ = l.accept()\n\
+         \x20   tag = a.recv(1)\n\
+         \x20   if tag == b'B':\n\
+         \x20       threading.Thread(target=chatter, args=(a,), daemon=True).start()\n\
+         \x20   if tag != b'A':\n\
+         \x20       continue\n\
+         \x20   time.sleep(0.5)\n\
+         \x20   n, end = 0, 'end of stream'\n\
+         \x20   try:\n\
+         \x20       while d := a.recv(65536):\n\
+         \x20           n += len(d)\n\
+         \x20   except ConnectionResetError:\n\
+         \x20       end = 'reset'\n\
+         \x20   with open(sys.argv[2], 'a') as f:\n\
+         \x20       f.write(f'{n} bytes, then {end}\\n')\n\
+         \x20   a.close()\n";
+    let Some(outputs) = kernel_then_carried(hosts, "bytes-before-exit", |p, _| {
+        let port = ports(1);
+        let results = p.dir.join("results");
+        let server = p.server.spawn(
+            "python3",
+            &["-c", server_py, &port.to_string(), &results.display().to_string()],
+        );
+        p.server.wait_listening(port);
+        let mut out = String::new();
+        for (closed, exit) in
+            [(true, "sys.exit"), (false, "sys.exit"), (true, "os._exit"), (false, "os._exit")]
+        {
+            let client = format!(
+                "import os, socket, sys, time\n\
+                 b = socket.create_connection(('{addr}', {port}))\n\
+                 b.sendall(b'B')\n\
+                 time.sleep(0.05)\n\
+                 a = socket.create_connection(('{addr}', {port}))\n\
+                 a.sendall(b'A' + b'x' * 3000000)\n\
+                 a.close() if {closed} else a.detach()\n\
+                 {exit}(0)\n",
+                addr = p.server.addr,
+                closed = if closed { "True" } else { "False" },
+            );
+            p.client.run("python3", &["-c", &client], T);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let line = loop {
+                let text = std::fs::read_to_string(&results).unwrap_or_default();
+                if let Some(l) = text.lines().nth(out.lines().count()) {
+                    break l.to_string();
+                }
+                assert!(Instant::now() < deadline, "the server reported nothing: {out}");
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            out += &format!("{} and {exit}: {line}\n", if closed { "closed" } else { "open" });
+        }
+        server.stop();
+        out
+    }) else {
+        return;
+    };
+    let expected = "closed and sys.exit: 3000000 bytes, then end of stream\n\
+                    open and sys.exit: 3000000 bytes, then end of stream\n\
+                    closed and os._exit: 3000000 bytes, then end of stream\n\
+                    open and os._exit: 3000000 bytes, then end of stream\n";
+    assert_eq!(outputs[0], expected, "kernel TCP");
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
 /// A host whose channel port drops packets costs the dial timeout (250 ms) once for the
 /// processes of a host, not once per process and port: the first to find the silence tells
 /// the others (`hints`), for every port of that host. Here the destination is an address of the namespaces' link that no host holds, so
@@ -1619,6 +1705,7 @@ crate::both_testbeds!(
     reuseport_listeners,
     forking_server_on_the_wildcard,
     answer_then_close,
+    bytes_written_before_exit_arrive,
     a_silent_host_costs_one_dial_per_host,
     public_destinations_are_left_to_kernel_tcp,
     fd_limit,

@@ -29,6 +29,7 @@ both_testbeds!(
     a_listeners_own_backlog_bounds_what_is_answered,
     a_listener_preferring_kernel_says_so_in_its_answers,
     a_receiver_that_stops_coming_back_is_covered_by_the_worker,
+    drain_returns_once_the_peer_engine_holds_every_byte,
 );
 
 fn one_gib_striped_over_four_channels(hosts: Hosts) {
@@ -565,6 +566,43 @@ fn blocking_send_of_exactly_the_window_returns(hosts: Hosts) {
     let mut got = vec![0u8; 1 << 20];
     (&p).read_exact(&mut got).unwrap();
     assert!(got.iter().all(|&x| x == 3));
+}
+
+/// `Engine::drain` (a process's exit) returns once the peer engine holds every byte written,
+/// read or not: a peer whose window is full and whose application does not read takes them.
+fn drain_returns_once_the_peer_engine_holds_every_byte(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| c.stream_window = 256 << 10);
+    let l = b.listen(12).unwrap();
+    let s = a.connect(b.local_addr(), 12).unwrap();
+    let p = l.accept().unwrap();
+    s.set_nonblocking(true);
+    let mut sent = 0u64;
+    let chunk = vec![5u8; 10_000];
+    loop {
+        match s.send(&chunk) {
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    s.shutdown().unwrap();
+    assert!(a.drain(Duration::from_secs(5), Duration::from_secs(30)));
+    assert_eq!(p.stats().unread_bytes, sent, "the peer engine holds every byte, unread");
+    drop(s);
+    drop(a);
+    assert_eq!(recv_pattern_len(&p), sent);
+}
+
+fn recv_pattern_len(p: &VSocket) -> u64 {
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match p.recv(&mut buf).unwrap() {
+            0 => return got,
+            n => got += n as u64,
+        }
+    }
 }
 
 /// A full backlog leaves further SYNs unanswered (their `connect` waits, as a TCP client whose

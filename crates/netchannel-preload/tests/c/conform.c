@@ -1229,6 +1229,38 @@ static void processes(const char *host, int port, const char *self) {
     cmd(s, "eafta");
     printf("  parent after the spawned child: %.*s\n", read_full(s, b, 4), b);
     close(s);
+
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    char *wargv[] = {"conform", "exit-writer", (char *)host, portstr, NULL};
+    int exits[5];
+    for (int i = 0; i < 5; i++) {
+        st = -1;
+        if (posix_spawn(&pid, self, NULL, NULL, wargv, environ) == 0) waitpid(pid, &st, 0);
+        exits[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    printf("exit while another thread writes: %d %d %d %d %d\n", exits[0], exits[1], exits[2], exits[3], exits[4]);
+}
+
+/* A process whose main thread exits while another thread writes to a connection: the exit
+ * ends the writer (exit_group), which never sees the connection shut by the exit (the library
+ * once had it fail with EPIPE, and SIGPIPE killed the process: status 141). */
+static int exit_writer_fd;
+static void *exit_writer_loop(void *arg) {
+    (void)arg;
+    char b[1000];
+    memset(b, 'z', sizeof b);
+    for (;;)
+        if (write(exit_writer_fd, b, sizeof b) < 0) _exit(7);
+    return NULL;
+}
+static int exit_writer(const char *host, int port) {
+    exit_writer_fd = dial(host, port, 0);
+    cmd(exit_writer_fd, "w");
+    pthread_t t;
+    pthread_create(&t, NULL, exit_writer_loop, NULL);
+    usleep(200000);
+    exit(0);
 }
 
 /* Passes `s` over a unix socketpair to `argv` (exec'd in a child), closes our copy, and waits. */
@@ -1847,6 +1879,7 @@ int main(int argc, char **argv) {
     else if (argc == 4 && !strcmp(argv[1], "herd")) herd(argv[2], atoi(argv[3]));
     else if (argc == 3 && !strcmp(argv[1], "scm-recv")) return scm_recv(atoi(argv[2]));
     else if (argc == 2 && !strcmp(argv[1], "spawn-child")) return spawn_child();
+    else if (argc == 4 && !strcmp(argv[1], "exit-writer")) return exit_writer(argv[2], atoi(argv[3]));
     else { fprintf(stderr, "usage: conform server PORT | client HOST PORT | scm-nolib HOST PORT\n"); return 2; }
     return 0;
 }

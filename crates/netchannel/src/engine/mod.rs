@@ -24,6 +24,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -277,6 +278,52 @@ impl Engine {
     /// The Unix socket `netchannel stat` reads this engine through (`Config::control`).
     pub fn control_path(&self) -> Option<std::path::PathBuf> {
         self.control.lock().as_ref().map(|e| e.path().to_path_buf())
+    }
+
+    /// Waits until what the applications sent has reached the peer engines (nothing unsent or
+    /// unacknowledged), as a process's exit leaves its sockets' queues to its kernel; the
+    /// engine keeps running. Gives up once no session made progress for `stall`, or after
+    /// `cap`; returns whether everything went. Meant for a process about to exit (the
+    /// interposition library's `exit`), whose calling thread may hold one of this engine's
+    /// locks (an `exit` from a signal handler): every lock is only tried, for a while, and a
+    /// session whose lock does not come ends the wait.
+    pub fn drain(&self, stall: Duration, cap: Duration) -> bool {
+        const TRY: Duration = Duration::from_millis(100);
+        let Some(sessions) = self
+            .ctx
+            .sessions
+            .try_lock_for(TRY)
+            .map(|s| s.dialed.values().chain(s.accepted.values()).cloned().collect::<Vec<_>>())
+        else {
+            return false;
+        };
+        let start = Instant::now();
+        let (mut least, mut progress_at) = (u64::MAX, start);
+        loop {
+            let mut left = 0;
+            for s in &sessions {
+                match s.unflushed(TRY) {
+                    Some(0) => {}
+                    Some(n) => {
+                        left += n;
+                        // Writes held back for the writer's next wait go now.
+                        s.transmit_all();
+                    }
+                    None => return false,
+                }
+            }
+            let now = Instant::now();
+            if left == 0 {
+                return true;
+            }
+            if left < least {
+                (least, progress_at) = (left, now);
+            }
+            if now - progress_at >= stall || now - start >= cap {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Stops every thread and fails every open virtual socket. Idempotent.

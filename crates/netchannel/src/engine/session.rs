@@ -285,6 +285,15 @@ impl SessionRt {
         self.serving.read()[class.index()].clone()
     }
 
+    /// [`Core::unflushed`] of a live session (0 once no channel is left to carry anything),
+    /// or `None` when its locks did not come within `wait`.
+    pub fn unflushed(&self, wait: std::time::Duration) -> Option<u64> {
+        if self.channels.try_read_for(wait)?.is_empty() {
+            return Some(0);
+        }
+        Some(self.core.try_lock_for(wait)?.unflushed())
+    }
+
     pub fn is_alive(&self) -> bool {
         !self.channels.read().is_empty()
     }

@@ -303,6 +303,17 @@ impl<U: Default> Session<U> {
         (unsent + self.retained_total) as usize
     }
 
+    /// What has not reached the peer engine yet, as a measure of progress: bytes unsent or
+    /// unacknowledged, at least 1 while a control frame or RST waits, 0 once
+    /// [`Session::flushed`].
+    pub fn unflushed(&self) -> u64 {
+        if self.flushed() {
+            0
+        } else {
+            (self.in_flight() as u64).max(1)
+        }
+    }
+
     /// The peer's RSTs waiting for bytes (tests).
     #[cfg(test)]
     pub fn pending_rst_count(&self) -> usize {
