@@ -12,7 +12,7 @@
 //! its kind, when it expires and the wait that led to it (silences double it), and a checksum:
 //! a torn or foreign slot reads as empty, and two destinations that share a slot only forget
 //! each other. The file's size is fixed, so what it costs does not grow with destinations;
-//! other namespaces' files unused for a day are removed when a process opens its own. A file
+//! other namespaces' files unused for a day are removed when a process creates its own. A file
 //! is per namespace and channel port (`netchannel run --port`).
 
 use std::fs::File;
@@ -133,7 +133,11 @@ fn open_file() -> Option<File> {
     // Per channel port too: processes asking another port learn of other engines.
     let port = crate::process::settings().channel_port;
     let path = dir.join(format!("hints-{}-{port}", netns()?));
-    remove_stale(&dir, &path);
+    if std::fs::symlink_metadata(&path).is_err() {
+        // Only the namespace's first process looks (a stat per file in the directory: a test
+        // host held 500 of them, and every short-lived client paid that).
+        remove_stale(&dir, &path);
+    }
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -160,12 +164,14 @@ fn remove_stale(dir: &std::path::Path, ours: &std::path::Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let path = e.path();
-        let hints = e.file_name().to_str().is_some_and(|n| n.starts_with("hints-"));
+        if !e.file_name().to_str().is_some_and(|n| n.starts_with("hints-")) || path == ours {
+            continue;
+        }
         let old = e
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > STALE));
-        if hints && old && path != ours {
+        if old {
             let _ = std::fs::remove_file(path);
         }
     }

@@ -240,6 +240,7 @@ extern "C" fn fork_child() {
     process::set_pid();
     release_fork_locks();
     table::forget_epolls_after_fork();
+    process::release_engines_in_child();
 }
 
 // ---------------------------------------------------------------------------------------------

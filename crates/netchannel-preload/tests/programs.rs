@@ -1036,6 +1036,51 @@ fn forking_server_on_the_wildcard(hosts: Hosts) {
     assert!(stat_max(&p.server.stats, "inherited") >= 1, "{server}");
 }
 
+/// A server that daemonizes after `listen` (nginx's default): its parent, whose engine owned
+/// the host's channel port, exits, and the daemon serves the listener it inherited, over kernel
+/// TCP (it has no engine). The port must be free then: the daemon's inherited copy of the
+/// channel listener kept it bound, so another server under netchannel on that host could not
+/// own it ("channel port ... is taken"), and clients that dialed it waited 250 ms for a
+/// handshake nobody answered.
+fn daemon_forked_after_listen_frees_the_channel_port(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("daemon-{hosts:?}"), true, true);
+    let port = ports(2);
+    let serve = "import os, signal, socket, sys\n\
+         signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
+         l = socket.create_server(('0.0.0.0', int(sys.argv[1])), backlog=16)\n\
+         if sys.argv[2] == 'daemon' and os.fork() != 0:\n\
+         \x20   sys.exit(0)\n\
+         while True:\n\
+         \x20   c, _ = l.accept()\n\
+         \x20   c.sendall(c.recv(100))\n\
+         \x20   c.close()\n";
+    let daemon = p.server.spawn("python3", &["-c", serve, &port.to_string(), "daemon"]);
+    p.server.wait_listening(port);
+    let other = p.server.spawn("python3", &["-c", serve, &(port + 1).to_string(), "plain"]);
+    p.server.wait_listening(port + 1);
+    let client = format!(
+        "import socket\n\
+         for port in ({port}, {port} + 1):\n\
+         \x20   s = socket.create_connection(('{}', port), timeout=10)\n\
+         \x20   s.sendall(b'hello')\n\
+         \x20   print(port - {port}, s.recv(100))\n",
+        p.server.addr
+    );
+    assert_eq!(p.client.run("python3", &["-c", &client], T), "0 b'hello'\n1 b'hello'\n");
+    other.stop();
+    drop(daemon);
+    let (client, server) = (stats_text(&p.client.stats), stats_text(&p.server.stats));
+    assert_eq!(stat(&p.server.stats, "listeners without engine"), 0, "{server}");
+    // The daemon's connection went over kernel TCP, the other server's was carried.
+    assert_eq!(stat(&p.client.stats, "no engine at peer"), 1, "{client}");
+    assert_eq!(stat(&p.client.stats, "direct"), 1, "{client}");
+}
+
 /// A connect to a public address (8.8.8.8, from a namespace with no route there: nothing
 /// leaves) is left to kernel TCP without asking that host's channel port; `--carry-public`
 /// asks it.
@@ -1704,6 +1749,7 @@ crate::both_testbeds!(
     connection_churn,
     reuseport_listeners,
     forking_server_on_the_wildcard,
+    daemon_forked_after_listen_frees_the_channel_port,
     answer_then_close,
     bytes_written_before_exit_arrive,
     a_silent_host_costs_one_dial_per_host,

@@ -149,6 +149,9 @@ pub struct Engine {
     acceptor: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<EventFd>,
     control: Mutex<Option<control::Endpoint>>,
+    /// The channel listener's number (the acceptor thread owns it), for a forked child's
+    /// `release_in_forked_child`; -1 once released there.
+    channel_listener: std::sync::atomic::AtomicI32,
 }
 
 /// Runs `f` on a thread that first enters `netns` (if any) and waits for its result.
@@ -177,6 +180,7 @@ impl Engine {
                 io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}"))
             })?;
         let local_addr = listener.local_addr()?;
+        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
         let worker_count = config.workers + usize::from(config.latency_channels > 0);
         let class_of =
             |i: usize| if i < config.workers { Class::Throughput } else { Class::Latency };
@@ -240,6 +244,7 @@ impl Engine {
             acceptor: Mutex::new(None),
             stop: stop.clone(),
             control: Mutex::new(control),
+            channel_listener: std::sync::atomic::AtomicI32::new(listener_fd),
         };
         let netns = ctx.config.netns.clone();
         let handle = std::thread::Builder::new().name("nc-accept".into()).spawn(move || {
@@ -278,6 +283,25 @@ impl Engine {
     /// The Unix socket `netchannel stat` reads this engine through (`Config::control`).
     pub fn control_path(&self) -> Option<std::path::PathBuf> {
         self.control.lock().as_ref().map(|e| e.path().to_path_buf())
+    }
+
+    /// For a child forked from this engine's process, which shares its memory but runs none of
+    /// its threads: closes the child's copy of the channel listener. Kept, it held the port
+    /// bound after the engine's process exited (a daemon's parent exits after `listen`), so no
+    /// other engine could own it and peers that dialed it waited for a handshake nobody would
+    /// answer, where they are now refused at once. Takes no lock and allocates nothing (for a
+    /// fork handler). Nothing else of the engine may be used in the child.
+    pub fn release_in_forked_child(&self) {
+        let fd = self.channel_listener.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: `fd` is the child's copy of the channel listener: the acceptor thread that
+            // owns it in the parent does not exist in the child, nothing else there refers to
+            // the number, and the swap above closes it once.
+            #[allow(unsafe_code)]
+            unsafe {
+                crate::sys::close_forked_copy(fd)
+            };
+        }
     }
 
     /// Waits until what the applications sent has reached the peer engines (nothing unsent or

@@ -254,6 +254,17 @@ pub fn raised(fd: OwnedFd) -> OwnedFd {
     rustix::io::fcntl_dupfd_cloexec(&fd, floor).unwrap_or(fd)
 }
 
+/// Closes the number `fd` in a forked child, where the object that owns it in the parent (a
+/// thread's) exists only as memory nobody runs (`Engine::release_in_forked_child`).
+///
+/// # Safety
+/// Nothing in the calling process may use `fd` afterwards as the object it was, and it must be
+/// closed this way once.
+pub unsafe fn close_forked_copy(fd: RawFd) {
+    // SAFETY: the caller's contract above.
+    unsafe { rustix::io::close(fd) }
+}
+
 /// The local address of a connected socket (a channel's, for the address a program's
 /// `getsockname` reports on a carried connection).
 pub fn local_addr(fd: BorrowedFd<'_>) -> Option<std::net::SocketAddr> {
