@@ -133,6 +133,10 @@ pub(crate) struct Carried {
     me: Weak<Carried>,
     /// `elide::forks()` when it was made.
     forks: u64,
+    /// L's number while the owner holds it (-1 once closed) and its inode, for a forked child,
+    /// which closes its copy at once (`close_forked_copies`) without the mirror's lock.
+    l_raw: std::sync::atomic::AtomicI32,
+    l_inode: (u64, u64),
     mirror: Mutex<Mirror>,
     error: Mutex<ErrorState>,
     /// P is, or was, in a kernel wait (epoll set, poll, select): mirror readiness.
@@ -242,6 +246,7 @@ impl Carried {
             rustix::fs::fcntl_setfl(&p, fl | rustix::fs::OFlags::NONBLOCK)?;
         }
         let st = rustix::fs::fstat(&p)?;
+        let l_st = rustix::fs::fstat(&l)?;
         vs.set_nonblocking(true);
         let c = Arc::new_cyclic(|me| Carried {
             vs: ManuallyDrop::new(vs),
@@ -253,6 +258,8 @@ impl Carried {
             v6,
             me: me.clone(),
             forks: crate::elide::forks(),
+            l_raw: std::sync::atomic::AtomicI32::new(std::os::fd::AsRawFd::as_raw_fd(&l)),
+            l_inode: (l_st.st_dev, l_st.st_ino),
             mirror: Mutex::new(Mirror {
                 l: Some(l),
                 tokens: 0,
@@ -312,6 +319,7 @@ impl Carried {
         if let Some(kind) = r.error {
             self.note_error(reset_errno(kind_errno(kind), r.peer_finished || m.eof));
             // Closed with the primer unread: P reports ECONNRESET, POLLERR and POLLHUP.
+            self.l_raw.store(-1, Ordering::Release);
             m.l = None;
             drop(m);
             self.l_closed();
@@ -320,7 +328,7 @@ impl Carried {
         if r.peer_finished && !m.eof {
             m.eof = true;
             if m.wr_shut {
-                close_clean(&mut m);
+                self.close_clean(&mut m);
                 drop(m);
                 self.l_closed();
                 return None;
@@ -1088,7 +1096,7 @@ impl Carried {
         }
         if wr && (rd || m.eof) {
             // TCP reports POLLHUP once both directions are done (or the program shut both).
-            close_clean(&mut m);
+            self.close_clean(&mut m);
             drop(m);
             self.l_closed();
             return Ok(());
@@ -1157,6 +1165,21 @@ impl Carried {
                 let _ = self.vs.wait_ready(true, false, Some(step), uninterruptible());
             }
         }
+    }
+
+    /// Closes L with nothing unread: P reports POLLHUP without an error (both halves done).
+    fn close_clean(&self, m: &mut Mirror) {
+        self.l_raw.store(-1, Ordering::Release);
+        if let Some(l) = &m.l {
+            let mut buf = [0u8; 64];
+            while let Ok((n, _)) = rustix::net::recv(l, &mut buf, RecvFlags::DONTWAIT) {
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        m.l = None;
+        m.ballast = 0;
     }
 
     /// L was closed (a terminal state): an orphaned connection has nothing left to wait for.
@@ -1410,8 +1433,33 @@ impl Drop for Carried {
         // left alone (its engine has no threads, and its channels are the parent's).
         if self.owner == pid() {
             crate::interpose::drop_once(&mut self.vs);
+        } else if let Some(l) = self.mirror.get_mut().l.take() {
+            // The child closed its copy of L when it was forked (`close_forked_copies`): the
+            // number may be another fd of its own by now.
+            std::mem::forget(l);
         }
     }
+}
+
+/// In a forked child: closes its copies of the owner's L ends. A child that held one (a
+/// worker, a `BGSAVE`, a daemon) kept the socket pair open, so the owner's closing of L told
+/// the placeholder nothing: a peer's reset showed no `POLLERR`/`POLLHUP` (nor `POLLIN`) in the
+/// owner's waits until the child exited. The registry is consistent here (its lock is held
+/// across `fork`); a number is closed only if it is still that L (its inode), and the child's
+/// `Carried` copies never close it again (`Drop`).
+pub(crate) fn close_forked_copies() {
+    let registry = REGISTRY.lock();
+    for c in registry.iter().flat_map(|r| r.values()) {
+        let fd = c.l_raw.load(Ordering::Acquire);
+        if fd >= 0 {
+            crate::interpose::close_forked_copy(fd, c.l_inode);
+        }
+    }
+}
+
+/// The registry's lock, held across `fork` (`interpose::fork_prepare`).
+pub(crate) fn registry_fork_lock() -> &'static Mutex<Option<HashMap<u64, Arc<Carried>>>> {
+    &REGISTRY
 }
 
 /// The registered connection `id` (for a process taking it over through the relay).
@@ -1456,20 +1504,6 @@ fn drain_ballast(m: &mut Mirror) {
         }
     }
     m.ballast = left as u32;
-}
-
-/// Closes L with nothing unread: P reports POLLHUP without an error (both halves done).
-fn close_clean(m: &mut Mirror) {
-    if let Some(l) = &m.l {
-        let mut buf = [0u8; 64];
-        while let Ok((n, _)) = rustix::net::recv(l, &mut buf, RecvFlags::DONTWAIT) {
-            if n == 0 {
-                break;
-            }
-        }
-    }
-    m.l = None;
-    m.ballast = 0;
 }
 
 /// Copies `data` into `bufs` in order; the bytes copied.

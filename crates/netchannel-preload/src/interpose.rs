@@ -215,10 +215,13 @@ extern "C" fn fork_prepare() {
     crate::connect::NO_ENGINE.hold();
     crate::connect::CARRIED_BEFORE.hold();
     table::fork_locks(|l| l.hold(), |l| l.hold(), |l| l.hold(), |l| l.hold());
+    crate::carried::registry_fork_lock().hold();
 }
 
 fn release_fork_locks() {
     // SAFETY: `fork_prepare` took every one of these in this thread just before the fork.
+    unsafe { crate::carried::registry_fork_lock().release() };
+    // SAFETY: as above.
     table::fork_locks(
         |l| unsafe { l.release() },
         |l| unsafe { l.release() },
@@ -241,6 +244,7 @@ extern "C" fn fork_child() {
     release_fork_locks();
     table::forget_epolls_after_fork();
     process::release_engines_in_child();
+    crate::carried::close_forked_copies();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -253,6 +257,19 @@ pub(crate) fn with_fd<T>(fd: RawFd, f: impl FnOnce(BorrowedFd<'_>) -> T) -> T {
     // program's race, as on kernel TCP); the borrow does not outlive `f`, and the kernel
     // checks the number on every use.
     f(unsafe { BorrowedFd::borrow_raw(fd) })
+}
+
+/// In a forked child: closes `fd` if it is the socket whose (device, inode) is `inode`, a copy
+/// of the owner's L that nothing in the child uses (`carried::close_forked_copies`).
+pub(crate) fn close_forked_copy(fd: RawFd, inode: (u64, u64)) {
+    // SAFETY: only looked at (fstat) before the identity check; borrowed for that call only.
+    let same = rustix::fs::fstat(unsafe { BorrowedFd::borrow_raw(fd) })
+        .is_ok_and(|st| (st.st_dev, st.st_ino) == inode);
+    if same {
+        // SAFETY: the number is the child's copy of L (same inode); its `Carried` copies never
+        // close it again (they forget L when dropped), so this is its only close.
+        unsafe { rustix::io::close(fd) };
+    }
 }
 
 /// Borrows an fd that `owner` keeps open.

@@ -1230,6 +1230,22 @@ static void processes(const char *host, int port, const char *self) {
     printf("  parent after the spawned child: %.*s\n", read_full(s, b, 4), b);
     close(s);
 
+    /* A forked child that holds copies of every fd and touches none (a worker, a BGSAVE):
+     * the parent still sees the peer's reset and end of stream at once. */
+    int rs = dial(host, port, 0), fs = dial(host, port, 0);
+    fflush(stdout);
+    pid_t idle = fork();
+    if (idle == 0) { sleep(5); _exit(0); }
+    cmd(rs, "r");
+    cmd(fs, "x");
+    int rv = wait_revents(rs, POLLHUP | POLLERR);
+    printf("beside an idle child: after RST poll=%#x epoll=%#x so_error=%s;", rv, epoll_mask(rs), en(so_error(rs)));
+    rv = wait_revents(fs, POLLRDHUP);
+    printf(" after FIN poll=%#x epoll=%#x\n", rv, epoll_mask(fs));
+    kill(idle, SIGKILL);
+    waitpid(idle, &st, 0);
+    close(rs); close(fs);
+
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     char *wargv[] = {"conform", "exit-writer", (char *)host, portstr, NULL};
