@@ -159,6 +159,8 @@ pub(crate) struct Carried {
     /// Where the connect stands, for a second `connect` and for the state reported
     /// (`CONNECT_*`).
     connect_state: AtomicU8,
+    /// A write after the peer's FIN already met the connection's end once (see `send`).
+    wrote_past_end: AtomicBool,
 }
 
 /// `connect` returned 0 (or the connection was accepted): a second one fails with `EISCONN`.
@@ -284,6 +286,7 @@ impl Carried {
             sleepers: Mutex::new(Vec::new()),
             orphaned: AtomicBool::new(false),
             connect_state: AtomicU8::new(CONNECT_DONE),
+            wrote_past_end: AtomicBool::new(false),
         });
         REGISTRY.lock().get_or_insert_with(HashMap::new).insert(id, c.clone());
         Ok((c, p))
@@ -597,6 +600,20 @@ impl Carried {
 
     /// `failed` for a write: every `EPIPE` raises SIGPIPE unless `MSG_NOSIGNAL` (the kernel's
     /// rule, whether the pipe broke by our shutdown or by a reset after the peer's FIN).
+    /// TCP takes the first write after the peer's FIN even when the peer has gone since (its
+    /// process exited): the bytes leave, and only the reset they draw fails the next write
+    /// with `EPIPE`. A server that answers after reading end of stream (conform's `w`) must
+    /// not die of `SIGPIPE` where TCP lets its answer go; on a carried connection the peer's
+    /// engine is gone with its process, and that write failed at once. The bytes are dropped,
+    /// as the peer's kernel would drop them; the error stays for the next call. A reset the
+    /// peer's engine sent is the reset TCP's write would have drawn: that one fails at once.
+    fn first_write_past_end(&self, e: &io::Error) -> bool {
+        e.kind() == io::ErrorKind::ConnectionReset
+            && self.vs.lost_with_peer()
+            && (self.vs.readiness().peer_finished || self.mirror.lock().eof)
+            && !self.wrote_past_end.swap(true, Ordering::AcqRel)
+    }
+
     fn write_failed(
         &self,
         fd: BorrowedFd<'_>,
@@ -881,7 +898,12 @@ impl Carried {
                     Err(Err(libc::EINTR))
                 }
             }
-            Err(e) => Err(Err(errno_of(&e))),
+            Err(e) => {
+                // The exit tears down what the wait used (the exiting thread's waiter goes with
+                // its thread-locals): as with any failure then, wait for the exit.
+                crate::process::hold_if_exiting();
+                Err(Err(errno_of(&e)))
+            }
         }
     }
 
@@ -995,6 +1017,9 @@ impl Carried {
                 Err(e) => {
                     if sent > 0 {
                         break Ok(sent);
+                    }
+                    if self.first_write_past_end(&e) {
+                        break Ok(total);
                     }
                     break self.write_failed(fd, &e, nosignal);
                 }

@@ -526,7 +526,7 @@ pub(crate) fn install(
     vs.set_app_addresses(local, peer);
     let (c, p) = Carried::create(vs, in_family(peer, v6), in_family(local, v6), v6, nb)
         .map_err(|e| errno_of(&e))?;
-    crate::sockopt::adopt(&c, app);
+    crate::sockopt::adopt(&c, app, known.is_some());
     dup_onto(p.as_fd(), fd, cx)?;
     drop(p);
     table::map_carried(fd, c.clone());

@@ -117,7 +117,9 @@ fn templates(v6: bool) -> Option<&'static Templates> {
 
 /// Options that change what a carried connection does, or that programs read back, taken
 /// over from the kernel socket it replaces (`adopt`).
-const ADOPTED: [(i32, i32); 6] = [
+const ADOPTED: [(i32, i32); 8] = [
+    (libc::SOL_SOCKET, libc::SO_SNDBUF),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF),
     (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
     (libc::SOL_SOCKET, libc::SO_SNDTIMEO),
     (libc::SOL_SOCKET, libc::SO_LINGER),
@@ -129,14 +131,26 @@ const ADOPTED: [(i32, i32); 6] = [
 /// Options the program set on the kernel socket before it was carried (before its `connect`,
 /// or on the listener an accepted socket inherits them from, as TCP's accepted sockets do):
 /// they hold for the carried connection and read back as set. A common pattern (timeouts set,
-/// then `connect`) had its timeouts dropped: a read waited for data forever.
-pub(crate) fn adopt(c: &Carried, from: BorrowedFd<'_>) {
+/// then `connect`) had its timeouts dropped: a read waited for data forever. The buffer sizes
+/// only from a socket not yet connected (`accepted` false): a connected one's grew on its own.
+pub(crate) fn adopt(c: &Carried, from: BorrowedFd<'_>, accepted: bool) {
     let Some(t) = templates(c.v6) else { return };
     let mut now = [0u8; 16];
     for ((level, name), fresh) in ADOPTED.into_iter().zip(&t.adopted) {
         let Some(fresh) = fresh else { continue };
+        let buffer = level == libc::SOL_SOCKET && matches!(name, libc::SO_SNDBUF | libc::SO_RCVBUF);
+        if buffer && accepted {
+            continue;
+        }
         let Ok(n) = raw_getsockopt(from, level, name, &mut now) else { continue };
-        if now[..n] != fresh[..] {
+        if now[..n] == fresh[..] {
+            continue;
+        }
+        if buffer && n == 4 {
+            // The kernel reads back twice what was set: set half to read back the same.
+            let set_value = i32::from_ne_bytes(now[..4].try_into().unwrap()) / 2;
+            let _ = set(c, level, name, &set_value.to_ne_bytes());
+        } else {
             let _ = set(c, level, name, &now[..n]);
         }
     }

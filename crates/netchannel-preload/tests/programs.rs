@@ -1614,7 +1614,10 @@ fn answer_then_close(hosts: Hosts) {
 /// socket left open is detached from Python's object, so that the exit, not Python, ends it). The
 /// client also holds a second connection with bytes unread, so that its exit resets that one
 /// and the channels it shared. The library had lost the bytes still in the stream's send
-/// buffer or in a channel the exit reset, and the server read a reset after 0.2-1.9 MB.
+/// buffer or in a channel the exit reset, and the server read a reset after 0.2-1.9 MB. Then
+/// the server answers the gone client twice: TCP takes the first answer (the client's kernel
+/// resets it) and fails the second with `EPIPE`; the library failed the first at once, which
+/// killed a server that does not ignore `SIGPIPE`.
 fn bytes_written_before_exit_arrive(hosts: Hosts) {
     if !have("python3") {
         return;
@@ -1642,8 +1645,16 @@ fn bytes_written_before_exit_arrive(hosts: Hosts) {
          \x20           n += len(d)\n\
          \x20   except ConnectionResetError:\n\
          \x20       end = 'reset'\n\
+         \x20   answers = []\n\
+         \x20   for wait in (0.3, 0.2):\n\
+         \x20       time.sleep(wait)\n\
+         \x20       try:\n\
+         \x20           a.send(b'late')\n\
+         \x20           answers.append('sent')\n\
+         \x20       except OSError as e:\n\
+         \x20           answers.append(type(e).__name__)\n\
          \x20   with open(sys.argv[2], 'a') as f:\n\
-         \x20       f.write(f'{n} bytes, then {end}\\n')\n\
+         \x20       f.write(f'{n} bytes, then {end}; answers after it: {answers}\\n')\n\
          \x20   a.close()\n";
     let Some(outputs) = kernel_then_carried(hosts, "bytes-before-exit", |p, _| {
         let port = ports(1);
@@ -1686,10 +1697,15 @@ fn bytes_written_before_exit_arrive(hosts: Hosts) {
     }) else {
         return;
     };
-    let expected = "closed and sys.exit: 3000000 bytes, then end of stream\n\
-                    open and sys.exit: 3000000 bytes, then end of stream\n\
-                    closed and os._exit: 3000000 bytes, then end of stream\n\
-                    open and os._exit: 3000000 bytes, then end of stream\n";
+    let expected: String =
+        ["closed and sys.exit", "open and sys.exit", "closed and os._exit", "open and os._exit"]
+            .map(|case| {
+                format!(
+                    "{case}: 3000000 bytes, then end of stream; answers after it: \
+                 ['sent', 'BrokenPipeError']\n"
+                )
+            })
+            .concat();
     assert_eq!(outputs[0], expected, "kernel TCP");
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }

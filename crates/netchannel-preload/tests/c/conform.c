@@ -906,6 +906,9 @@ static void timeouts_and_signals(const char *host, int port) {
         struct timeval before = {0, 200000};
         setsockopt(t, SOL_SOCKET, SO_RCVTIMEO, &before, sizeof before);
         setsockopt(t, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        int sndbuf = 65536, rcvbuf = 32768;
+        setsockopt(t, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        setsockopt(t, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
         inet_pton(AF_INET, host, &a.sin_addr);
         if (connect(t, (void *)&a, sizeof a)) die("connect");
@@ -914,8 +917,12 @@ static void timeouts_and_signals(const char *host, int port) {
         double w = now(CLOCK_MONOTONIC) - t1;
         socklen_t nl = sizeof nodelay;
         getsockopt(t, IPPROTO_TCP, TCP_NODELAY, &nodelay, &nl);
-        printf("set before connect: SO_RCVTIMEO 200 ms recv=%s waited_timeout=%d TCP_NODELAY=%d\n",
-               rr, w >= 0.19 && w < 2, nodelay);
+        nl = sizeof sndbuf;
+        getsockopt(t, SOL_SOCKET, SO_SNDBUF, &sndbuf, &nl);
+        nl = sizeof rcvbuf;
+        getsockopt(t, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &nl);
+        printf("set before connect: SO_RCVTIMEO 200 ms recv=%s waited_timeout=%d TCP_NODELAY=%d SO_SNDBUF=%d SO_RCVBUF=%d\n",
+               rr, w >= 0.19 && w < 2, nodelay, sndbuf, rcvbuf);
         close(t);
     }
 

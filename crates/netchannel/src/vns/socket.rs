@@ -654,6 +654,14 @@ impl VSocket {
         }
     }
 
+    /// Whether the stream ended because every channel to the peer was lost (the peer's engine
+    /// went away, with its process), not by a reset the peer sent.
+    pub fn lost_with_peer(&self) -> bool {
+        self.session.core().stream(self.id).is_some_and(|s| {
+            matches!(s.send_capacity(), Err(SendError::Reset(ResetCause::ChannelLost)))
+        })
+    }
+
     /// Received bytes not yet read (`FIONREAD`).
     pub fn unread_bytes(&self) -> u64 {
         self.session.core().stream(self.id).map_or(0, |s| s.unread_bytes())
