@@ -156,10 +156,13 @@ extern "C" fn at_exit() {
 
 /// # Safety
 /// C ABI: as _exit(2). A process that ends this way (no `atexit` handlers) leaves what its
-/// sockets queued to its kernel too: the engine delivers it first (`process::drain_engines`).
+/// sockets queued to its kernel too: the engine delivers it first (`process::drain_engines`),
+/// except from a signal handler, where `_exit` must stay async-signal-safe.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    let _ = caught(process::drain_engines);
+    if !in_signal_handler() {
+        let _ = caught(process::drain_engines);
+    }
     // SAFETY: forwarding the caller's argument.
     unsafe { real!(_exit)(status) }
 }
@@ -168,7 +171,9 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 /// C ABI: as _Exit(2) (the same as `_exit`).
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    let _ = caught(process::drain_engines);
+    if !in_signal_handler() {
+        let _ = caught(process::drain_engines);
+    }
     // SAFETY: forwarding the caller's argument.
     unsafe { real!(_Exit)(status) }
 }
@@ -543,6 +548,14 @@ thread_local! {
     // Plain thread-locals with constant initialisers: no lazy init, safe in a handler.
     static HANDLED_NO_RESTART: Cell<u32> = const { Cell::new(0) };
     static HANDLED: Cell<u32> = const { Cell::new(0) };
+    /// Program handlers running in this thread now (one that jumps out leaves it counted).
+    static IN_HANDLER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread is inside a program's signal handler: an `_exit` there must stay
+/// async-signal-safe (no lock, no allocation), so it does not wait for the engine.
+pub(crate) fn in_signal_handler() -> bool {
+    IN_HANDLER.with(|c| c.get()) > 0
 }
 
 /// Per-thread counts of handled signals: without `SA_RESTART` (for `carried`'s blocking calls)
@@ -589,6 +602,7 @@ extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_voi
         return;
     }
     HANDLED.with(|c| c.set(c.get().wrapping_add(1)));
+    IN_HANDLER.with(|c| c.set(c.get() + 1));
     if flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed `h` as an SA_SIGINFO handler.
         let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
@@ -599,6 +613,7 @@ extern "C" fn trampoline(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_voi
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
         f(sig)
     }
+    IN_HANDLER.with(|c| c.set(c.get().saturating_sub(1)));
 }
 
 /// # Safety

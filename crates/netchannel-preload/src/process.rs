@@ -238,7 +238,11 @@ pub(crate) fn drain_engines() {
 }
 
 pub(crate) fn at_exit() {
-    drain_engines();
+    // An `exit` from a signal handler (not async-signal-safe, but common) must not wait on
+    // locks the interrupted code may hold.
+    if !crate::interpose::in_signal_handler() {
+        drain_engines();
+    }
     let rings = io_uring_rings();
     if rings > 0 {
         let _ = writeln!(

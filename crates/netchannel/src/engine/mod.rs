@@ -149,9 +149,9 @@ pub struct Engine {
     acceptor: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<EventFd>,
     control: Mutex<Option<control::Endpoint>>,
-    /// The channel listener's number (the acceptor thread owns it), for a forked child's
-    /// `release_in_forked_child`; -1 once released there.
-    channel_listener: std::sync::atomic::AtomicI32,
+    /// The channel listener (the acceptor thread owns it), for a forked child's
+    /// `release_in_forked_child`.
+    channel_listener: crate::sys::ForkedCopy,
 }
 
 /// Runs `f` on a thread that first enters `netns` (if any) and waits for its result.
@@ -180,7 +180,7 @@ impl Engine {
                 io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}"))
             })?;
         let local_addr = listener.local_addr()?;
-        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let channel_listener = crate::sys::ForkedCopy::new(std::os::fd::AsFd::as_fd(&listener));
         let worker_count = config.workers + usize::from(config.latency_channels > 0);
         let class_of =
             |i: usize| if i < config.workers { Class::Throughput } else { Class::Latency };
@@ -244,7 +244,7 @@ impl Engine {
             acceptor: Mutex::new(None),
             stop: stop.clone(),
             control: Mutex::new(control),
-            channel_listener: std::sync::atomic::AtomicI32::new(listener_fd),
+            channel_listener,
         };
         let netns = ctx.config.netns.clone();
         let handle = std::thread::Builder::new().name("nc-accept".into()).spawn(move || {
@@ -292,16 +292,7 @@ impl Engine {
     /// answer, where they are now refused at once. Takes no lock and allocates nothing (for a
     /// fork handler). Nothing else of the engine may be used in the child.
     pub fn release_in_forked_child(&self) {
-        let fd = self.channel_listener.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: `fd` is the child's copy of the channel listener: the acceptor thread that
-            // owns it in the parent does not exist in the child, nothing else there refers to
-            // the number, and the swap above closes it once.
-            #[allow(unsafe_code)]
-            unsafe {
-                crate::sys::close_forked_copy(fd)
-            };
-        }
+        self.channel_listener.close_in_child();
     }
 
     /// Waits until what the applications sent has reached the peer engines (nothing unsent or

@@ -254,15 +254,37 @@ pub fn raised(fd: OwnedFd) -> OwnedFd {
     rustix::io::fcntl_dupfd_cloexec(&fd, floor).unwrap_or(fd)
 }
 
-/// Closes the number `fd` in a forked child, where the object that owns it in the parent (a
-/// thread's) exists only as memory nobody runs (`Engine::release_in_forked_child`).
-///
-/// # Safety
-/// Nothing in the calling process may use `fd` afterwards as the object it was, and it must be
-/// closed this way once.
-pub unsafe fn close_forked_copy(fd: RawFd) {
-    // SAFETY: the caller's contract above.
-    unsafe { rustix::io::close(fd) }
+/// An fd owned by one of this process's threads (the channel listener, by the acceptor) that
+/// a forked child must not keep: the child would hold the listener's port after the parent
+/// exits (`Engine::release_in_forked_child`).
+pub struct ForkedCopy {
+    fd: std::sync::atomic::AtomicI32,
+    owner: u32,
+}
+
+impl ForkedCopy {
+    /// Notes `fd`, owned by this process.
+    pub fn new(fd: BorrowedFd<'_>) -> ForkedCopy {
+        ForkedCopy {
+            fd: std::sync::atomic::AtomicI32::new(fd.as_raw_fd()),
+            owner: rustix::process::getpid().as_raw_nonzero().get() as u32,
+        }
+    }
+
+    /// In a process forked from the one that made this, and only there (the kernel's pid is
+    /// asked): closes that process's copy, once. Takes no lock and allocates nothing.
+    pub fn close_in_child(&self) {
+        if rustix::process::getpid().as_raw_nonzero().get() as u32 == self.owner {
+            return;
+        }
+        let fd = self.fd.swap(-1, std::sync::atomic::Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: in a forked child the object that owns `fd` lives in the parent's memory
+            // image only: the thread that used it does not exist here, nothing else of this
+            // process refers to the number, and the swap closes it once.
+            unsafe { rustix::io::close(fd) };
+        }
+    }
 }
 
 /// The local address of a connected socket (a channel's, for the address a program's
