@@ -133,10 +133,6 @@ pub(crate) struct Carried {
     me: Weak<Carried>,
     /// `elide::forks()` when it was made.
     forks: u64,
-    /// L's number while the owner holds it (-1 once closed) and its inode, for a forked child,
-    /// which closes its copy at once (`close_forked_copies`) without the mirror's lock.
-    l_raw: std::sync::atomic::AtomicI32,
-    l_inode: (u64, u64),
     mirror: Mutex<Mirror>,
     error: Mutex<ErrorState>,
     /// P is, or was, in a kernel wait (epoll set, poll, select): mirror readiness.
@@ -248,7 +244,6 @@ impl Carried {
             rustix::fs::fcntl_setfl(&p, fl | rustix::fs::OFlags::NONBLOCK)?;
         }
         let st = rustix::fs::fstat(&p)?;
-        let l_st = rustix::fs::fstat(&l)?;
         vs.set_nonblocking(true);
         let c = Arc::new_cyclic(|me| Carried {
             vs: ManuallyDrop::new(vs),
@@ -260,8 +255,6 @@ impl Carried {
             v6,
             me: me.clone(),
             forks: crate::elide::forks(),
-            l_raw: std::sync::atomic::AtomicI32::new(std::os::fd::AsRawFd::as_raw_fd(&l)),
-            l_inode: (l_st.st_dev, l_st.st_ino),
             mirror: Mutex::new(Mirror {
                 l: Some(l),
                 tokens: 0,
@@ -322,7 +315,6 @@ impl Carried {
         if let Some(kind) = r.error {
             self.note_error(reset_errno(kind_errno(kind), r.peer_finished || m.eof));
             // Closed with the primer unread: P reports ECONNRESET, POLLERR and POLLHUP.
-            self.l_raw.store(-1, Ordering::Release);
             m.l = None;
             drop(m);
             self.l_closed();
@@ -1194,7 +1186,6 @@ impl Carried {
 
     /// Closes L with nothing unread: P reports POLLHUP without an error (both halves done).
     fn close_clean(&self, m: &mut Mirror) {
-        self.l_raw.store(-1, Ordering::Release);
         if let Some(l) = &m.l {
             let mut buf = [0u8; 64];
             while let Ok((n, _)) = rustix::net::recv(l, &mut buf, RecvFlags::DONTWAIT) {
@@ -1458,26 +1449,23 @@ impl Drop for Carried {
         // left alone (its engine has no threads, and its channels are the parent's).
         if self.owner == pid() {
             crate::interpose::drop_once(&mut self.vs);
-        } else if let Some(l) = self.mirror.get_mut().l.take() {
-            // The child closed its copy of L when it was forked (`close_forked_copies`): the
-            // number may be another fd of its own by now.
-            std::mem::forget(l);
         }
     }
 }
 
-/// In a forked child: closes its copies of the owner's L ends. A child that held one (a
-/// worker, a `BGSAVE`, a daemon) kept the socket pair open, so the owner's closing of L told
-/// the placeholder nothing: a peer's reset showed no `POLLERR`/`POLLHUP` (nor `POLLIN`) in the
-/// owner's waits until the child exited. The registry is consistent here (its lock is held
-/// across `fork`); a number is closed only if it is still that L (its inode), and the child's
-/// `Carried` copies never close it again (`Drop`).
+/// In a forked child: closes its copies of the owner's L ends, and forgets them, so that
+/// nothing in the child touches the number again (it may soon name another fd of the child's,
+/// such as its relay connection). A child that held one (a worker, a `BGSAVE`, a daemon) kept
+/// the socket pair open, so the owner's closing of L told the placeholder nothing: a peer's
+/// reset showed no `POLLERR`/`POLLHUP` (nor `POLLIN`) in the owner's waits until the child
+/// exited. The registry is consistent here (its lock is held across `fork`); a mirror's lock
+/// is only tried (a parent thread may have held it at the fork), and a connection whose lock
+/// does not come keeps its copy, as before.
 pub(crate) fn close_forked_copies() {
     let registry = REGISTRY.lock();
     for c in registry.iter().flat_map(|r| r.values()) {
-        let fd = c.l_raw.load(Ordering::Acquire);
-        if fd >= 0 {
-            crate::interpose::close_forked_copy(fd, c.l_inode);
+        if let Some(mut m) = c.mirror.try_lock() {
+            drop(m.l.take());
         }
     }
 }

@@ -264,19 +264,6 @@ pub(crate) fn with_fd<T>(fd: RawFd, f: impl FnOnce(BorrowedFd<'_>) -> T) -> T {
     f(unsafe { BorrowedFd::borrow_raw(fd) })
 }
 
-/// In a forked child: closes `fd` if it is the socket whose (device, inode) is `inode`, a copy
-/// of the owner's L that nothing in the child uses (`carried::close_forked_copies`).
-pub(crate) fn close_forked_copy(fd: RawFd, inode: (u64, u64)) {
-    // SAFETY: only looked at (fstat) before the identity check; borrowed for that call only.
-    let same = rustix::fs::fstat(unsafe { BorrowedFd::borrow_raw(fd) })
-        .is_ok_and(|st| (st.st_dev, st.st_ino) == inode);
-    if same {
-        // SAFETY: the number is the child's copy of L (same inode); its `Carried` copies never
-        // close it again (they forget L when dropped), so this is its only close.
-        unsafe { rustix::io::close(fd) };
-    }
-}
-
 /// Borrows an fd that `owner` keeps open.
 pub(crate) fn borrow_raw<'a, O>(fd: RawFd, _owner: &'a O) -> BorrowedFd<'a> {
     // SAFETY: the caller passes the object that owns `fd`; the borrow lives no longer than it.
