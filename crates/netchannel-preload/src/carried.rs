@@ -590,8 +590,6 @@ impl Carried {
         }
     }
 
-    /// `failed` for a write: every `EPIPE` raises SIGPIPE unless `MSG_NOSIGNAL` (the kernel's
-    /// rule, whether the pipe broke by our shutdown or by a reset after the peer's FIN).
     /// TCP takes the first write after the peer's FIN even when the peer has gone since (its
     /// process exited): the bytes leave, and only the reset they draw fails the next write
     /// with `EPIPE`. A server that answers after reading end of stream (conform's `w`) must
@@ -606,6 +604,8 @@ impl Carried {
             && !self.wrote_past_end.swap(true, Ordering::AcqRel)
     }
 
+    /// `failed` for a write: every `EPIPE` raises SIGPIPE unless `MSG_NOSIGNAL` (the kernel's
+    /// rule, whether the pipe broke by our shutdown or by a reset after the peer's FIN).
     fn write_failed(
         &self,
         fd: BorrowedFd<'_>,
