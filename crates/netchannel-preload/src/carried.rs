@@ -157,6 +157,9 @@ pub(crate) struct Carried {
     connect_state: AtomicU8,
     /// A write after the peer's FIN already met the connection's end once (see `send`).
     wrote_past_end: AtomicBool,
+    /// A `shutdown` gave the connect in progress up: reads fail with `ENOTCONN` (after the
+    /// pending error), as on TCP's socket back in CLOSE.
+    given_up: AtomicBool,
 }
 
 /// `connect` returned 0 (or the connection was accepted): a second one fails with `EISCONN`.
@@ -280,6 +283,7 @@ impl Carried {
             orphaned: AtomicBool::new(false),
             connect_state: AtomicU8::new(CONNECT_DONE),
             wrote_past_end: AtomicBool::new(false),
+            given_up: AtomicBool::new(false),
         });
         REGISTRY.lock().get_or_insert_with(HashMap::new).insert(id, c.clone());
         Ok((c, p))
@@ -671,6 +675,11 @@ impl Carried {
         }
         if flags & libc::MSG_ERRQUEUE != 0 {
             return Err(libc::EAGAIN);
+        }
+        if self.given_up.load(Ordering::Acquire) {
+            // As `tcp_recvmsg` on a socket that never connected: the error first, then
+            // ENOTCONN (never an end of stream).
+            return Err(self.take_error(fd).unwrap_or(libc::ENOTCONN));
         }
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let peek = flags & libc::MSG_PEEK != 0;
@@ -1089,6 +1098,7 @@ impl Carried {
         // A connect in progress is given up, as TCP's shutdown in SYN_SENT does: 0, then the
         // socket shows POLLERR|POLLHUP and SO_ERROR ECONNRESET.
         if self.connecting() && self.vs.abort_connect() {
+            self.given_up.store(true, Ordering::Release);
             return Ok(());
         }
         let r = self.vs.readiness();
