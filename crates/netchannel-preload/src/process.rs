@@ -225,12 +225,14 @@ const EXIT_CAP: std::time::Duration = std::time::Duration::from_secs(30);
 /// shares the cached pid).
 pub(crate) fn drain_engines() {
     let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
-    if me != pid() {
+    let engines = || [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten();
+    if me != pid() || !engines().any(|e| e.pid == me) {
+        // A forked child owns no connection (it has no engine of its own): nothing to end.
         return;
     }
     EXITING.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Release);
     crate::carried::end_all_at_exit();
-    for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
+    for e in engines() {
         if e.pid == me {
             e.engine.drain(EXIT_STALL, EXIT_CAP);
         }
