@@ -327,7 +327,7 @@ impl Carried {
         if r.peer_finished && !m.eof {
             m.eof = true;
             if m.wr_shut {
-                self.close_clean(&mut m);
+                close_clean(&mut m);
                 drop(m);
                 self.l_closed();
                 return None;
@@ -1123,7 +1123,7 @@ impl Carried {
         }
         if wr && (rd || m.eof) {
             // TCP reports POLLHUP once both directions are done (or the program shut both).
-            self.close_clean(&mut m);
+            close_clean(&mut m);
             drop(m);
             self.l_closed();
             return Ok(());
@@ -1192,20 +1192,6 @@ impl Carried {
                 let _ = self.vs.wait_ready(true, false, Some(step), uninterruptible());
             }
         }
-    }
-
-    /// Closes L with nothing unread: P reports POLLHUP without an error (both halves done).
-    fn close_clean(&self, m: &mut Mirror) {
-        if let Some(l) = &m.l {
-            let mut buf = [0u8; 64];
-            while let Ok((n, _)) = rustix::net::recv(l, &mut buf, RecvFlags::DONTWAIT) {
-                if n == 0 {
-                    break;
-                }
-            }
-        }
-        m.l = None;
-        m.ballast = 0;
     }
 
     /// L was closed (a terminal state): an orphaned connection has nothing left to wait for.
@@ -1527,6 +1513,20 @@ fn drain_ballast(m: &mut Mirror) {
         }
     }
     m.ballast = left as u32;
+}
+
+/// Closes L with nothing unread: P reports POLLHUP without an error (both halves done).
+fn close_clean(m: &mut Mirror) {
+    if let Some(l) = &m.l {
+        let mut buf = [0u8; 64];
+        while let Ok((n, _)) = rustix::net::recv(l, &mut buf, RecvFlags::DONTWAIT) {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    m.l = None;
+    m.ballast = 0;
 }
 
 /// Copies `data` into `bufs` in order; the bytes copied.

@@ -160,9 +160,7 @@ extern "C" fn at_exit() {
 /// except from a signal handler, where `_exit` must stay async-signal-safe.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
-    if !in_signal_handler() {
-        let _ = caught(process::drain_engines);
-    }
+    let _ = caught(process::drain_engines);
     // SAFETY: forwarding the caller's argument.
     unsafe { real!(_exit)(status) }
 }
@@ -171,9 +169,7 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 /// C ABI: as _Exit(2) (the same as `_exit`).
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
-    if !in_signal_handler() {
-        let _ = caught(process::drain_engines);
-    }
+    let _ = caught(process::drain_engines);
     // SAFETY: forwarding the caller's argument.
     unsafe { real!(_Exit)(status) }
 }

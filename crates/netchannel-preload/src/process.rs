@@ -58,11 +58,7 @@ pub(crate) fn set_pid() {
 
 /// Whether the process created the engines it sees (not a forked child of that process).
 pub(crate) fn in_owner() -> bool {
-    [SERVER_ENGINE.get(), CLIENT_ENGINE.get()]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .all(|e| e.pid == pid())
+    engines().all(|e| e.pid == pid())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -204,15 +200,15 @@ pub(crate) fn hold_if_exiting() {
     let exiting = EXITING.load(Ordering::Acquire);
     if exiting != 0 && exiting != rustix::thread::gettid().as_raw_nonzero().get() {
         loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
+            std::thread::sleep(Duration::from_secs(3600));
         }
     }
 }
 
 /// How long an exiting process waits for a peer that takes none of its bytes, and at most
 /// (see `drain_engines`).
-const EXIT_STALL: std::time::Duration = std::time::Duration::from_secs(2);
-const EXIT_CAP: std::time::Duration = std::time::Duration::from_secs(30);
+const EXIT_STALL: Duration = Duration::from_secs(2);
+const EXIT_CAP: Duration = Duration::from_secs(30);
 
 /// At exit, the connections still open end (`carried::end_all_at_exit`), and what they queued
 /// reaches the peer engines before the engine's threads and channels go with the process. A
@@ -222,10 +218,14 @@ const EXIT_CAP: std::time::Duration = std::time::Duration::from_secs(30);
 /// bytes) were lost, and the peer read a reset. A peer that takes nothing for `EXIT_STALL` ends
 /// the wait (the kernel would go on trying for minutes); so does `EXIT_CAP`. Only the process
 /// that owns an engine waits, not a forked or vforked child (asked of the kernel: a vfork child
-/// shares the cached pid).
+/// shares the cached pid), and not from a program's signal handler: there `_exit` must stay
+/// async-signal-safe, and an `exit` (not async-signal-safe, but common) must not wait on locks
+/// the interrupted code may hold.
 pub(crate) fn drain_engines() {
+    if crate::interpose::in_signal_handler() {
+        return;
+    }
     let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
-    let engines = || [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten();
     if me != pid() || !engines().any(|e| e.pid == me) {
         // A forked child owns no connection (it has no engine of its own): nothing to end.
         return;
@@ -240,11 +240,7 @@ pub(crate) fn drain_engines() {
 }
 
 pub(crate) fn at_exit() {
-    // An `exit` from a signal handler (not async-signal-safe, but common) must not wait on
-    // locks the interrupted code may hold.
-    if !crate::interpose::in_signal_handler() {
-        drain_engines();
-    }
+    drain_engines();
     let rings = io_uring_rings();
     if rings > 0 {
         let _ = writeln!(
@@ -262,11 +258,11 @@ pub(crate) fn at_exit() {
 fn print_stats(io_uring_rings: usize) {
     let c = &COUNTERS;
     let get = |x: &AtomicU64| x.load(Ordering::Relaxed);
-    let (mut channels, mut engines) = (0, 0);
-    for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
+    let (mut channels, mut own_engines) = (0, 0);
+    for e in engines() {
         if e.pid == pid() {
             channels += e.engine.stats().channels.len();
-            engines += 1;
+            own_engines += 1;
         }
     }
     let counted = [
@@ -282,7 +278,7 @@ fn print_stats(io_uring_rings: usize) {
         &c.kernel_listen_only,
         &c.reentered,
     ];
-    if engines == 0 && io_uring_rings == 0 && counted.into_iter().all(|x| get(x) == 0) {
+    if own_engines == 0 && io_uring_rings == 0 && counted.into_iter().all(|x| get(x) == 0) {
         // A process that never touched TCP (a shell, a helper a wrapper script ran) has
         // nothing to report: a line of zeros per such process buried the ones that matter.
         return;
@@ -372,11 +368,16 @@ pub(crate) fn is_inside() -> bool {
 /// In a forked child: the parent's engines are not this process's (`live`), and their channel
 /// listeners must not stay bound here after the parent exits (`Engine::release_in_forked_child`).
 pub(crate) fn release_engines_in_child() {
-    for e in [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten() {
+    for e in engines() {
         if e.pid != pid() {
             e.engine.release_in_forked_child();
         }
     }
+}
+
+/// The engines this process's memory holds: its own, or a parent's (a forked child's copy).
+fn engines() -> impl Iterator<Item = &'static ProcEngine> {
+    [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten()
 }
 
 fn live(e: &Option<ProcEngine>) -> Option<&Engine> {
