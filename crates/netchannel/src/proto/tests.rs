@@ -1841,3 +1841,34 @@ fn a_given_up_connect_refuses_the_late_answer() {
     let mut buf = [0u8; 4];
     assert_eq!(p.recv(0, a, &mut buf), Recv::Reset(ResetCause::ConnectAborted));
 }
+
+#[test]
+fn a_fin_is_acknowledged_at_once_and_data_is_not() {
+    let mut p = Pair::new(31, &[Class::Throughput], config());
+    let (a, _b) = p.open(90, Class::Throughput);
+    // Settle whatever the open left owed (its SYN and SYN_ACK are acknowledged in passing).
+    let ch = p.links[0].index;
+    let mut out = Vec::new();
+    p.sides[1].poll_transmit(ch, 1 << 20, 64, true, &mut out);
+    p.sides[0].poll_transmit(ch, 1 << 20, 64, true, &mut out);
+    out.clear();
+    p.links[0].dirs[0].pipe.clear();
+    p.links[0].dirs[1].pipe.clear();
+    // A little data: its acknowledgement may wait (it rides with the next frames out).
+    p.sides[0].handle(a).send(&[5u8; 100]).unwrap();
+    p.transmit(0);
+    while !p.links[0].dirs[0].pipe.is_empty() {
+        p.receive(1, 0);
+    }
+    assert!(p.sides[1].owes_ack());
+    assert!(!p.sides[1].ack_due(None), "100 bytes of data are acknowledged lazily");
+    // The stream's end: acknowledged at once, as TCP acknowledges a FIN.
+    p.sides[0].handle(a).shutdown_write().unwrap();
+    p.transmit(0);
+    while !p.links[0].dirs[0].pipe.is_empty() {
+        p.receive(1, 0);
+    }
+    assert!(p.sides[1].ack_due(None), "a FIN waits for no delayed acknowledgement");
+    p.sides[1].poll_transmit(ch, 1 << 20, 64, false, &mut out);
+    assert!(!p.sides[1].owes_ack() && !p.sides[1].ack_due(None));
+}

@@ -43,6 +43,10 @@ pub(super) struct ChannelState {
     pub(super) rx_acked: u64,
     /// Since when bytes are unacknowledged.
     pub(super) ack_since: Option<Instant>,
+    /// A stream's end (FIN or RST) came since the last acknowledgement: acknowledged at once,
+    /// as TCP acknowledges a FIN, so that a peer waiting for its last bytes to be taken (a
+    /// process's exit, `Engine::drain`) does not wait for the delayed acknowledgement.
+    pub(super) ack_now: bool,
     /// Since when the peer has not acknowledged anything while frames wait for it (reset to
     /// now by every acknowledgement that makes progress): the peer's liveness.
     pub(super) unacked_since: Option<Instant>,
@@ -123,6 +127,7 @@ impl<U: Default> Session<U> {
             rx_pos: 0,
             rx_acked: 0,
             ack_since: None,
+            ack_now: false,
             unacked_since: None,
             deferred: None,
             control: VecDeque::new(),
@@ -361,7 +366,8 @@ impl<U: Default> Session<U> {
     /// acknowledgement has been owed since that time or earlier.
     pub fn ack_due(&self, owed_since: Option<Instant>) -> bool {
         self.open_channels().any(|st| {
-            st.rx_pos - st.rx_acked >= self.cfg.ack_threshold
+            (st.ack_now && st.rx_pos > st.rx_acked)
+                || st.rx_pos - st.rx_acked >= self.cfg.ack_threshold
                 || owed_since.is_some_and(|t| st.ack_since.is_some_and(|s| s <= t))
         })
     }

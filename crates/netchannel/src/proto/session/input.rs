@@ -236,7 +236,10 @@ impl<U: Default> Session<U> {
                 st.rx_pos += wire_len;
                 st.rx_acked = st.rx_pos;
             }
-            Some(st) => st.received(wire_len, now),
+            Some(st) => {
+                st.received(wire_len, now);
+                st.ack_now |= matches!(frame, Frame::Fin { .. } | Frame::Rst { .. });
+            }
             None => return Ok(()),
         }
         match frame {

@@ -288,6 +288,7 @@ impl<U: Default> Session<U> {
                     (st.rx_pos > st.rx_acked).then(|| {
                         st.rx_acked = st.rx_pos;
                         st.ack_since = None;
+                        st.ack_now = false;
                         (st.id, st.rx_pos)
                     })
                 })
