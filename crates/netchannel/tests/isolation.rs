@@ -133,15 +133,23 @@ fn worker_threads_have_the_promised_scheduling() {
     let tb = Testbed::loopback();
     let cores = std::thread::available_parallelism().unwrap().get();
     let pin = cores >= 2;
-    let (a, _b) = tb.engines(|c| {
+    let (a, b) = tb.engines(|c| {
         c.isolation = Isolation::Always;
         if pin {
             c.latency_cpus = Some(vec![0]);
             c.throughput_cpus = Some(vec![1]);
         }
     });
-    let expected = a.config().workers + 1;
+    // The latency worker starts with the first latency channel, not before.
     let deadline = Instant::now() + Duration::from_secs(5);
+    while a.stats().workers.len() < a.config().workers {
+        assert!(Instant::now() < deadline, "throughput workers did not start");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(a.stats().workers.iter().all(|w| w.class == Class::Throughput));
+    let _l = b.listen(7).unwrap();
+    let _latency = a.connect_with_class(b.local_addr(), 7, Class::Latency).unwrap();
+    let expected = a.config().workers + 1;
     let workers = loop {
         let w = a.stats().workers;
         if w.len() == expected && w.iter().all(|x| !x.policy.is_empty()) {

@@ -155,6 +155,13 @@ fn a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has(hosts: Hosts) {
     );
     let first = client.connect(addr, 7).unwrap();
     echo_exact(&first, 64 * 1024, 1);
+    // The session's channels beyond its first come after `rest_channels_after`: the server's
+    // places are all taken once they did.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while server.stats().channels.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the first session's channels never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // A second thread's shard is refused (no channel place left): its streams use the first
     // shard's session, and work, without the refused shard being dialed again for the
     // dial timeout (as a new peer's first channel is).

@@ -66,6 +66,12 @@ pub struct Config {
     /// first (and the first latency channel) before the first stream, the rest in the
     /// background.
     pub channels: usize,
+    /// How long after the session opens its throughput channels beyond the first are dialed,
+    /// unless its senders run short of room sooner (then at once). A short-lived client (a
+    /// shell loop's `redis-cli`, a health check) is gone before: it pays for two channels, not
+    /// for `channels` plus the latency one, and so does the peer (docs/BENCHMARKS.md, "Short-lived
+    /// clients, again"). Zero: at once.
+    pub rest_channels_after: Duration,
     /// Most throughput-class channels per peer. While senders find every channel of the class
     /// holding its share of unsent bytes, or more application threads are busy sending to the
     /// peer (64 MiB or more in a second) than it has channels (each thread's streams keep
@@ -113,6 +119,9 @@ pub struct Config {
     /// How long the acceptor gives a dialer to complete a channel handshake once its TCP
     /// connection is accepted (a silent dialer holds a handshake slot no longer).
     pub handshake_timeout: Duration,
+    /// Whether the engine listens on `listen_addr` for peers' channels. An engine that only
+    /// dials (a client's) needs no channel listener and no acceptor thread: nothing dials it.
+    pub accept_channels: bool,
     /// Streams the engine accepts for a listener before the application does (more wait
     /// unanswered, then are refused).
     pub accept_backlog: usize,
@@ -281,6 +290,7 @@ impl Default for Config {
             dial_source: None,
             netns: None,
             channels: 4,
+            rest_channels_after: Duration::from_millis(50),
             max_channels: 8,
             channel_retire_after: Duration::from_secs(10),
             latency_channels: 1,
@@ -294,6 +304,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(3),
             handshake_timeout: Duration::from_secs(1),
+            accept_channels: true,
             accept_backlog: 4096,
             tx_batch_bytes: 512 * 1024,
             notsent_lowat: 1 << 20,

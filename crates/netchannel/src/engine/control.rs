@@ -131,7 +131,6 @@ impl Endpoint {
     /// Binds the endpoint in `dir` and starts its thread.
     pub fn start(ctx: Arc<EngineCtx>, dir: &Path) -> io::Result<Endpoint> {
         private_dir(dir)?;
-        remove_stale(dir);
         let path = dir.join(format!("{}-{:016x}{ENDPOINT_SUFFIX}", std::process::id(), ctx.id));
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
@@ -151,9 +150,10 @@ impl Endpoint {
         remove_at_exit_too(&path);
         let stop = Arc::new(EventFd::new()?);
         let stop2 = stop.clone();
+        let dir = dir.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("nc-control".into())
-            .spawn(move || serve(&ctx, &fd, &stop2))?;
+            .spawn(move || serve(&ctx, &fd, &stop2, &dir))?;
         Ok(Endpoint { path, stop, thread: Some(thread) })
     }
 
@@ -173,11 +173,26 @@ impl Endpoint {
     }
 }
 
-fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd) {
+fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd, dir: &Path) {
+    // Endpoints left by killed processes are swept once this engine has run a while: a
+    // short-lived client (a shell loop's `redis-cli`) never reads the whole directory.
+    const SWEEP_AFTER: Duration = Duration::from_secs(1);
     let me = rustix::process::getuid();
+    let mut sweep_at = Some(std::time::Instant::now() + SWEEP_AFTER);
     loop {
         let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(stop, PollFlags::IN)];
-        match rustix::event::poll(&mut fds, None) {
+        let timeout = sweep_at.map(|at| {
+            let left = at.saturating_duration_since(std::time::Instant::now());
+            rustix::event::Timespec::try_from(left).unwrap_or_default()
+        });
+        match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => {
+                if sweep_at.is_some_and(|at| std::time::Instant::now() >= at) {
+                    sweep_at = None;
+                    remove_stale(dir);
+                }
+                continue;
+            }
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(_) => return,

@@ -100,7 +100,7 @@ impl Drop for ClearOnDrop<'_> {
 }
 
 /// The channels of a session to dial: (channel index, class).
-type DialPlan = Vec<(u16, Class)>;
+pub(crate) type DialPlan = Vec<(u16, Class)>;
 
 /// A dial in progress to one destination and, once done, how it ended.
 #[derive(Default)]
@@ -136,8 +136,9 @@ pub(crate) struct EngineCtx {
     /// Received bytes held for applications, every session (see `SessionRt::account_held`).
     pub rx_held: AtomicU64,
     /// Application threads doing throughput-class work may be demoted to `throughput_policy`
-    /// meanwhile (see `priority`): the process can put them back.
-    pub demote_app_threads: bool,
+    /// meanwhile (see `priority`): the process can put them back. Found out on first need (a
+    /// scratch thread tries it), not at start: a short-lived client never needs it.
+    demote_app_threads: std::sync::OnceLock<bool>,
     /// Latency-class virtual sockets open (`Isolation::Auto` isolates while there are any).
     pub latency_sockets: std::sync::atomic::AtomicUsize,
 }
@@ -171,16 +172,27 @@ fn in_netns<T: Send + 'static>(
 }
 
 impl Engine {
-    /// Starts an engine whose channel listener binds `config.listen_addr`.
+    /// Starts an engine whose channel listener binds `config.listen_addr` (none if
+    /// `config.accept_channels` is false).
     pub fn new(config: Config) -> io::Result<Engine> {
         config.validate()?;
         let addr = config.listen_addr;
-        let listener = in_netns(config.netns.clone(), move || crate::sys::tcp_listen(&addr))
-            .map_err(|e| {
-                io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}"))
-            })?;
-        let local_addr = listener.local_addr()?;
-        let channel_listener = crate::sys::ForkedCopy::new(std::os::fd::AsFd::as_fd(&listener));
+        let listener = if config.accept_channels {
+            let l = in_netns(config.netns.clone(), move || crate::sys::tcp_listen(&addr)).map_err(
+                |e| io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}")),
+            )?;
+            Some(l)
+        } else {
+            None
+        };
+        let local_addr = match &listener {
+            Some(l) => l.local_addr()?,
+            None => addr,
+        };
+        let channel_listener = match &listener {
+            Some(l) => crate::sys::ForkedCopy::new(std::os::fd::AsFd::as_fd(l)),
+            None => crate::sys::ForkedCopy::none(),
+        };
         let worker_count = config.workers + usize::from(config.latency_channels > 0);
         let class_of =
             |i: usize| if i < config.workers { Class::Throughput } else { Class::Latency };
@@ -216,14 +228,17 @@ impl Engine {
             refusals: Mutex::new(HashMap::new()),
             retired_stale: AtomicU64::new(0),
             rx_held: AtomicU64::new(0),
-            demote_app_threads: config.app_demotion != config::AppDemotion::Off
-                && config.isolation != config::Isolation::Never
-                && priority::can_demote(config.throughput_policy),
+            demote_app_threads: std::sync::OnceLock::new(),
             latency_sockets: std::sync::atomic::AtomicUsize::new(0),
             config,
         });
+        // The latency worker starts with the first latency channel: a process whose sessions
+        // carry none (a short-lived client of throughput sockets) never needs its thread.
         for w in &ctx.workers {
-            w.start(&ctx)?;
+            w.belongs_to(&ctx);
+            if w.class == Class::Throughput {
+                w.start(&ctx)?;
+            }
         }
         let stop = Arc::new(EventFd::new()?);
         let control = if ctx.config.control {
@@ -246,6 +261,7 @@ impl Engine {
             control: Mutex::new(control),
             channel_listener,
         };
+        let Some(listener) = listener else { return Ok(engine) };
         let netns = ctx.config.netns.clone();
         let handle = std::thread::Builder::new().name("nc-accept".into()).spawn(move || {
             if let Some(ns) = &netns {
@@ -265,7 +281,8 @@ impl Engine {
         self.ctx.id
     }
 
-    /// The address peers dial to reach this engine.
+    /// The address peers dial to reach this engine (for one that accepts no channels,
+    /// `Config::accept_channels`, the address it was given, where nothing listens).
     pub fn local_addr(&self) -> SocketAddr {
         self.ctx.local_addr
     }
@@ -314,8 +331,15 @@ impl Engine {
         };
         let start = Instant::now();
         let (mut least, mut progress_at) = (u64::MAX, start);
+        // The peer engine acknowledges within a round trip or two. This thread reads the
+        // acknowledgements itself as they come (the worker may be leaving the channels to the
+        // application threads for a tick), and looks again after short waits first: a
+        // short-lived client's exit takes a round trip more than its work, not milliseconds.
+        let mut nap = Duration::from_micros(50);
+        let mut waiting = Vec::new();
         loop {
             let mut left = 0;
+            waiting.clear();
             for s in &sessions {
                 match s.unflushed(TRY) {
                     Some(0) => {}
@@ -323,6 +347,7 @@ impl Engine {
                         left += n;
                         // Writes held back for the writer's next wait go now.
                         s.transmit_all();
+                        waiting.extend(s.channels().into_iter().map(|ch| (s.clone(), ch)));
                     }
                     None => return false,
                 }
@@ -337,7 +362,19 @@ impl Engine {
             if now - progress_at >= stall || now - start >= cap {
                 return false;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            let mut fds: Vec<_> = waiting
+                .iter()
+                .map(|(_, ch)| {
+                    rustix::event::PollFd::from_borrowed_fd(ch.fd(), rustix::event::PollFlags::IN)
+                })
+                .collect();
+            let timeout = rustix::event::Timespec::try_from(nap).unwrap_or_default();
+            let _ = rustix::event::poll(&mut fds, Some(&timeout));
+            drop(fds);
+            for (s, ch) in &waiting {
+                s.rx(ch);
+            }
+            nap = (nap * 2).min(Duration::from_millis(1));
         }
     }
 
@@ -437,9 +474,20 @@ impl EngineCtx {
         }
     }
 
+    /// Whether application threads doing throughput-class work are demoted meanwhile.
+    pub fn demotes_app_threads(&self) -> bool {
+        *self.demote_app_threads.get_or_init(|| {
+            let c = &self.config;
+            c.app_demotion != config::AppDemotion::Off
+                && c.isolation != config::Isolation::Never
+                && priority::can_demote(c.throughput_policy)
+        })
+    }
+
     /// Demotes the calling application thread while it does `class` work (see `priority`).
     pub fn demote_for(&self, class: Class) -> priority::Demoted {
-        let on = self.demote_app_threads && self.isolating();
+        // Only throughput-class work while isolating asks whether demotion is possible.
+        let on = class == Class::Throughput && self.isolating() && self.demotes_app_threads();
         let sticky = self.config.app_demotion == config::AppDemotion::Sticky;
         priority::Demoted::enter(on, sticky, self.config.throughput_policy, class)
     }
@@ -474,14 +522,19 @@ impl EngineCtx {
         s.dialed.values().chain(s.accepted.values()).cloned().collect()
     }
 
-    /// The worker for a new channel: latency channels get the last worker when it is theirs.
+    /// The worker for a new channel: latency channels get the last worker when it is theirs
+    /// (started now if it was not).
     /// `session_id` is the id the session's channels present (ours or a shard's when we
     /// dialed, the peer's when it did): its shard bits spread the first channels of the
     /// shards of one peer (and of different peers) over the workers, rather than putting
     /// every session's channel 0 on worker 0.
     fn pick_worker(&self, index: u16, class: Class, session_id: u64) -> usize {
         let throughput = self.config.workers;
-        if class == Class::Latency && self.workers.len() > throughput {
+        // Else, without a thread for it, on a throughput worker.
+        if class == Class::Latency
+            && self.workers.len() > throughput
+            && self.workers[throughput].start_lazily().is_ok()
+        {
             return throughput;
         }
         let spread = crate::wire::handshake::shard_bits(session_id) as usize;
@@ -511,7 +564,7 @@ impl EngineCtx {
             _ => self.thread_shard(),
         };
         if shard == 0 {
-            return self.session_shard(addr, 0, true);
+            return self.session_shard(addr, 0, true, class);
         }
         let fallback = || {
             let s = self.sessions.lock();
@@ -524,7 +577,7 @@ impl EngineCtx {
         if let (true, Some(other)) = (held, &other) {
             return Ok(other.clone());
         }
-        match self.session_shard(addr, shard, other.is_none()) {
+        match self.session_shard(addr, shard, other.is_none(), class) {
             Ok(session) => Ok(session),
             Err(e) => {
                 let (_, other) = fallback();
@@ -572,19 +625,27 @@ impl EngineCtx {
             .unwrap_or(0)
     }
 
-    /// The session of shard `shard` to the engine at `addr`, dialing it if there is none
-    /// (`new_peer`: no other session to that engine lives; see `dial_session`).
+    /// The session of shard `shard` to the engine at `addr` for a stream of `class`, dialing
+    /// it if there is none (`new_peer`: no other session to that engine lives; see
+    /// `dial_session`).
     fn session_shard(
         self: &Arc<Self>,
         addr: SocketAddr,
         shard: u16,
         new_peer: bool,
+        class: Class,
     ) -> io::Result<Arc<SessionRt>> {
         let key = (addr, shard);
         let slot = loop {
             let mut s = self.sessions.lock();
             if let Some(existing) = s.dialed.get(&key).filter(|s| s.is_alive()) {
-                return Ok(existing.clone());
+                let existing = existing.clone();
+                drop(s);
+                if class == Class::Latency && !existing.has_own_channels(Class::Latency) {
+                    // Its latency channel waits to be dialed (`dial_session`): now.
+                    existing.hurry_rest();
+                }
+                return Ok(existing);
             }
             if self.stopping.load(Ordering::Acquire) {
                 return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "engine shut down"));
@@ -596,7 +657,12 @@ impl EngineCtx {
                     slot.done.wait(&mut r);
                 }
                 match r.as_ref().expect("set") {
-                    Ok(session) if session.is_alive() => return Ok(session.clone()),
+                    Ok(session) if session.is_alive() => {
+                        if class == Class::Latency && !session.has_own_channels(Class::Latency) {
+                            session.hurry_rest();
+                        }
+                        return Ok(session.clone());
+                    }
                     Ok(_) => continue, // dialed, then lost already: dial again
                     Err((kind, msg)) => return Err(io::Error::new(*kind, msg.clone())),
                 }
@@ -605,7 +671,7 @@ impl EngineCtx {
             s.dialing.insert(key, slot.clone());
             break slot;
         };
-        let r = self.dial_session(addr, shard, new_peer);
+        let r = self.dial_session(addr, shard, new_peer, class);
         let mut s = self.sessions.lock();
         s.dialing.remove(&key);
         if let Ok((session, _)) = &r {
@@ -626,8 +692,9 @@ impl EngineCtx {
         r
     }
 
-    /// Dials the first channel of a new session to `addr` (see `session_to`): the session,
-    /// and the channels still to dial. Only a `new_peer`'s first channel is dialed again while
+    /// Dials the first channel of a new session to `addr` (see `session_to`), and the first
+    /// latency channel too when the stream that opens it is of the latency `class`: the
+    /// session, and the channels still to dial. Only a `new_peer`'s first channel is dialed again while
     /// the acceptor refuses it at a limit, and only it takes a new peer's place in the channel
     /// budget: a further shard of a peer we have is turned away at once (its thread uses
     /// another shard).
@@ -636,6 +703,7 @@ impl EngineCtx {
         addr: SocketAddr,
         shard: u16,
         new_peer: bool,
+        class: Class,
     ) -> io::Result<(Arc<SessionRt>, DialPlan)> {
         let local_id = self.shard_engine_id(shard);
         let plan: DialPlan =
@@ -671,10 +739,17 @@ impl EngineCtx {
         let peer = ch.meta.peer_engine;
         let session = SessionRt::new(self.clone(), addr, peer, true, plan.len() as u16, shard);
         session.add_channel(ch);
-        // The latency class's first channel too, before any stream: a latency socket never
-        // shares a throughput channel for want of its own (one more handshake, not four).
+        // The latency class's first channel too, before a latency stream: it never shares a
+        // throughput channel for want of its own (one more handshake, not four). Opened for a
+        // throughput stream, the session dials it with the rest (first among them), and a
+        // latency stream opened before it is there hurries them (`session_shard`): a
+        // short-lived client of throughput sockets (every program's) never pays for it.
         let mut rest = rest;
-        if let Some(at) = rest.iter().position(|&(_, class)| class == Class::Latency) {
+        rest.sort_by_key(|&(_, class)| class != Class::Latency);
+        let latency_now = class == Class::Latency;
+        if let Some(at) =
+            rest.iter().position(|&(_, class)| class == Class::Latency).filter(|_| latency_now)
+        {
             let (index, class) = rest.remove(at);
             let id = ChannelId::new(index, 0);
             // Within the same deadline as the first: a connect waits `dial_timeout` at most.
@@ -695,14 +770,27 @@ impl EngineCtx {
     }
 
     /// Dials the rest of a new session's channels, one after the other, in one background
-    /// thread; one that fails is dialed again as a lost one is (`redial`).
+    /// thread, once `Config::rest_channels_after` has passed or a sender runs short of room
+    /// (`grow`); one that fails is dialed again as a lost one is (`redial`).
     fn dial_rest(self: &Arc<Self>, session: Arc<SessionRt>, rest: DialPlan) {
         if rest.is_empty() {
             return;
         }
         // Counted as growing meanwhile: a sender short of room must not add a channel beyond
-        // `max_channels` on top of the ones being dialed.
+        // `max_channels` on top of the ones being dialed (it hurries them instead).
         session.growing.store(true, Ordering::Release);
+        let wait = self.config.rest_channels_after;
+        if wait.is_zero() {
+            return self.dial_rest_now(session, rest);
+        }
+        // The session's duty worker runs the dial when it comes due (`SessionRt::handle_timeouts`):
+        // no thread waits for it meanwhile.
+        *session.rest.lock() = Some((std::time::Instant::now() + wait, rest));
+        session.timers_changed();
+    }
+
+    /// Dials `rest` (see `dial_rest`) now, in a thread of its own.
+    pub(crate) fn dial_rest_now(self: &Arc<Self>, session: Arc<SessionRt>, rest: DialPlan) {
         let me = self.clone();
         let growing = session.clone();
         let spawned = std::thread::Builder::new().name("nc-dial".into()).spawn(move || {
@@ -849,6 +937,8 @@ impl EngineCtx {
             || session.grow_after_ns.load(Ordering::Relaxed) > session::clock_ns()
             || session.growing.swap(true, Ordering::AcqRel)
         {
+            // The session's first channels beyond the first may be waiting to be dialed.
+            session.hurry_rest();
             return;
         }
         self.add_channel_async(session.clone(), Class::Throughput);
@@ -1187,7 +1277,7 @@ impl EngineCtx {
         let sessions = self.all_sessions();
         let mut stats = EngineStats {
             engine_id: self.id,
-            local_addr: Some(self.local_addr),
+            local_addr: Some(self.local_addr).filter(|_| self.config.accept_channels),
             closed_channels: self.closed_channels.lock().iter().cloned().collect(),
             protocol_errors: self.counters.protocol_errors.load(Ordering::Relaxed),
             handshake_failures: self.counters.handshake_failures.load(Ordering::Relaxed),
@@ -1200,7 +1290,7 @@ impl EngineCtx {
             channels_open: self.channel_budget.in_use(),
             max_channels_total: self.channel_budget.max_total(),
             workers: self.workers.iter().filter_map(|w| w.info.lock().clone()).collect(),
-            app_threads_demoted: self.demote_app_threads,
+            app_threads_demoted: self.demotes_app_threads(),
             isolating: self.isolating(),
             ..EngineStats::default()
         };

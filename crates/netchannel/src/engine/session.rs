@@ -114,6 +114,9 @@ pub(crate) struct SessionRt {
     pub next_index: AtomicU16,
     /// A channel is being added.
     pub growing: AtomicBool,
+    /// The session's first channels beyond the first, while they wait to be dialed, and when
+    /// (`Config::rest_channels_after`).
+    pub rest: Mutex<Option<(Instant, super::DialPlan)>>,
     /// No channel is added before this time (`clock_ns`): a dial to add one failed.
     pub grow_after_ns: AtomicU64,
     /// Dials to add a channel that failed in a row (the wait after the next failure doubles).
@@ -181,6 +184,7 @@ impl SessionRt {
             initiator,
             next_index: AtomicU16::new(first_index),
             growing: AtomicBool::new(false),
+            rest: Mutex::new(None),
             grow_after_ns: AtomicU64::new(0),
             grow_failures: AtomicU32::new(0),
             free_ids: Mutex::new(Vec::new()),
@@ -292,6 +296,20 @@ impl SessionRt {
             return Some(0);
         }
         Some(self.core.try_lock_for(wait)?.unflushed())
+    }
+
+    /// Whether `class` has open channels of its own (not lent by the other class).
+    pub fn has_own_channels(&self, class: Class) -> bool {
+        self.serving_channels(class).first().is_some_and(|c| c.meta.class == class)
+    }
+
+    /// Its first channels beyond the first, if they wait to be dialed
+    /// (`Config::rest_channels_after`), are dialed now.
+    pub fn hurry_rest(self: &Arc<Self>) {
+        let rest = self.rest.lock().take();
+        if let Some((_, plan)) = rest {
+            self.ctx.dial_rest_now(self.clone(), plan);
+        }
     }
 
     pub fn is_alive(&self) -> bool {
@@ -802,6 +820,17 @@ impl SessionRt {
     /// kernel is silent too (`black_holed`). A peer whose kernel answers and whose engine
     /// processes nothing is a stopped or paused process, and TCP waits for such a peer.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
+        let rest_due = {
+            let mut rest = self.rest.lock();
+            if rest.as_ref().is_some_and(|(at, _)| *at <= now) {
+                rest.take()
+            } else {
+                None
+            }
+        };
+        if let Some((_, plan)) = rest_due {
+            self.ctx.dial_rest_now(self.clone(), plan);
+        }
         let (pending, dead, surplus, engine_alive) = self.with_core(|core| {
             let engine_alive = core.peer_engine_active(now);
             let mut dead = core.unacknowledging_channels(now);
@@ -868,11 +897,13 @@ impl SessionRt {
     }
 
     /// When the worker must next run this session's timers (stream deadlines, the peer's
-    /// acknowledgement deadline, whether a channel is surplus).
+    /// acknowledgement deadline, whether a channel is surplus, the first channels beyond the
+    /// first).
     pub fn next_deadline(self: &Arc<Self>) -> Option<Instant> {
+        let rest = self.rest.lock().as_ref().map(|(at, _)| *at);
         let mut core = self.core();
         let surplus = if self.initiator { core.next_surplus_check() } else { None };
-        [core.poll_timeout(), core.next_ack_deadline(), surplus].into_iter().flatten().min()
+        [core.poll_timeout(), core.next_ack_deadline(), surplus, rest].into_iter().flatten().min()
     }
 
     /// Closes a throughput channel the session no longer needs (`Session::surplus_channel`):

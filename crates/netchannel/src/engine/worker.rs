@@ -74,6 +74,10 @@ pub(crate) struct Worker {
     /// must wake it.
     parked: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Its thread was started (`start`, `start_lazily`); it may have ended since.
+    started: AtomicBool,
+    /// The engine, for a worker started on first need (`start_lazily`).
+    engine: std::sync::OnceLock<Weak<EngineCtx>>,
     /// The class of channels it serves.
     pub class: Class,
     /// What its thread is and how it is scheduled, once it runs.
@@ -112,12 +116,35 @@ impl Worker {
             timers_set: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             thread: Mutex::new(None),
+            started: AtomicBool::new(false),
+            engine: std::sync::OnceLock::new(),
             class,
             info: Mutex::new(None),
         }))
     }
 
+    /// Remembers the engine, for `start_lazily`.
+    pub fn belongs_to(&self, ctx: &Arc<EngineCtx>) {
+        let _ = self.engine.set(Arc::downgrade(ctx));
+    }
+
+    /// Starts its thread unless it was started; `belongs_to` first.
+    pub fn start_lazily(self: &Arc<Self>) -> std::io::Result<()> {
+        if self.started.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let ctx = self.engine.get().and_then(Weak::upgrade).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "engine shut down")
+        })?;
+        self.start(&ctx)
+    }
+
+    /// Starts its thread, unless it was started.
     pub fn start(self: &Arc<Self>, ctx: &Arc<EngineCtx>) -> std::io::Result<()> {
+        let mut thread = self.thread.lock();
+        if self.started.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let (me, ctx) = (self.clone(), Arc::downgrade(ctx));
         let config = ctx.upgrade().map(|c| c.config.clone()).expect("engine alive");
         let name = format!("nc-worker-{}", self.index);
@@ -144,7 +171,8 @@ impl Worker {
             });
             me.run(ctx)
         })?;
-        *self.thread.lock() = Some(handle);
+        *thread = Some(handle);
+        self.started.store(true, Ordering::Release);
         Ok(())
     }
 

@@ -271,6 +271,11 @@ impl ForkedCopy {
         }
     }
 
+    /// Notes nothing: `close_in_child` does nothing.
+    pub fn none() -> ForkedCopy {
+        ForkedCopy { fd: std::sync::atomic::AtomicI32::new(-1), owner: 0 }
+    }
+
     /// In a process forked from the one that made this, and only there (the kernel's pid is
     /// asked): closes that process's copy, once. Takes no lock and allocates nothing.
     pub fn close_in_child(&self) {

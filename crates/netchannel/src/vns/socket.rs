@@ -281,6 +281,10 @@ impl VSocket {
     /// Moves the socket to another class: its next chunks use that class's channels.
     pub fn set_class(&self, class: Class) {
         self.session.core().handle(self.id).set_class(class);
+        if class == Class::Latency && !self.session.has_own_channels(Class::Latency) {
+            // Its session's latency channel may wait to be dialed (`Config::rest_channels_after`).
+            self.session.hurry_rest();
+        }
         if !self.closed.load(Ordering::Acquire) {
             self.count_class(class);
         }
