@@ -88,10 +88,13 @@ struct Templates {
     adopted: [Option<Vec<u8>>; ADOPTED.len()],
 }
 
+/// The family's templates, made on its first use (a client of IPv4 peers never makes IPv6's).
 fn templates(v6: bool) -> Option<&'static Templates> {
-    static T: OnceLock<[Option<Templates>; 2]> = OnceLock::new();
-    let t = T.get_or_init(|| {
-        let make = |family| {
+    static T: [OnceLock<Option<Templates>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let family =
+        if v6 { rustix::net::AddressFamily::INET6 } else { rustix::net::AddressFamily::INET };
+    T[usize::from(v6)]
+        .get_or_init(|| {
             let sock = || {
                 rustix::net::socket_with(
                     family,
@@ -109,10 +112,8 @@ fn templates(v6: bool) -> Option<&'static Templates> {
                 Some(v[..n].to_vec())
             });
             Some(Templates { defaults, scratch: Mutex::new(sock()?), adopted })
-        };
-        [make(rustix::net::AddressFamily::INET), make(rustix::net::AddressFamily::INET6)]
-    });
-    t[usize::from(v6)].as_ref()
+        })
+        .as_ref()
 }
 
 /// Options that change what a carried connection does, or that programs read back, taken

@@ -1943,13 +1943,19 @@ fn reports_io_uring() {
         dir.join("ring.c"),
         r#"#include <stdio.h>
 #include <string.h>
+#include <linux/io_uring.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 int main(void) {
-    unsigned char params[120];
-    memset(params, 0, sizeof params);
-    long fd = syscall(__NR_io_uring_setup, 4, params);
-    puts(fd >= 0 ? "ring" : "no ring");
+    struct io_uring_params p;
+    memset(&p, 0, sizeof p);
+    long fd = syscall(__NR_io_uring_setup, 4, &p);
+    /* A ring is used through its mapped queues, as liburing maps them. */
+    void *sq = fd < 0 ? MAP_FAILED
+        : mmap(0, p.sq_off.array + p.sq_entries * sizeof(unsigned), PROT_READ | PROT_WRITE,
+               MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQ_RING);
+    puts(sq != MAP_FAILED ? "ring" : "no ring");
     return 0; /* the ring stays open until exit */
 }
 "#,

@@ -217,7 +217,11 @@ fn table(found: &Found, max_sockets: usize) -> String {
             u(&e["pid"]),
             s(&e["command"]),
             s(&e["engine_id"]),
-            s(&e["channel_addr"]),
+            if e["channel_addr"].is_null() {
+                "none (dials only)".into()
+            } else {
+                s(&e["channel_addr"])
+            },
             if e["psk"].as_bool() == Some(true) { "required" } else { "none" },
             if e["isolating"].as_bool() == Some(true) { "yes" } else { "no" },
         );
