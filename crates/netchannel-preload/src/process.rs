@@ -110,7 +110,7 @@ pub(crate) fn settings() -> &'static Settings {
 }
 
 /// The channel port an engine listens on when its process listens (`netchannel run --port`).
-pub const DEFAULT_CHANNEL_PORT: u16 = 7450;
+pub use netchannel::DEFAULT_CHANNEL_PORT;
 
 // ---------------------------------------------------------------------------------------------
 // Counters for `--stats`.

@@ -61,3 +61,7 @@ pub use vns::poller::Poller;
 pub use vns::serve::{ServeSet, ThreadWake};
 pub use vns::socket::{flush_sends, is_unanswered_open, Listener, Readiness, VSocket};
 pub use wire::Class;
+
+/// The channel port a program's engine listens on by default under `netchannel run`
+/// (`--port`): one per host (network namespace), shared by the host's programs.
+pub const DEFAULT_CHANNEL_PORT: u16 = 7450;

@@ -64,7 +64,7 @@ enum Cmd {
 #[command(after_help = "Example: netchannel run --stats -- redis-benchmark -h 10.0.0.2 -t set")]
 struct Run {
     /// Channel port of the engines (env NETCHANNEL_PORT).
-    #[arg(long, default_value_t = netchannel_preload::DEFAULT_CHANNEL_PORT,
+    #[arg(long, default_value_t = netchannel::DEFAULT_CHANNEL_PORT,
           value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
     /// Carry only TCP connections to, and listeners on, these ports (default: all).
