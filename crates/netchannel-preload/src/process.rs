@@ -393,6 +393,11 @@ fn engines() -> impl Iterator<Item = &'static ProcEngine> {
     [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten()
 }
 
+/// An engine this process started, if any (none is started here).
+pub(crate) fn started_engine() -> Option<&'static Engine> {
+    [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().find_map(live)
+}
+
 fn live(e: &Option<ProcEngine>) -> Option<&Engine> {
     e.as_ref().filter(|e| e.pid == pid()).map(|e| &e.engine)
 }

@@ -443,12 +443,23 @@ pub(crate) fn start_attach_server() {
                 rustix::net::listen(&s, 64)?;
                 Ok(relocate(s))
             };
-            match listen() {
-                Ok(l) => std::thread::Builder::new()
+            let serve = |l: OwnedFd| {
+                std::thread::Builder::new()
                     .name("nc-attach".into())
                     .spawn(move || inside(|| attach_server(l)))
-                    .is_ok(),
-                Err(_) => false,
+                    .is_ok()
+            };
+            match (listen(), crate::process::started_engine()) {
+                // Its thread starts with the first taker (a forked or exec'd process, or one
+                // given the placeholder): until then the engine's worker watches the socket.
+                (Ok(l), Some(engine)) => {
+                    engine.when_readable(l, move |l| {
+                        serve(l);
+                    });
+                    true
+                }
+                (Ok(l), None) => serve(l),
+                (Err(_), _) => false,
             }
         })
     });

@@ -30,6 +30,8 @@ const TOKEN_LISTENER: u64 = 0;
 const TOKEN_STOP: u64 = 1;
 /// How long the listener rests after the process ran out of file descriptors.
 const FD_BACKOFF: Duration = Duration::from_millis(100);
+/// When a server engine looks for stale control endpoints (`control::remove_stale`).
+const SWEEP_AFTER: Duration = Duration::from_secs(1);
 
 pub(crate) fn run(ctx: Arc<EngineCtx>, listener: TcpListener, stop: Arc<EventFd>) {
     if let Err(e) = serve(&ctx, &listener, &stop) {
@@ -110,6 +112,9 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
     // and refuse it, rather than leave dialers to time out.
     let mut spare: Option<OwnedFd> = crate::sys::spare_fd().ok();
     let mut resting_until: Option<Instant> = None;
+    // Control endpoints left by killed processes are swept once this engine has run a while
+    // (a server's: a short-lived client never reads the whole directory).
+    let mut sweep_at = ctx.config.control.then(|| Instant::now() + SWEEP_AFTER);
     loop {
         let mut timeout = hs
             .pending
@@ -117,7 +122,7 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
             .map(|p| p.inc.deadline)
             .min()
             .map(|d| d.saturating_duration_since(Instant::now()));
-        if let Some(t) = resting_until {
+        for t in [resting_until, sweep_at].into_iter().flatten() {
             let left = t.saturating_duration_since(Instant::now());
             timeout = Some(timeout.map_or(left, |x| x.min(left)));
         }
@@ -125,6 +130,12 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
         epoll.wait(&mut events, 64, timeout)?;
         if ctx.stopping.load(Ordering::Acquire) {
             return Ok(());
+        }
+        if sweep_at.is_some_and(|t| Instant::now() >= t) {
+            sweep_at = None;
+            let dir =
+                ctx.config.control_dir.clone().unwrap_or_else(super::control::default_control_dir);
+            super::control::remove_stale(&dir);
         }
         if resting_until.is_some_and(|t| Instant::now() >= t) {
             resting_until = None;

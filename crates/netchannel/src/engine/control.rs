@@ -124,12 +124,15 @@ fn remove_at_exit_too(path: &Path) {
 pub(crate) struct Endpoint {
     path: PathBuf,
     stop: Arc<EventFd>,
-    thread: Option<JoinHandle<()>>,
+    /// Whether it was stopped, and its thread once a reader came (`start`).
+    thread: Arc<Mutex<(bool, Option<JoinHandle<()>>)>>,
 }
 
 impl Endpoint {
-    /// Binds the endpoint in `dir` and starts its thread.
-    pub fn start(ctx: Arc<EngineCtx>, dir: &Path) -> io::Result<Endpoint> {
+    /// Binds the endpoint in `dir`. Its thread starts with the first reader: until then a
+    /// worker watches the socket (`Worker::when_readable`), so that an engine nobody reads (a
+    /// short-lived client's) costs no thread for it.
+    pub fn start(ctx: &Arc<EngineCtx>, dir: &Path) -> io::Result<Endpoint> {
         private_dir(dir)?;
         let path = dir.join(format!("{}-{:016x}{ENDPOINT_SUFFIX}", std::process::id(), ctx.id));
         let fd = rustix::net::socket_with(
@@ -149,12 +152,22 @@ impl Endpoint {
         std::fs::rename(&tmp, &path)?;
         remove_at_exit_too(&path);
         let stop = Arc::new(EventFd::new()?);
-        let stop2 = stop.clone();
-        let dir = dir.to_path_buf();
-        let thread = std::thread::Builder::new()
-            .name("nc-control".into())
-            .spawn(move || serve(&ctx, &fd, &stop2, &dir))?;
-        Ok(Endpoint { path, stop, thread: Some(thread) })
+        let thread = Arc::new(Mutex::new((false, None)));
+        let (stop2, thread2, engine) = (stop.clone(), thread.clone(), Arc::downgrade(ctx));
+        let start = move |fd: OwnedFd| {
+            let mut slot = thread2.lock();
+            if slot.0 {
+                return; // stopped meanwhile
+            }
+            let spawned = std::thread::Builder::new().name("nc-control".into()).spawn(move || {
+                if let Some(ctx) = engine.upgrade() {
+                    serve(&ctx, &fd, &stop2);
+                }
+            });
+            slot.1 = spawned.ok();
+        };
+        ctx.workers[0].when_readable(fd, Box::new(start));
+        Ok(Endpoint { path, stop, thread })
     }
 
     /// Where it listens.
@@ -164,8 +177,14 @@ impl Endpoint {
 
     /// Stops the thread and removes the socket.
     pub fn stop(&mut self) {
-        self.stop.notify();
-        if let Some(t) = self.thread.take() {
+        // Under the thread's lock: a reader arriving now starts no thread.
+        let thread = {
+            let mut slot = self.thread.lock();
+            self.stop.notify();
+            slot.0 = true;
+            slot.1.take()
+        };
+        if let Some(t) = thread {
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
@@ -173,26 +192,11 @@ impl Endpoint {
     }
 }
 
-fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd, dir: &Path) {
-    // Endpoints left by killed processes are swept once this engine has run a while: a
-    // short-lived client (a shell loop's `redis-cli`) never reads the whole directory.
-    const SWEEP_AFTER: Duration = Duration::from_secs(1);
+fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd) {
     let me = rustix::process::getuid();
-    let mut sweep_at = Some(std::time::Instant::now() + SWEEP_AFTER);
     loop {
         let mut fds = [PollFd::new(listener, PollFlags::IN), PollFd::new(stop, PollFlags::IN)];
-        let timeout = sweep_at.map(|at| {
-            let left = at.saturating_duration_since(std::time::Instant::now());
-            rustix::event::Timespec::try_from(left).unwrap_or_default()
-        });
-        match rustix::event::poll(&mut fds, timeout.as_ref()) {
-            Ok(0) => {
-                if sweep_at.is_some_and(|at| std::time::Instant::now() >= at) {
-                    sweep_at = None;
-                    remove_stale(dir);
-                }
-                continue;
-            }
+        match rustix::event::poll(&mut fds, None) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(_) => return,

@@ -243,7 +243,7 @@ impl Engine {
         let stop = Arc::new(EventFd::new()?);
         let control = if ctx.config.control {
             let dir = ctx.config.control_dir.clone().unwrap_or_else(control::default_control_dir);
-            match control::Endpoint::start(ctx.clone(), &dir) {
+            match control::Endpoint::start(&ctx, &dir) {
                 Ok(e) => Some(e),
                 Err(e) => {
                     // The engine works without it; only `netchannel stat` will not list it.
@@ -274,6 +274,18 @@ impl Engine {
         })?;
         *engine.acceptor.lock() = Some(handle);
         Ok(engine)
+    }
+
+    /// Calls `then` with `fd` once `fd` is readable (a listener's first connection), on one of
+    /// the engine's worker threads: a seldom-used service needs no thread of its own until
+    /// then. `then` should hand `fd` to a thread and return. If the engine shuts down first,
+    /// `fd` is closed and `then` never runs.
+    pub fn when_readable(
+        &self,
+        fd: std::os::fd::OwnedFd,
+        then: impl FnOnce(std::os::fd::OwnedFd) + Send + 'static,
+    ) {
+        self.ctx.workers[0].when_readable(fd, Box::new(then));
     }
 
     /// This engine's random id (its peers key their sessions by it).

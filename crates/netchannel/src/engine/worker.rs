@@ -12,7 +12,7 @@
 //! uses no CPU.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -54,8 +54,16 @@ enum Request {
     Service(u64),
     /// Run the sending half (a thread's batch budget ran out with bytes left).
     ServiceTx(u64),
+    /// Call the function with the fd once it is readable (`Worker::when_readable`).
+    Watch(OwnedFd, WhenReadable),
     Stop,
 }
+
+/// What runs when a watched fd becomes readable, given the fd.
+pub(crate) type WhenReadable = Box<dyn FnOnce(OwnedFd) + Send>;
+
+/// Tokens of watched fds (`Request::Watch`): above channel uids, below `HANGUP_TOKEN`.
+const WATCH_TOKEN: u64 = 1 << 62;
 
 pub(crate) struct Worker {
     pub index: usize,
@@ -191,6 +199,14 @@ impl Worker {
         self.request(Request::Remove(uid));
     }
 
+    /// Calls `then` with `fd`, on this worker's thread, once `fd` is readable (a listener's
+    /// first connection): a service that is seldom used (`netchannel stat`'s endpoint, the
+    /// interposition library's attach socket) needs no thread of its own until then. `then`
+    /// should hand `fd` to a thread and return. If the worker stops first, `fd` is closed.
+    pub fn when_readable(&self, fd: OwnedFd, then: WhenReadable) {
+        self.request(Request::Watch(fd, then));
+    }
+
     pub fn service(&self, uid: u64) {
         self.request_once(Request::Service(uid), |r| matches!(r, Request::Service(u) if *u == uid));
     }
@@ -292,6 +308,8 @@ impl Worker {
         let mut linger_until = Instant::now();
         let mut timers = TimerScan::default();
         let mut applied = None;
+        let mut watched: HashMap<u64, (OwnedFd, WhenReadable)> = HashMap::new();
+        let mut next_watch = 0;
         loop {
             let Some(ctx) = ctx.upgrade() else { return };
             self.schedule(&ctx, &mut applied);
@@ -350,11 +368,20 @@ impl Worker {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let mut serve: Vec<(u64, u32)> = Vec::new();
+            let mut readable = Vec::new();
             for &(token, ev) in &events {
                 if token & HANGUP_TOKEN != 0 {
                     serve.push((token & !HANGUP_TOKEN, ev | HANGUP));
+                } else if token & WATCH_TOKEN != 0 {
+                    readable.push(token);
                 } else if token != TOKEN_WAKE {
                     serve.push((token, ev));
+                }
+            }
+            for token in readable {
+                if let Some((fd, then)) = watched.remove(&token) {
+                    let _ = self.epoll.delete(fd.as_fd());
+                    then(fd);
                 }
             }
             let requests = std::mem::take(&mut *self.requests.lock());
@@ -385,6 +412,15 @@ impl Worker {
                                     sessions.remove(&key);
                                 }
                             }
+                        }
+                    }
+                    Request::Watch(fd, then) => {
+                        let token = WATCH_TOKEN | next_watch;
+                        next_watch += 1;
+                        if self.epoll.add(fd.as_fd(), READABLE, token).is_ok() {
+                            watched.insert(token, (fd, then));
+                        } else {
+                            then(fd);
                         }
                     }
                     Request::Service(uid) => serve.push((uid, READABLE)),
