@@ -653,9 +653,8 @@ impl EngineCtx {
             if let Some(existing) = s.dialed.get(&key).filter(|s| s.is_alive()) {
                 let existing = existing.clone();
                 drop(s);
-                if class == Class::Latency && !existing.has_own_channels(Class::Latency) {
-                    // Its latency channel waits to be dialed (`dial_session`): now.
-                    existing.hurry_rest();
+                if class == Class::Latency {
+                    self.latency_channel_for(&existing);
                 }
                 return Ok(existing);
             }
@@ -670,10 +669,12 @@ impl EngineCtx {
                 }
                 match r.as_ref().expect("set") {
                     Ok(session) if session.is_alive() => {
-                        if class == Class::Latency && !session.has_own_channels(Class::Latency) {
-                            session.hurry_rest();
+                        let session = session.clone();
+                        drop(r);
+                        if class == Class::Latency {
+                            self.latency_channel_for(&session);
                         }
-                        return Ok(session.clone());
+                        return Ok(session);
                     }
                     Ok(_) => continue, // dialed, then lost already: dial again
                     Err((kind, msg)) => return Err(io::Error::new(*kind, msg.clone())),
@@ -702,6 +703,60 @@ impl EngineCtx {
         });
         slot.done.notify_all();
         r
+    }
+
+    /// A latency stream is about to open on `session`: if its latency channel is still among
+    /// the channels to dial (`dial_session`), it is dialed now, in this thread and within
+    /// `dial_timeout`, or waited for if it is being dialed: the stream never shares a
+    /// throughput channel for want of its own (where the isolation demotes the throughput
+    /// worker, an open on its channel could wait for a core behind bulk work). The session's
+    /// other channels keep their time.
+    fn latency_channel_for(self: &Arc<Self>, session: &Arc<SessionRt>) {
+        if self.config.latency_channels == 0 || session.has_own_channels(Class::Latency) {
+            return;
+        }
+        let planned = {
+            let mut rest = session.rest.lock();
+            let at = rest
+                .as_ref()
+                .and_then(|(_, plan)| plan.iter().position(|&(_, c)| c == Class::Latency));
+            match (rest.as_mut(), at) {
+                (Some((_, plan)), Some(at)) => {
+                    let entry = plan.remove(at);
+                    let emptied = plan.is_empty();
+                    if emptied {
+                        *rest = None;
+                    }
+                    Some((entry, emptied))
+                }
+                _ => None,
+            }
+        };
+        let Some(((index, class), emptied)) = planned else {
+            // Being dialed (the rest's first), or lost and dialed again: wait for it as long.
+            let deadline = std::time::Instant::now() + self.config.dial_timeout;
+            while session.growing.load(Ordering::Acquire)
+                && !session.has_own_channels(Class::Latency)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            return;
+        };
+        let id = ChannelId::new(index, 0);
+        match self.dial_for(session, id, class, self.config.dial_timeout) {
+            Ok(ch) => {
+                self.join_dialed(session, ch);
+            }
+            // A full acceptor keeps its room for new peers: the stream shares the session's
+            // throughput channels, as when the session was opened.
+            Err(e) if tcp::refused_at_limit(&e) => {}
+            Err(_) => self.redial(session.clone(), id, class),
+        }
+        if emptied {
+            // Nothing left to dial: the session may grow again.
+            session.growing.store(false, Ordering::Release);
+        }
     }
 
     /// Dials the first channel of a new session to `addr` (see `session_to`), and the first

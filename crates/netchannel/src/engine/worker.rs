@@ -381,6 +381,12 @@ impl Worker {
             for token in readable {
                 if let Some((fd, then)) = watched.remove(&token) {
                     let _ = self.epoll.delete(fd.as_fd());
+                    // A thread `then` starts inherits this one's scheduling: not a demoted
+                    // worker's (`schedule` applies the worker's own again next round).
+                    if applied.is_some_and(|p| p != ThreadPolicy::Normal) {
+                        let _ = crate::sys::set_thread_policy(ThreadPolicy::Normal, None);
+                        applied = None;
+                    }
                     then(fd);
                 }
             }
