@@ -761,10 +761,10 @@ impl EngineCtx {
 
     /// Dials the first channel of a new session to `addr` (see `session_to`), and the first
     /// latency channel too when the stream that opens it is of the latency `class`: the
-    /// session, and the channels still to dial. Only a `new_peer`'s first channel is dialed again while
-    /// the acceptor refuses it at a limit, and only it takes a new peer's place in the channel
-    /// budget: a further shard of a peer we have is turned away at once (its thread uses
-    /// another shard).
+    /// session, and the channels still to dial. Only a `new_peer`'s first channel is dialed
+    /// again while the acceptor refuses it at a limit, and only it takes a new peer's place in
+    /// the channel budget: a further shard of a peer we have is turned away at once (its
+    /// thread uses another shard).
     fn dial_session(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -808,9 +808,9 @@ impl EngineCtx {
         session.add_channel(ch);
         // The latency class's first channel too, before a latency stream: it never shares a
         // throughput channel for want of its own (one more handshake, not four). Opened for a
-        // throughput stream, the session dials it with the rest (first among them), and a
-        // latency stream opened before it is there hurries them (`session_shard`): a
-        // short-lived client of throughput sockets (every program's) never pays for it.
+        // throughput stream, the session dials it with the rest (first among them), or when a
+        // latency stream comes (`latency_channel_for`): a short-lived client of throughput
+        // sockets (every program's) never pays for it.
         let mut rest = rest;
         rest.sort_by_key(|&(_, class)| class != Class::Latency);
         let latency_now = class == Class::Latency;
