@@ -17,6 +17,7 @@ both_testbeds!(
     latency_streams_take_a_shard_of_their_own,
     the_shards_of_one_peer_count_once_at_max_sessions,
     a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has,
+    latency_streams_arriving_together_on_a_new_session_get_its_latency_channel,
 );
 
 /// Echoes every accepted stream until end of file, forever (a thread per stream).
@@ -217,4 +218,47 @@ fn latency_streams_take_a_shard_of_their_own(hosts: Hosts) {
         moved_on_latency_shard < 1 << 20,
         "{moved_on_latency_shard} bytes on the latency shard"
     );
+}
+
+/// Threads that open throughput and latency streams at once on a new session (one shard, so
+/// they share it): the session is dialed for whichever comes first, and every latency stream
+/// finds the session's latency channel open when its connect returns (dialed by its own
+/// connect, or waited for), never a throughput channel lent for want of it. Then the rest of
+/// the channels come, and everything echoes.
+fn latency_streams_arriving_together_on_a_new_session_get_its_latency_channel(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let server = Arc::new(Engine::new(tb.config_b()).unwrap());
+    echo_server(&server, 7);
+    let client = Arc::new(Engine::new(tb.config_a()).unwrap());
+    let addr = server.local_addr();
+    let threads = 8;
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let (client, start) = (client.clone(), start.clone());
+            std::thread::spawn(move || {
+                let class = if i % 2 == 0 { Class::Latency } else { Class::Throughput };
+                start.wait();
+                let s = client.connect_with_class(addr, 7, class).unwrap();
+                if class == Class::Latency {
+                    let latency =
+                        client.stats().channels.iter().any(|c| c.channel.class == Class::Latency);
+                    assert!(latency, "a latency stream's connect returned without its channel");
+                }
+                echo_exact(&s, 32 * 1024, i as u8);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(client.stats().sessions, 1);
+    let want = client.config().channels + client.config().latency_channels;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client.stats().channels.len() < want {
+        assert!(std::time::Instant::now() < deadline, "the session's other channels never came");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let s = client.connect_with_class(addr, 7, Class::Throughput).unwrap();
+    echo_exact(&s, 256 * 1024, 99);
 }
