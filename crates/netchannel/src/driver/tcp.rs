@@ -213,7 +213,18 @@ pub fn dial(
     let (index, incarnation) = (channel.index, channel.incarnation);
     let nonce = sys::random_bytes();
     let hello = Handshake::hello(engine_id, index, incarnation, class, nonce, key.is_some());
-    write_by(&mut sock, &hello.encode(), deadline)?;
+    // Without a key the Confirm depends on the Hello alone: both go at once, and the handshake
+    // takes one round trip (the acceptor reads the Confirm after answering the Hello).
+    let early_confirm = key.is_none().then(|| Handshake::confirm_unkeyed(&hello));
+    match &early_confirm {
+        Some(confirm) => {
+            let mut both = [0u8; 2 * HANDSHAKE_LEN];
+            both[..HANDSHAKE_LEN].copy_from_slice(&hello.encode());
+            both[HANDSHAKE_LEN..].copy_from_slice(&confirm.encode());
+            write_by(&mut sock, &both, deadline)?;
+        }
+        None => write_by(&mut sock, &hello.encode(), deadline)?,
+    }
     let denied = |msg: String| io::Error::new(io::ErrorKind::PermissionDenied, msg);
     let challenge = expect(&mut sock, addr, HandshakeKind::Challenge, deadline)?;
     if crate::wire::handshake::same_engine(challenge.engine_id, engine_id) {
@@ -236,7 +247,10 @@ pub fn dial(
             "engine at {addr} requires authentication: configure the pre-shared key"
         )));
     }
-    write_by(&mut sock, &Handshake::confirm(&hello, &challenge, key, addr).encode(), deadline)?;
+    if early_confirm.is_none() {
+        let confirm = Handshake::confirm(&hello, &challenge, key, addr);
+        write_by(&mut sock, &confirm.encode(), deadline)?;
+    }
     let accept = expect(&mut sock, addr, HandshakeKind::Accept, deadline)?;
     if accept.channel != index || accept.incarnation != incarnation || accept.class != class {
         return Err(io::Error::new(
@@ -297,6 +311,24 @@ pub struct Incoming {
     have: usize,
     /// The hello and our challenge, once sent.
     sent: Option<(Handshake, Handshake)>,
+}
+
+/// Answers a dialer with a Reject for `reason`, before the socket is closed. What the dialer
+/// sent and nobody read (its Hello, a Confirm sent with it) is read and dropped, and the write
+/// half shut, so that the close is a FIN after the Reject rather than a reset. (Linux's dialer
+/// still reads the Reject before a reset that follows it; the reason matters to its backoff,
+/// and a reset is not what a refusal should look like on the wire.)
+pub fn reject(sock: &TcpStream, local: u64, reason: RejectReason) {
+    let _ = (&*sock).write(&Handshake::reject(local, reason).encode());
+    let _ = sock.shutdown(Shutdown::Write);
+    // Without waiting, and a few reads at most: a dialer that keeps sending holds nothing up.
+    let mut rest = [0u8; 2 * HANDSHAKE_LEN];
+    for _ in 0..4 {
+        match rustix::net::recv(sock, &mut rest, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((n, _)) if n > 0 => {}
+            _ => break,
+        }
+    }
 }
 
 /// Where an [`Incoming`] handshake stands.
@@ -434,8 +466,79 @@ impl Incoming {
         }
     }
 
-    /// Refuses the dialer (a limit, a duplicate channel index) with `reason`.
+    /// Refuses the dialer (a limit, a duplicate channel index) with `reason`. What the dialer
+    /// sent beyond what was read (a Confirm sent with its Hello) is read and dropped, and the
+    /// write half shut: closed with bytes unread, the socket would send a reset, which could
+    /// reach the dialer before it reads the Reject's reason (its backoff depends on it).
     pub fn refuse(&mut self, local: u64, reason: RejectReason) {
-        let _ = (&self.sock).write(&Handshake::reject(local, reason).encode());
+        reject(&self.sock, local, reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> TcpOptions {
+        TcpOptions {
+            keepalive_idle: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(2),
+            keepalive_count: 3,
+            notsent_lowat: 1 << 20,
+            latency_notsent_lowat: 16 << 10,
+            latency_priority: 6,
+            congestion: Vec::new(),
+            dial_source: None,
+        }
+    }
+
+    /// Without a key the dialer's Confirm goes with its Hello: an acceptor that answers
+    /// nothing until it holds both still gets them, and the handshake takes one round trip.
+    #[test]
+    fn a_dialer_without_a_key_sends_its_confirm_with_its_hello() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let acceptor = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut both = [0u8; 2 * HANDSHAKE_LEN];
+            s.read_exact(&mut both).expect("Hello and Confirm before any answer");
+            let message = |at: usize| {
+                let bytes: &[u8; HANDSHAKE_LEN] = both[at..at + HANDSHAKE_LEN].try_into().unwrap();
+                Handshake::decode(bytes).unwrap()
+            };
+            let (hello, confirm) = (message(0), message(HANDSHAKE_LEN));
+            assert_eq!((hello.kind, confirm.kind), (HandshakeKind::Hello, HandshakeKind::Confirm));
+            let challenge = Handshake::challenge(0x77, &hello, [1; 16], false);
+            s.write_all(&challenge.encode()).unwrap();
+            s.write_all(&Handshake::accept(&hello, &challenge, None, addr).encode()).unwrap();
+            s
+        });
+        let channel = ChannelId::new(0, 0);
+        let timeout = Duration::from_secs(5);
+        let dialed = dial(addr, 0x11, channel, Class::Throughput, None, timeout, &options());
+        let (_sock, peer) = dialed.unwrap();
+        assert_eq!(peer, 0x77);
+        drop(acceptor.join().unwrap());
+    }
+
+    /// A dialer refused after its Hello (and the Confirm sent with it) reads the Reject's
+    /// reason: its backoff at a busy acceptor depends on it.
+    #[test]
+    fn a_refused_dialer_reads_the_reason_not_a_reset() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let acceptor = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            // Both messages are in before the refusal.
+            std::thread::sleep(Duration::from_millis(50));
+            reject(&s, 0x77, RejectReason::Limit);
+        });
+        let channel = ChannelId::new(0, 0);
+        let timeout = Duration::from_secs(5);
+        let e = dial(addr, 0x11, channel, Class::Throughput, None, timeout, &options())
+            .expect_err("refused");
+        acceptor.join().unwrap();
+        assert!(refused_at_limit(&e), "{e:?}");
     }
 }

@@ -187,9 +187,8 @@ fn accept_all(
     hs: &mut Handshakes,
     spare: &mut Option<OwnedFd>,
 ) -> bool {
-    let reject = |sock: &std::net::TcpStream, reason| {
-        let _ = io::Write::write(&mut &*sock, &Handshake::reject(ctx.id, reason).encode());
-    };
+    let reject =
+        |sock: &std::net::TcpStream, reason| crate::driver::tcp::reject(sock, ctx.id, reason);
     loop {
         let sock = match crate::sys::tcp_accept(listener) {
             Ok(s) => s,

@@ -206,13 +206,20 @@ impl Handshake {
         key: Option<&[u8]>,
         acceptor: SocketAddr,
     ) -> Self {
-        let mut h =
-            Handshake::new(HandshakeKind::Confirm, hello.engine_id, hello.channel, hello.class);
-        h.incarnation = hello.incarnation;
+        let mut h = Handshake::confirm_unkeyed(hello);
         if let Some(key) = key {
             h.flags = FLAG_AUTH;
             h.mac = proof(key, CONFIRM, hello, challenge, acceptor);
         }
+        h
+    }
+
+    /// A Confirm without a key: it depends on the Hello alone, so a dialer without a key sends
+    /// it with its Hello and the handshake takes one round trip, not two.
+    pub fn confirm_unkeyed(hello: &Handshake) -> Self {
+        let mut h =
+            Handshake::new(HandshakeKind::Confirm, hello.engine_id, hello.channel, hello.class);
+        h.incarnation = hello.incarnation;
         h
     }
 
