@@ -4,8 +4,10 @@
 //! Only the same user and root reach it: it lives in a directory of this user's, mode 0700,
 //! the socket is mode 0600, and the peer's credentials (`SO_PEERCRED`) are checked as well.
 //! The socket is removed when the engine shuts down and when the process exits (`atexit`);
-//! one left behind by a killed process is removed by the next engine that finds its process
-//! gone ([`remove_stale`]) or by `netchannel stat` when nothing listens on it any more.
+//! one left behind by a killed process is removed by a server engine's acceptor that finds its
+//! process gone, a second after it starts ([`remove_stale`]), or by `netchannel stat` when
+//! nothing listens on it any more. The thread that answers starts with the first reader
+//! (`Endpoint::start`).
 
 use std::collections::BTreeMap;
 use std::io;
