@@ -402,7 +402,7 @@ fn engines() -> impl Iterator<Item = &'static ProcEngine> {
 
 /// An engine this process started, if any (none is started here).
 pub(crate) fn started_engine() -> Option<&'static Engine> {
-    [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().find_map(live)
+    engines().find(|e| e.pid == pid()).map(|e| &e.engine)
 }
 
 fn live(e: &Option<ProcEngine>) -> Option<&Engine> {

@@ -466,10 +466,7 @@ impl Incoming {
         }
     }
 
-    /// Refuses the dialer (a limit, a duplicate channel index) with `reason`. What the dialer
-    /// sent beyond what was read (a Confirm sent with its Hello) is read and dropped, and the
-    /// write half shut: closed with bytes unread, the socket would send a reset, which could
-    /// reach the dialer before it reads the Reject's reason (its backoff depends on it).
+    /// Refuses the dialer (a limit, a duplicate channel index) with `reason` (see [`reject`]).
     pub fn refuse(&mut self, local: u64, reason: RejectReason) {
         reject(&self.sock, local, reason);
     }

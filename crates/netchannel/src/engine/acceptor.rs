@@ -33,8 +33,14 @@ const FD_BACKOFF: Duration = Duration::from_millis(100);
 /// When a server engine looks for stale control endpoints (`control::remove_stale`).
 const SWEEP_AFTER: Duration = Duration::from_secs(1);
 
-pub(crate) fn run(ctx: Arc<EngineCtx>, listener: TcpListener, stop: Arc<EventFd>) {
-    if let Err(e) = serve(&ctx, &listener, &stop) {
+/// `control_dir`: where the engine's control endpoint is, swept once for stale ones.
+pub(crate) fn run(
+    ctx: Arc<EngineCtx>,
+    listener: TcpListener,
+    stop: Arc<EventFd>,
+    control_dir: Option<std::path::PathBuf>,
+) {
+    if let Err(e) = serve(&ctx, &listener, &stop, control_dir) {
         eprintln!("netchannel: channel listener stopped: {e}");
     }
 }
@@ -100,7 +106,12 @@ impl Handshakes {
     }
 }
 
-fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Result<()> {
+fn serve(
+    ctx: &Arc<EngineCtx>,
+    listener: &TcpListener,
+    stop: &EventFd,
+    control_dir: Option<std::path::PathBuf>,
+) -> io::Result<()> {
     listener.set_nonblocking(true)?;
     let epoll = Epoll::new()?;
     epoll.add(listener.as_fd(), READABLE, TOKEN_LISTENER)?;
@@ -114,7 +125,7 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
     let mut resting_until: Option<Instant> = None;
     // Control endpoints left by killed processes are swept once this engine has run a while
     // (a server's: a short-lived client never reads the whole directory).
-    let mut sweep_at = ctx.config.control.then(|| Instant::now() + SWEEP_AFTER);
+    let mut sweep = control_dir.map(|dir| (Instant::now() + SWEEP_AFTER, dir));
     loop {
         let mut timeout = hs
             .pending
@@ -122,7 +133,7 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
             .map(|p| p.inc.deadline)
             .min()
             .map(|d| d.saturating_duration_since(Instant::now()));
-        for t in [resting_until, sweep_at].into_iter().flatten() {
+        for t in [resting_until, sweep.as_ref().map(|(t, _)| *t)].into_iter().flatten() {
             let left = t.saturating_duration_since(Instant::now());
             timeout = Some(timeout.map_or(left, |x| x.min(left)));
         }
@@ -131,11 +142,10 @@ fn serve(ctx: &Arc<EngineCtx>, listener: &TcpListener, stop: &EventFd) -> io::Re
         if ctx.stopping.load(Ordering::Acquire) {
             return Ok(());
         }
-        if sweep_at.is_some_and(|t| Instant::now() >= t) {
-            sweep_at = None;
-            let dir =
-                ctx.config.control_dir.clone().unwrap_or_else(super::control::default_control_dir);
-            super::control::remove_stale(&dir);
+        if sweep.as_ref().is_some_and(|(t, _)| Instant::now() >= *t) {
+            if let Some((_, dir)) = sweep.take() {
+                super::control::remove_stale(&dir);
+            }
         }
         if resting_until.is_some_and(|t| Instant::now() >= t) {
             resting_until = None;

@@ -241,18 +241,19 @@ impl Engine {
             }
         }
         let stop = Arc::new(EventFd::new()?);
-        let control = if ctx.config.control {
+        // The directory of the control endpoint, once it is there: the acceptor sweeps it.
+        let (control, control_dir) = if ctx.config.control {
             let dir = ctx.config.control_dir.clone().unwrap_or_else(control::default_control_dir);
             match control::Endpoint::start(&ctx, &dir) {
-                Ok(e) => Some(e),
+                Ok(e) => (Some(e), Some(dir)),
                 Err(e) => {
                     // The engine works without it; only `netchannel stat` will not list it.
                     eprintln!("netchannel: no control endpoint in {}: {e}", dir.display());
-                    None
+                    (None, None)
                 }
             }
         } else {
-            None
+            (None, None)
         };
         let engine = Engine {
             ctx: ctx.clone(),
@@ -270,7 +271,7 @@ impl Engine {
                     return;
                 }
             }
-            acceptor::run(ctx, listener, stop)
+            acceptor::run(ctx, listener, stop, control_dir)
         })?;
         *engine.acceptor.lock() = Some(handle);
         Ok(engine)
@@ -349,6 +350,10 @@ impl Engine {
         // short-lived client's exit takes a round trip more than its work, not milliseconds.
         let mut nap = Duration::from_micros(50);
         let mut waiting = Vec::new();
+        // What was left when the last poll found a channel readable: if reading it moved
+        // nothing (bytes only their stream's reader may take), the next wait is a sleep, not a
+        // poll that returns at once again.
+        let mut readable_at: Option<u64> = None;
         loop {
             let mut left = 0;
             waiting.clear();
@@ -374,6 +379,9 @@ impl Engine {
             if now - progress_at >= stall || now - start >= cap {
                 return false;
             }
+            if readable_at.is_some_and(|before| left >= before) {
+                std::thread::sleep(nap);
+            }
             let mut fds: Vec<_> = waiting
                 .iter()
                 .map(|(_, ch)| {
@@ -381,8 +389,9 @@ impl Engine {
                 })
                 .collect();
             let timeout = rustix::event::Timespec::try_from(nap).unwrap_or_default();
-            let _ = rustix::event::poll(&mut fds, Some(&timeout));
+            let ready = rustix::event::poll(&mut fds, Some(&timeout)).unwrap_or(0);
             drop(fds);
+            readable_at = (ready > 0).then_some(left);
             for (s, ch) in &waiting {
                 s.rx(ch);
             }
