@@ -98,7 +98,8 @@ fn connect_where_no_engine_listens(hosts: Hosts) {
 
 fn connect_to_port_without_listener(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
-    let (a, b) = tb.engines(|_| {});
+    // Every channel dialed, traffic or not.
+    let (a, b) = tb.engines(|c| c.rest_channels_rate = 0);
     let _l = b.listen(1).unwrap();
     let err = a.connect(b.local_addr(), 2).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");

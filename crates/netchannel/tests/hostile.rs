@@ -36,9 +36,10 @@ struct EchoClient {
 
 impl EchoClient {
     fn new(tb: &Testbed, target: SocketAddr) -> EchoClient {
-        let engine = Engine::new(tb.config_a()).unwrap();
+        // Every channel dialed at once, traffic or not, and open before the tests count the
+        // echo process's fds.
+        let engine = Engine::new(Config { rest_channels_rate: 0, ..tb.config_a() }).unwrap();
         let sock = Arc::new(engine.connect(target, 7).unwrap());
-        // Every channel open before the tests count the echo process's fds.
         wait_for_channels(&engine, tb.config_a().channels + tb.config_a().latency_channels);
         let c = EchoClient { _engine: engine, sock };
         c.check();

@@ -1,7 +1,7 @@
 //! Many peers: a server engine full of multi-channel sessions still admits new peers, engines
 //! standing in for hosts dial from addresses of their own, a session's background dials and its
 //! growth together stay within `max_channels`, and a session's channels follow the threads that
-//! use it, up and down.
+//! use it, up and down; a peer that carries little traffic costs one channel.
 
 mod common;
 
@@ -12,6 +12,7 @@ use common::*;
 use netchannel::{Config, Engine};
 
 both_testbeds!(
+    idle_peers_cost_one_channel_each,
     a_full_channel_budget_keeps_room_for_new_peers,
     dialed_channels_leave_from_dial_source,
     a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max,
@@ -36,13 +37,35 @@ fn exchange(client: &Engine, server: SocketAddr, l: &netchannel::Listener, msg: 
     assert_eq!(got, msg);
 }
 
+fn idle_peers_cost_one_channel_each(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let server = Engine::new(tb.config_b()).unwrap();
+    let l = server.listen(9).unwrap();
+    let addr = server.local_addr();
+    let peers: Vec<Engine> = (0..6).map(|_| Engine::new(tb.config_a()).unwrap()).collect();
+    for (i, p) in peers.iter().enumerate() {
+        exchange(p, addr, &l, format!("peer {i}").as_bytes());
+    }
+    // Past several looks at their traffic (`rest_channels_after`, then twice as far each time):
+    // a few bytes are not worth the other channels, nor the latency one.
+    std::thread::sleep(tb.config_a().rest_channels_after * 8);
+    for (i, p) in peers.iter().enumerate() {
+        exchange(p, addr, &l, format!("again {i}").as_bytes());
+        assert_eq!(p.stats().channels.len(), 1, "peer {i}");
+    }
+    assert_eq!(server.stats().channels.len(), 6);
+    assert_eq!(server.stats().sessions, 6);
+}
+
 fn a_full_channel_budget_keeps_room_for_new_peers(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
-    // Room for 8 channels; each peer wants 5 (4 throughput, 1 latency).
+    // Room for 8 channels; each peer wants 5 (4 throughput, 1 latency), traffic or not.
     let server = Engine::new(Config { max_channels_total: 8, ..tb.config_b() }).unwrap();
     let l = server.listen(9).unwrap();
     let addr = server.local_addr();
-    let peers: Vec<Engine> = (0..7).map(|_| Engine::new(tb.config_a()).unwrap()).collect();
+    let peers: Vec<Engine> = (0..7)
+        .map(|_| Engine::new(Config { rest_channels_rate: 0, ..tb.config_a() }).unwrap())
+        .collect();
     for (i, p) in peers.iter().enumerate() {
         exchange(p, addr, &l, format!("peer {i}").as_bytes());
         // Let its background dials finish (or be refused) before the next peer comes.
@@ -76,7 +99,9 @@ fn dialed_channels_leave_from_dial_source(hosts: Hosts) {
     };
     let server = Engine::new(tb.config_b()).unwrap();
     let l = server.listen(9).unwrap();
-    let client = Engine::new(Config { dial_source: Some(source), ..tb.config_a() }).unwrap();
+    let client =
+        Engine::new(Config { dial_source: Some(source), rest_channels_rate: 0, ..tb.config_a() })
+            .unwrap();
     exchange(&client, server.local_addr(), &l, b"from where?");
     wait_for_channels(&client, 5);
     let st = server.stats();

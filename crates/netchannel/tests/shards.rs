@@ -54,8 +54,10 @@ fn each_thread_gets_a_session_of_its_own(hosts: Hosts) {
     let server = Arc::new(Engine::new(tb.config_b()).unwrap());
     echo_server(&server, 7);
     // 4 shards of 4 channels: the first starts with 4 throughput channels, the others with
-    // one each; each with a latency channel.
-    let client = Arc::new(Engine::new(Config { session_shards: 4, ..tb.config_a() }).unwrap());
+    // one each; each with a latency channel (dialed at once, traffic or not).
+    let client = Arc::new(
+        Engine::new(Config { session_shards: 4, rest_channels_rate: 0, ..tb.config_a() }).unwrap(),
+    );
     let addr = server.local_addr();
     let threads: Vec<_> = (0..4u8)
         .map(|seed| {
@@ -148,6 +150,8 @@ fn a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has(hosts: Hosts) {
         Engine::new(Config {
             session_shards: 2,
             channels: 2,
+            // Its second channel at the first look, traffic or not.
+            rest_channels_rate: 0,
             // Long: a refused further shard must not be dialed again until it runs out.
             dial_timeout: Duration::from_secs(20),
             ..tb.config_a()
@@ -156,8 +160,8 @@ fn a_refused_shard_leaves_its_thread_on_a_shard_the_peer_has(hosts: Hosts) {
     );
     let first = client.connect(addr, 7).unwrap();
     echo_exact(&first, 64 * 1024, 1);
-    // The session's channels beyond its first come after `rest_channels_after`: the server's
-    // places are all taken once they did.
+    // The session's second channel comes at its first look (`rest_channels_after`): the
+    // server's places are all taken once it did.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while server.stats().channels.len() < 2 {
         assert!(std::time::Instant::now() < deadline, "the first session's channels never came");
@@ -224,12 +228,12 @@ fn latency_streams_take_a_shard_of_their_own(hosts: Hosts) {
 /// they share it): the session is dialed for whichever comes first, and every latency stream
 /// finds the session's latency channel open when its connect returns (dialed by its own
 /// connect, or waited for), never a throughput channel lent for want of it. Then the rest of
-/// the channels come, and everything echoes.
+/// the channels come (at the first look, traffic or not), and everything echoes.
 fn latency_streams_arriving_together_on_a_new_session_get_its_latency_channel(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let server = Arc::new(Engine::new(tb.config_b()).unwrap());
     echo_server(&server, 7);
-    let client = Arc::new(Engine::new(tb.config_a()).unwrap());
+    let client = Arc::new(Engine::new(Config { rest_channels_rate: 0, ..tb.config_a() }).unwrap());
     let addr = server.local_addr();
     let threads = 8;
     let start = Arc::new(Barrier::new(threads));

@@ -2,7 +2,7 @@
 //! started once something needs them. One test in this binary (a process of its own), so that
 //! counting the process's threads by name sees only this test's engines.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -48,21 +48,39 @@ fn service_threads_start_on_first_need() {
     assert!(doc.contains(&format!("{:016x}", client.id())), "{doc}");
     assert_eq!(threads("nc-control"), 1);
 
-    // No latency worker until a latency channel; a throughput stream's session dials none
-    // before `rest_channels_after`.
+    // No latency worker until a latency channel; a throughput stream's session dials no
+    // other channel while it carries no traffic, however long it lives.
     let workers = |e: &Engine| e.stats().workers.len();
     assert_eq!(workers(&client), client.config().workers);
     let l = server.listen(7).unwrap();
-    let bulk = client.connect_with_class(server.local_addr(), 7, Class::Throughput).unwrap();
-    let _b = l.accept().unwrap();
+    let mut bulk = client.connect_with_class(server.local_addr(), 7, Class::Throughput).unwrap();
+    let b = l.accept().unwrap();
     assert_eq!(client.stats().channels.len(), 1, "only the first channel, at first");
+    std::thread::sleep(client.config().rest_channels_after * 6); // three looks at it
+    assert_eq!(client.stats().channels.len(), 1, "an idle session dialed more channels");
     assert_eq!(workers(&client), client.config().workers);
-    // Then the rest, the latency channel among them, and the latency worker with it.
-    wait_until("the session's other channels never came", || {
-        client.stats().channels.len() == client.config().channels + client.config().latency_channels
-    });
-    wait_until("no latency worker", || workers(&client) == client.config().workers + 1);
+    // A download (the dialing side only receives, so no sender of its runs short of room):
+    // the rest come, the latency channel among them, and the latency worker with it.
+    let all = client.config().channels + client.config().latency_channels;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let chunk = vec![7u8; 64 << 10];
+            let mut b = b;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && b.write_all(&chunk).is_ok() {}
+        })
+    };
+    let mut buf = vec![0u8; 64 << 10];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.stats().channels.len() < all {
+        assert!(Instant::now() < deadline, "a busy session's other channels never came");
+        assert!(bulk.read(&mut buf).unwrap() > 0);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(bulk);
+    sender.join().unwrap();
+    wait_until("no latency worker", || workers(&client) == client.config().workers + 1);
     assert_eq!(threads("nc-accept"), 1, "the client started an acceptor");
 
     // Stopped: the control thread is joined, and a watched socket that never became readable

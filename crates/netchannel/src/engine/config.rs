@@ -62,16 +62,24 @@ pub struct Config {
     /// Run every engine thread, and so every channel socket, inside this network namespace
     /// (e.g. `/run/netns/NAME`). The application's own threads are not moved.
     pub netns: Option<PathBuf>,
-    /// Throughput-class channels dialed to each peer when the session opens (the minimum): the
-    /// first (and the first latency channel) before the first stream, the rest in the
-    /// background.
+    /// Throughput-class channels of a busy session to each peer (the least it shrinks to): the
+    /// first before the first stream, the rest (and the latency channel, unless a latency
+    /// stream opened the session and had it dialed first) once the session carries traffic
+    /// (`rest_channels_rate`) or a sender runs short of room.
     pub channels: usize,
-    /// How long after the session opens its throughput channels beyond the first are dialed,
-    /// unless its senders run short of room sooner (then at once). A short-lived client (a
-    /// shell loop's `redis-cli`, a health check) is gone before: it pays for two channels, not
+    /// When the session is first looked at for traffic, after it opens (then at twice the
+    /// interval each time, up to a second, while it stays idle). A short-lived client (a shell
+    /// loop's `redis-cli`, a health check) is gone before: it pays for one or two channels, not
     /// for `channels` plus the latency one, and so does the peer (docs/BENCHMARKS.md, "Short-lived
-    /// clients, again"). Zero: at once.
+    /// clients, again"). Zero: the rest are dialed at once, whatever the traffic.
     pub rest_channels_after: Duration,
+    /// Bytes a second (sent and received, frames on its channels) a session must carry, at a
+    /// look (`rest_channels_after`), for the dialing side to dial its other channels: a peer
+    /// that is idle or barely used (a health check, a few requests a second) costs one
+    /// channel, and a socket pair on each side, not `channels` plus the latency one. A sender
+    /// short of room dials them at once whatever this says. Zero: at the first look, traffic
+    /// or not.
+    pub rest_channels_rate: u64,
     /// Most throughput-class channels per peer. While senders find every channel of the class
     /// holding its share of unsent bytes, or more application threads are busy sending to the
     /// peer (64 MiB or more in a second) than it has channels (each thread's streams keep
@@ -291,6 +299,7 @@ impl Default for Config {
             netns: None,
             channels: 4,
             rest_channels_after: Duration::from_millis(50),
+            rest_channels_rate: 16 << 20,
             max_channels: 8,
             channel_retire_after: Duration::from_secs(10),
             latency_channels: 1,

@@ -726,13 +726,12 @@ impl EngineCtx {
         }
         let planned = {
             let mut rest = session.rest.lock();
-            let at = rest
-                .as_ref()
-                .and_then(|(_, plan)| plan.iter().position(|&(_, c)| c == Class::Latency));
+            let at =
+                rest.as_ref().and_then(|r| r.plan.iter().position(|&(_, c)| c == Class::Latency));
             match (rest.as_mut(), at) {
-                (Some((_, plan)), Some(at)) => {
-                    let entry = plan.remove(at);
-                    let emptied = plan.is_empty();
+                (Some(r), Some(at)) => {
+                    let entry = r.plan.remove(at);
+                    let emptied = r.plan.is_empty();
                     if emptied {
                         *rest = None;
                     }
@@ -861,7 +860,8 @@ impl EngineCtx {
         }
         // The session's duty worker runs the dial when it comes due (`SessionRt::handle_timeouts`):
         // no thread waits for it meanwhile.
-        *session.rest.lock() = Some((std::time::Instant::now() + wait, rest));
+        *session.rest.lock() =
+            Some(session::RestChannels::new(rest, std::time::Instant::now(), wait));
         session.timers_changed();
     }
 

@@ -36,6 +36,46 @@ const MAX_FRAMES: usize = 256;
 /// A stream whose reader read a payload straight from a channel this recently is being read:
 /// its next payload is left for it too.
 const ACTIVE_READER: std::time::Duration = std::time::Duration::from_micros(200);
+/// The longest a session waiting for traffic before it dials its other channels goes
+/// between two looks at it (`RestChannels`).
+const REST_LOOK_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A session's channels beyond its first (the rest of its throughput channels, and its latency
+/// channel when no latency stream opened it), while they wait to be dialed: for traffic
+/// (`Config::rest_channels_rate`), or for a sender short of room or a latency stream.
+pub struct RestChannels {
+    pub plan: super::DialPlan,
+    /// When to look at the session's traffic next.
+    pub at: Instant,
+    /// The last look, and the bytes the session had moved by then (`Session::bytes_moved`).
+    looked: Instant,
+    moved: u64,
+    interval: std::time::Duration,
+}
+
+impl RestChannels {
+    /// `plan`, first looked at `first` from `now` (`Config::rest_channels_after`).
+    pub fn new(plan: super::DialPlan, now: Instant, first: std::time::Duration) -> Self {
+        RestChannels { plan, at: now + first, looked: now, moved: 0, interval: first }
+    }
+
+    /// Whether the session moved `rate` bytes a second or more since the last look, `moved`
+    /// being its bytes now. If not, the next look is twice as far as the last (at most
+    /// `REST_LOOK_MAX`): a session that stays idle is looked at about once a second.
+    pub fn busy(&mut self, now: Instant, moved: u64, rate: u64) -> bool {
+        let elapsed = now.saturating_duration_since(self.looked).as_nanos();
+        let delta = u128::from(moved.saturating_sub(self.moved));
+        if delta * 1_000_000_000 >= u128::from(rate) * elapsed {
+            return true;
+        }
+        self.looked = now;
+        self.moved = moved;
+        self.interval = (self.interval * 2).min(REST_LOOK_MAX);
+        self.at = now + self.interval;
+        false
+    }
+}
+
 /// Workers a machine needs before bulk writes are spread over them (`SessionRt::spreads_bulk`):
 /// 4 cores.
 const SPREAD_MIN_WORKERS: usize = 3;
@@ -114,9 +154,8 @@ pub(crate) struct SessionRt {
     pub next_index: AtomicU16,
     /// A channel is being added.
     pub growing: AtomicBool,
-    /// The session's first channels beyond the first, while they wait to be dialed, and when
-    /// (`Config::rest_channels_after`).
-    pub rest: Mutex<Option<(Instant, super::DialPlan)>>,
+    /// The session's channels beyond the first, while they wait to be dialed.
+    pub rest: Mutex<Option<RestChannels>>,
     /// No channel is added before this time (`clock_ns`): a dial to add one failed.
     pub grow_after_ns: AtomicU64,
     /// Dials to add a channel that failed in a row (the wait after the next failure doubles).
@@ -307,8 +346,8 @@ impl SessionRt {
     /// (`Config::rest_channels_after`), are dialed now.
     pub fn hurry_rest(self: &Arc<Self>) {
         let rest = self.rest.lock().take();
-        if let Some((_, plan)) = rest {
-            self.ctx.dial_rest_now(self.clone(), plan);
+        if let Some(rest) = rest {
+            self.ctx.dial_rest_now(self.clone(), rest.plan);
         }
     }
 
@@ -820,16 +859,21 @@ impl SessionRt {
     /// kernel is silent too (`black_holed`). A peer whose kernel answers and whose engine
     /// processes nothing is a stopped or paused process, and TCP waits for such a peer.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
-        let rest_due = {
-            let mut rest = self.rest.lock();
-            if rest.as_ref().is_some_and(|(at, _)| *at <= now) {
-                rest.take()
-            } else {
-                None
+        if self.rest.lock().as_ref().is_some_and(|r| r.at <= now) {
+            let moved = self.core().bytes_moved();
+            let rate = self.ctx.config.rest_channels_rate;
+            let busy = {
+                let mut rest = self.rest.lock();
+                let due = rest.as_mut().filter(|r| r.at <= now);
+                if due.is_some_and(|r| r.busy(now, moved, rate)) {
+                    rest.take()
+                } else {
+                    None
+                }
+            };
+            if let Some(rest) = busy {
+                self.ctx.dial_rest_now(self.clone(), rest.plan);
             }
-        };
-        if let Some((_, plan)) = rest_due {
-            self.ctx.dial_rest_now(self.clone(), plan);
         }
         let (pending, dead, surplus, engine_alive) = self.with_core(|core| {
             let engine_alive = core.peer_engine_active(now);
@@ -900,7 +944,7 @@ impl SessionRt {
     /// acknowledgement deadline, whether a channel is surplus, the first channels beyond the
     /// first).
     pub fn next_deadline(self: &Arc<Self>) -> Option<Instant> {
-        let rest = self.rest.lock().as_ref().map(|(at, _)| *at);
+        let rest = self.rest.lock().as_ref().map(|r| r.at);
         let mut core = self.core();
         let surplus = if self.initiator { core.next_surplus_check() } else { None };
         [core.poll_timeout(), core.next_ack_deadline(), surplus, rest].into_iter().flatten().min()
@@ -967,5 +1011,45 @@ impl SessionRt {
         let mut all = self.channels.write();
         all.clear();
         self.channels_changed(&all);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RestChannels;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn rest_channels_wait_for_traffic_and_look_less_often_while_it_stays_idle() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut rest = RestChannels::new(Vec::new(), t0, ms(50));
+        assert_eq!(rest.at, t0 + ms(50));
+        // 16 MiB/s over 50 ms is 838,860 bytes: a few requests are not traffic.
+        assert!(!rest.busy(t0 + ms(50), 4096, 16 << 20));
+        assert_eq!(rest.at, t0 + ms(150), "the next look twice as far");
+        assert!(!rest.busy(rest.at, 8192, 16 << 20));
+        assert_eq!(rest.at, t0 + ms(350));
+        for _ in 0..8 {
+            assert!(!rest.busy(rest.at, 8192, 16 << 20));
+        }
+        let at = rest.at;
+        assert!(!rest.busy(at, 8192, 16 << 20));
+        assert_eq!(
+            rest.at,
+            at + Duration::from_secs(1),
+            "an idle session is looked at each second"
+        );
+        // The rate counts from the last look: 2 MiB in the last second is not 16 MiB/s; 17 MiB is.
+        assert!(!rest.busy(rest.at, 8192 + (2 << 20), 16 << 20));
+        assert!(rest.busy(rest.at, 8192 + (19 << 20), 16 << 20));
+        // A lost channel's bytes leave the sum: never an overflow.
+        let mut rest = RestChannels::new(Vec::new(), t0, ms(50));
+        assert!(!rest.busy(t0 + ms(50), 512 << 10, 16 << 20)); // 10 MiB/s
+        assert!(!rest.busy(rest.at, 0, 16 << 20));
+        assert!(rest.busy(rest.at, 4 << 20, 16 << 20));
+        // Rate zero: the first look dials, traffic or not.
+        let mut rest = RestChannels::new(Vec::new(), t0, ms(50));
+        assert!(rest.busy(t0 + ms(50), 0, 0));
     }
 }

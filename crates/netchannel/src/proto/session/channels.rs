@@ -446,6 +446,13 @@ impl<U: Default> Session<U> {
         }
     }
 
+    /// Bytes of frames sent and received on the session's open channels (their current
+    /// incarnations): how busy it is, for the runtime's choice of when to dial more channels
+    /// (`Config::rest_channels_rate`). A lost channel's bytes leave the sum.
+    pub fn bytes_moved(&self) -> u64 {
+        self.open_channels().map(|st| st.tx_pos + st.rx_pos).sum()
+    }
+
     /// The next time a channel may become unacknowledging (for the runtime's timers).
     pub fn next_ack_deadline(&self) -> Option<Instant> {
         self.open_channels()
