@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Medians and every round of an interleaved A/B's JSON files (ROW-TAG-ROUND.json, from
 ncperf run --json): ab-summary.py DIR [KEY...] (default keys: goodput_gbps, cpu_cores; a
-latency percentile is latency_us.p50, latency_us.p99, ...)."""
+latency percentile is latency_us.p50, latency_us.p99, ...: a dotted key looks inside)."""
 import collections, glob, json, os, statistics, sys
 out = sys.argv[1]
 keys = sys.argv[2:] or ["goodput_gbps", "cpu_cores"]
 def value(run, key):
-    if key.startswith("latency_us."):
-        return (run.get("latency_us") or {}).get(key.split(".", 1)[1])
-    return run.get(key)
+    for part in key.split("."):
+        run = (run or {}).get(part)
+    return run
 
 runs = collections.defaultdict(list)
 for f in sorted(glob.glob(f"{out}/*-*-*.json")):

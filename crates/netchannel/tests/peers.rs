@@ -18,11 +18,21 @@ both_testbeds!(
     a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max,
     one_poller_serves_sockets_of_many_peers_and_of_peers_that_come_later,
     channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop,
+    an_idle_session_gives_back_its_channels_and_dials_them_again_for_traffic,
 );
 
 /// The engine's open throughput channels.
 fn throughput(e: &Engine) -> usize {
     e.stats().channels.iter().filter(|c| c.channel.class == netchannel::Class::Throughput).count()
+}
+
+/// Waits (up to 10 s) until engine `e` has `n` open throughput channels.
+fn wait_for_throughput(e: &Engine, n: usize, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while throughput(e) != n {
+        assert!(std::time::Instant::now() < deadline, "{what}: {} channels", throughput(e));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// Echoes one message over a new socket from `client` to the listener's engine.
@@ -189,15 +199,10 @@ fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(ho
         c.channels = 2;
         c.max_channels = 4;
         c.channel_retire_after = std::time::Duration::from_millis(300);
+        // Idle, it would give back channels down to one (the test after this one).
+        c.rest_channels_rate = 0;
     });
     let l = b.listen(9).unwrap();
-    let wait_for = |e: &Engine, n: usize, what: &str| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while throughput(e) != n {
-            assert!(std::time::Instant::now() < deadline, "{what}: {} channels", throughput(e));
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-    };
     // Four threads each send on a socket of their own, until the session has a channel for
     // each (the accepting side sees them too).
     let round = |seed: u64| {
@@ -224,11 +229,11 @@ fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(ho
     };
     round(10);
     assert_eq!(throughput(&a), 4, "a channel per thread, max_channels 4");
-    wait_for(&b, 4, "the accepting side");
+    wait_for_throughput(&b, 4, "the accepting side");
     // The threads stopped: within a few retire_after, back to `channels`, on both sides, and
     // nothing dialed again.
-    wait_for(&a, 2, "given back");
-    wait_for(&b, 2, "the accepting side, given back");
+    wait_for_throughput(&a, 2, "given back");
+    wait_for_throughput(&b, 2, "the accepting side, given back");
     let st = a.stats();
     assert_eq!(st.redialed_channels, 0, "a channel given back is not dialed again");
     let retired = st
@@ -242,4 +247,48 @@ fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(ho
     let mut indexes: Vec<u16> = a.stats().channels.iter().map(|c| c.channel.index).collect();
     indexes.sort();
     assert!(indexes.iter().all(|&i| i <= 4), "no new indexes: {indexes:?}");
+}
+
+fn an_idle_session_gives_back_its_channels_and_dials_them_again_for_traffic(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|c| c.channel_retire_after = std::time::Duration::from_millis(200));
+    let l = b.listen(9).unwrap();
+    let all = a.config().channels;
+    // A download: the dialing side only reads, so its channels come from its looks at the
+    // session's traffic, not from a sender short of room.
+    let download = |seed: u64| {
+        let s = a.connect(b.local_addr(), 9).unwrap();
+        let p = l.accept().unwrap();
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| recv_pattern(&s, seed, 64 << 10));
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let (mut sent, mut buf) = (0u64, vec![0u8; 64 << 10]);
+            while throughput(&a) < all || sent < 8 << 20 {
+                assert!(std::time::Instant::now() < deadline, "{} channels", throughput(&a));
+                pattern(seed, sent, &mut buf);
+                (&p).write_all(&buf).unwrap();
+                sent += buf.len() as u64;
+            }
+            p.shutdown().unwrap();
+            assert_eq!(reader.join().unwrap(), sent, "every byte, in order");
+        });
+    };
+    download(1);
+    assert_eq!(throughput(&a), all);
+    // Idle: given back down to one throughput channel, one per `channel_retire_after`, on both
+    // sides, and not dialed again while it stays idle.
+    wait_for_throughput(&a, 1, "given back");
+    wait_for_throughput(&b, 1, "the accepting side, given back");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(throughput(&a), 1);
+    let st = a.stats();
+    assert_eq!(st.redialed_channels, 0, "a channel given back is not dialed again");
+    let retired = st
+        .closed_channels
+        .iter()
+        .filter(|c| c.channel.close_reason.as_deref().is_some_and(|r| r.contains("retired")));
+    assert_eq!(retired.count(), all - 1, "{:?}", st.closed_channels);
+    // Traffic again: back to `channels`.
+    download(2);
+    assert_eq!(throughput(&a), all);
 }

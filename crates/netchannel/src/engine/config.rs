@@ -62,10 +62,11 @@ pub struct Config {
     /// Run every engine thread, and so every channel socket, inside this network namespace
     /// (e.g. `/run/netns/NAME`). The application's own threads are not moved.
     pub netns: Option<PathBuf>,
-    /// Throughput-class channels of a busy session to each peer (the least it shrinks to): the
-    /// first before the first stream, the rest (and the latency channel, unless a latency
-    /// stream opened the session and had it dialed first) once the session carries traffic
-    /// (`rest_channels_rate`) or a sender runs short of room.
+    /// Throughput-class channels of a busy session to each peer (the least it shrinks to while
+    /// busy): the first before the first stream, the rest (and the latency channel, unless a
+    /// latency stream opened the session and had it dialed first) once the session carries
+    /// traffic (`rest_channels_rate`) or a sender runs short of room. Idle, it shrinks to one
+    /// (`channel_retire_after`), and grows back with traffic.
     pub channels: usize,
     /// When the session is first looked at for traffic, after it opens (then at twice the
     /// interval each time, up to a second, while it stays idle). A short-lived client (a shell
@@ -77,17 +78,19 @@ pub struct Config {
     /// look (`rest_channels_after`), for the dialing side to dial its other channels: a peer
     /// that is idle or barely used (a health check, a few requests a second) costs one
     /// channel, and a socket pair on each side, not `channels` plus the latency one. A sender
-    /// short of room dials them at once whatever this says. Zero: at the first look, traffic
-    /// or not.
+    /// short of room dials them at once whatever this says. Below it for
+    /// `channel_retire_after`, a session is idle and gives its throughput channels back down
+    /// to one. Zero: at the first look, traffic or not, and never below `channels`.
     pub rest_channels_rate: u64,
     /// Most throughput-class channels per peer. While senders find every channel of the class
     /// holding its share of unsent bytes, or more application threads are busy sending to the
     /// peer (64 MiB or more in a second) than it has channels (each thread's streams keep
     /// to a channel of their own), the dialing engine adds one, up to this.
     pub max_channels: usize,
-    /// A session of this engine's dialing with more throughput channels than `channels` and
-    /// than the application threads busy on it (see `max_channels`), for this long, closes
-    /// one (then waits as long again before the next).
+    /// A session of this engine's dialing with more throughput channels than `channels` (than
+    /// one when it has been idle this long: `rest_channels_rate`) and than the application
+    /// threads busy on it (see `max_channels`), for this long, closes one (then waits as long
+    /// again before the next).
     pub channel_retire_after: Duration,
     /// Latency-class channels dialed to each peer (0: latency sockets share throughput ones).
     pub latency_channels: usize,

@@ -534,6 +534,7 @@ impl EngineCtx {
             ack_timeout: c.ack_timeout,
             max_channels: c.max_channels,
             min_channels: c.channels,
+            idle_rate: c.rest_channels_rate,
             retire_after: c.channel_retire_after,
         }
     }
@@ -861,7 +862,7 @@ impl EngineCtx {
         // The session's duty worker runs the dial when it comes due (`SessionRt::handle_timeouts`):
         // no thread waits for it meanwhile.
         *session.rest.lock() =
-            Some(session::RestChannels::new(rest, std::time::Instant::now(), wait));
+            Some(session::RestChannels::new(rest, std::time::Instant::now(), wait, 0));
         session.timers_changed();
     }
 
@@ -880,7 +881,10 @@ impl EngineCtx {
                 let r = me.dial_for(&session, id, class, timeout);
                 match r {
                     Ok(ch) => {
-                        me.join_dialed(&session, ch);
+                        if me.join_dialed(&session, ch) {
+                            // The worker's timers now include whether one is surplus (idle).
+                            session.timers_changed();
+                        }
                     }
                     // A busy or full acceptor keeps its room for new peers' first channels: the
                     // session stays at fewer channels (it may grow later, under load).

@@ -54,9 +54,15 @@ pub struct RestChannels {
 }
 
 impl RestChannels {
-    /// `plan`, first looked at `first` from `now` (`Config::rest_channels_after`).
-    pub fn new(plan: super::DialPlan, now: Instant, first: std::time::Duration) -> Self {
-        RestChannels { plan, at: now + first, looked: now, moved: 0, interval: first }
+    /// `plan`, first looked at `first` from `now` (`Config::rest_channels_after`), when the
+    /// session has moved `moved` bytes (`Session::bytes_moved`).
+    pub fn new(
+        plan: super::DialPlan,
+        now: Instant,
+        first: std::time::Duration,
+        moved: u64,
+    ) -> Self {
+        RestChannels { plan, at: now + first, looked: now, moved, interval: first }
     }
 
     /// Whether the session moved `rate` bytes a second or more since the last look, `moved`
@@ -343,12 +349,40 @@ impl SessionRt {
     }
 
     /// Its first channels beyond the first, if they wait to be dialed
-    /// (`Config::rest_channels_after`), are dialed now.
+    /// (`Config::rest_channels_after`), are dialed now. (A look for traffic after an idle
+    /// spell, `regrow`, is left: a sender short of room grows the session itself.)
     pub fn hurry_rest(self: &Arc<Self>) {
-        let rest = self.rest.lock().take();
+        let rest = {
+            let mut rest = self.rest.lock();
+            if rest.as_ref().is_some_and(|r| !r.plan.is_empty()) {
+                rest.take()
+            } else {
+                None
+            }
+        };
         if let Some(rest) = rest {
             self.ctx.dial_rest_now(self.clone(), rest.plan);
         }
+    }
+
+    /// Throughput channels of this session that are its own (none lent by the latency class).
+    fn own_throughput_channels(&self) -> usize {
+        self.channels.read().iter().filter(|c| c.meta.class == Class::Throughput).count()
+    }
+
+    /// The session gave back throughput channels while idle (below `channels`: see
+    /// `Session::surplus_channel`), and now carries traffic again, or may: one more, if none
+    /// is being added, and another look soon, until it has `channels` again.
+    fn regrow(self: &Arc<Self>, now: Instant) {
+        if self.own_throughput_channels() >= self.ctx.config.shard_channels(self.shard) {
+            return;
+        }
+        if !self.growing.load(Ordering::Acquire) {
+            self.ctx.grow(self, Class::Throughput);
+        }
+        let (first, moved) = (self.ctx.config.rest_channels_after, self.core().bytes_moved());
+        *self.rest.lock() = Some(RestChannels::new(Vec::new(), now, first, moved));
+        self.timers_changed();
     }
 
     pub fn is_alive(&self) -> bool {
@@ -871,8 +905,10 @@ impl SessionRt {
                     None
                 }
             };
-            if let Some(rest) = busy {
-                self.ctx.dial_rest_now(self.clone(), rest.plan);
+            match busy {
+                Some(rest) if rest.plan.is_empty() => self.regrow(now),
+                Some(rest) => self.ctx.dial_rest_now(self.clone(), rest.plan),
+                None => {}
             }
         }
         let (pending, dead, surplus, engine_alive) = self.with_core(|core| {
@@ -901,6 +937,17 @@ impl SessionRt {
         });
         if let Some(ch) = surplus.and_then(|id| self.channel(id)) {
             self.retire(&ch);
+            // Given back for idleness, below `channels`: they come back with traffic.
+            if self.own_throughput_channels() < self.ctx.config.shard_channels(self.shard) {
+                let (first, moved) =
+                    (self.ctx.config.rest_channels_after, self.core().bytes_moved());
+                let mut rest = self.rest.lock();
+                if rest.is_none() {
+                    *rest = Some(RestChannels::new(Vec::new(), now, first, moved));
+                    drop(rest);
+                    self.timers_changed();
+                }
+            }
         }
         for id in dead {
             if let Some(ch) = self.channel(id) {
@@ -1023,7 +1070,7 @@ mod tests {
     fn rest_channels_wait_for_traffic_and_look_less_often_while_it_stays_idle() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        let mut rest = RestChannels::new(Vec::new(), t0, ms(50));
+        let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert_eq!(rest.at, t0 + ms(50));
         // 16 MiB/s over 50 ms is 838,860 bytes: a few requests are not traffic.
         assert!(!rest.busy(t0 + ms(50), 4096, 16 << 20));
@@ -1044,12 +1091,12 @@ mod tests {
         assert!(!rest.busy(rest.at, 8192 + (2 << 20), 16 << 20));
         assert!(rest.busy(rest.at, 8192 + (19 << 20), 16 << 20));
         // A lost channel's bytes leave the sum: never an overflow.
-        let mut rest = RestChannels::new(Vec::new(), t0, ms(50));
+        let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert!(!rest.busy(t0 + ms(50), 512 << 10, 16 << 20)); // 10 MiB/s
         assert!(!rest.busy(rest.at, 0, 16 << 20));
         assert!(rest.busy(rest.at, 4 << 20, 16 << 20));
         // Rate zero: the first look dials, traffic or not.
-        let mut rest = RestChannels::new(Vec::new(), t0, ms(50));
+        let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert!(rest.busy(t0 + ms(50), 0, 0));
     }
 }

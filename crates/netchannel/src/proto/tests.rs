@@ -926,6 +926,52 @@ fn a_session_wants_a_channel_per_active_thread_up_to_max_channels() {
 }
 
 #[test]
+fn an_idle_session_gives_back_channels_down_to_one() {
+    let cfg = CoreConfig {
+        max_channels: 4,
+        min_channels: 3,
+        idle_rate: 1 << 20,
+        retire_after: Duration::from_secs(1),
+        ..config()
+    };
+    let mut p = Pair::new(19, &[Class::Throughput; 4], cfg);
+    p.listening[1].insert(80);
+    let (a, b) = open_as(&mut p, 30);
+    for _ in 0..100 {
+        p.step();
+    }
+    let mut given = Vec::new();
+    let look = |p: &mut Pair, given: &mut Vec<u16>| {
+        if let Some(ch) = p.sides[0].surplus_channel(p.now) {
+            given.push(ch.index);
+            p.kill(ch.index);
+        }
+    };
+    // 2 MiB a second, above `idle_rate`, from one thread (not busy as `busy` counts it): the
+    // session keeps `min_channels`, and gives back only the fourth.
+    for _ in 0..16 {
+        p.now += Duration::from_millis(250);
+        assert_eq!(p.sides[0].handle(a).send(&[5u8; 512 << 10]), Ok(512 << 10));
+        assert_eq!(read_all(&mut p, 1, b, 512 << 10), vec![5u8; 512 << 10]);
+        look(&mut p, &mut given);
+    }
+    assert_eq!(given, [3]);
+    // Idle for `retire_after`: down to one channel, one per `retire_after`, and no more looks.
+    for _ in 0..12 {
+        p.now += Duration::from_millis(500);
+        for _ in 0..10 {
+            p.step();
+        }
+        look(&mut p, &mut given);
+    }
+    assert_eq!(given, [3, 2, 1]);
+    assert_eq!(p.sides[0].next_surplus_check(), None);
+    // What is left carries on.
+    p.sides[0].handle(a).send(b"still").unwrap();
+    assert_eq!(read_all(&mut p, 1, b, 5), b"still");
+}
+
+#[test]
 fn a_session_gives_back_channels_its_threads_no_longer_need() {
     let cfg = CoreConfig {
         max_channels: 4,

@@ -66,7 +66,8 @@ impl ChannelState {
 
 impl<U: Default> Session<U> {
     /// The throughput channel the dialing side should close, if the session has had more of
-    /// them than busy application threads (and than `min_channels`) for `retire_after`: its
+    /// them than busy application threads (and than `min_channels`, or than one while it is
+    /// idle: `idle_rate`) for `retire_after`: its
     /// highest-indexed one, once nothing of ours waits on it (nothing unacknowledged, queued
     /// or half-read). One per `retire_after`, so a session shrinks slowly and grows at once
     /// (`wants_channel`). Whatever the peer still had in flight on it comes again on the
@@ -75,7 +76,8 @@ impl<U: Default> Session<U> {
         self.surplus_checked = Some(now);
         let ticks = self.ticks(now);
         self.thread_turns.recount(ticks);
-        let keep = self.thread_turns.active().max(self.cfg.min_channels).max(1);
+        let floor = if self.idle(now) { 1 } else { self.cfg.min_channels };
+        let keep = self.thread_turns.active().max(floor).max(1);
         let channels = &self.classes[Class::Throughput.index()].channels;
         if channels.len() <= keep {
             self.surplus_since = None;
@@ -98,11 +100,30 @@ impl<U: Default> Session<U> {
         Some(ch)
     }
 
+    /// Whether the session has moved less than `idle_rate` bytes a second for `retire_after`,
+    /// as seen by this look and the ones before (`surplus_channel`'s).
+    fn idle(&mut self, now: Instant) -> bool {
+        let moved = self.bytes_moved();
+        if let Some((at, before)) = self.traffic_looked {
+            let elapsed = now.saturating_duration_since(at).as_nanos();
+            let delta = u128::from(moved.saturating_sub(before));
+            if delta * 1_000_000_000 < u128::from(self.cfg.idle_rate) * elapsed {
+                self.idle_since.get_or_insert(at);
+            } else {
+                self.idle_since = None;
+            }
+        }
+        self.traffic_looked = Some((now, moved));
+        self.idle_since.is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.retire_after)
+    }
+
     /// When the dialing side should next ask `surplus_channel`: while the session has more
-    /// throughput channels than `min_channels`, twice per `retire_after`.
+    /// throughput channels than it may shrink to (`min_channels`, or one with an `idle_rate`),
+    /// twice per `retire_after`.
     pub fn next_surplus_check(&self) -> Option<Instant> {
         let channels = self.classes[Class::Throughput.index()].channels.len();
-        if channels <= self.cfg.min_channels.max(1) {
+        let floor = if self.cfg.idle_rate > 0 { 1 } else { self.cfg.min_channels.max(1) };
+        if channels <= floor {
             return None;
         }
         let last = self.surplus_checked.or(self.now)?;
@@ -447,8 +468,8 @@ impl<U: Default> Session<U> {
     }
 
     /// Bytes of frames sent and received on the session's open channels (their current
-    /// incarnations): how busy it is, for the runtime's choice of when to dial more channels
-    /// (`Config::rest_channels_rate`). A lost channel's bytes leave the sum.
+    /// incarnations): how busy it is (`idle_rate`; the runtime's choice of when to dial more
+    /// channels, `Config::rest_channels_rate`). A lost channel's bytes leave the sum.
     pub fn bytes_moved(&self) -> u64 {
         self.open_channels().map(|st| st.tx_pos + st.rx_pos).sum()
     }

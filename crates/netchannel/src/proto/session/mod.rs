@@ -81,8 +81,11 @@ pub struct CoreConfig {
     /// its application threads are busy on it than it has channels (`wants_channel`).
     pub max_channels: usize,
     /// Throughput-class channels the session keeps whatever the threads (the ones dialed at
-    /// the start).
+    /// the start) while it is not idle.
     pub min_channels: usize,
+    /// Bytes a second (`bytes_moved`) below which the session is idle: idle for
+    /// `retire_after`, it gives back channels down to one, not `min_channels`. Zero: never.
+    pub idle_rate: u64,
     /// A session that has had more throughput channels than busy threads (and than
     /// `min_channels`) for this long gives one back (`surplus_channel`).
     pub retire_after: Duration,
@@ -109,6 +112,7 @@ impl Default for CoreConfig {
             ack_timeout: Duration::from_secs(20),
             max_channels: 4,
             min_channels: 4,
+            idle_rate: 0,
             retire_after: Duration::from_secs(10),
         }
     }
@@ -246,6 +250,10 @@ pub struct Session<U> {
     /// was last looked at (`surplus_channel`).
     surplus_since: Option<Instant>,
     surplus_checked: Option<Instant>,
+    /// The last look at the session's traffic (`surplus_channel`): when, and `bytes_moved`.
+    traffic_looked: Option<(Instant, u64)>,
+    /// Since when the session has moved less than `idle_rate`.
+    idle_since: Option<Instant>,
     /// The peer's RSTs that wait for the bytes sent before them (`F_RST_PENDING`): the final
     /// offset and the reason, by stream. At most one per stream held here.
     pending_rsts: HashMap<StreamId, (u64, crate::wire::RstReason)>,
@@ -291,6 +299,8 @@ impl<U: Default> Session<U> {
             thread_turns: ThreadTurns::default(),
             surplus_since: None,
             surplus_checked: None,
+            traffic_looked: None,
+            idle_since: None,
             pending_rsts: HashMap::new(),
             reserved: Vec::new(),
         }
