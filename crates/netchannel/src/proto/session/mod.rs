@@ -193,7 +193,9 @@ pub struct CoreStats {
 pub struct Session<U> {
     cfg: CoreConfig,
     streams: Table<Stream<U>>,
-    channels: Vec<Option<ChannelState>>,
+    /// By index: boxed, so that the 64 slots cost a pointer each and an idle peer's session
+    /// (one channel) does not carry 63 empty states (200 bytes each).
+    channels: Vec<Option<Box<ChannelState>>>,
     classes: [ClassTx; 2],
     /// Streams with unsent bytes: the scheduler's queues.
     active: ActiveQueues<StreamId, ChannelId>,
