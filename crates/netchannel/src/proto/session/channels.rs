@@ -133,11 +133,17 @@ impl<U: Default> Session<U> {
     /// A channel joined the session (a new index, or an index whose previous incarnation was
     /// lost).
     pub fn add_channel(&mut self, index: ChannelId, class: Class) {
-        let Some(slot) = self.channels.get_mut(index.slot()) else { return };
+        if index.slot() > MAX_CHANNEL_INDEX as usize {
+            return;
+        }
+        if self.channels.len() <= index.slot() {
+            self.channels.resize_with(index.slot() + 1, || None);
+        }
+        let slot = &mut self.channels[index.slot()];
         if slot.is_some() {
             return;
         }
-        *slot = Some(Box::new(ChannelState {
+        *slot = Some(ChannelState {
             id: index,
             class,
             tx_pos: 0,
@@ -152,7 +158,7 @@ impl<U: Default> Session<U> {
             unacked_since: None,
             deferred: None,
             control: VecDeque::new(),
-        }));
+        });
         self.classes[class.index()].channels.push(index);
         self.dead = false;
         // More channels, more room: senders waiting for space may go on.
@@ -282,7 +288,7 @@ impl<U: Default> Session<U> {
 
     /// The state of channel `ch`, this incarnation only.
     pub(super) fn channel(&self, ch: ChannelId) -> Option<&ChannelState> {
-        self.channels.get(ch.slot())?.as_deref().filter(|st| st.id == ch)
+        self.channels.get(ch.slot())?.as_ref().filter(|st| st.id == ch)
     }
 
     /// The open channels' states, through the classes' lists: a session uses a few of its
@@ -293,7 +299,7 @@ impl<U: Default> Session<U> {
 
     /// The state of channel `ch`, this incarnation only.
     pub(super) fn channel_mut(&mut self, ch: ChannelId) -> Option<&mut ChannelState> {
-        self.channels.get_mut(ch.slot())?.as_deref_mut().filter(|st| st.id == ch)
+        self.channels.get_mut(ch.slot())?.as_mut().filter(|st| st.id == ch)
     }
 
     pub(super) fn on_ack(

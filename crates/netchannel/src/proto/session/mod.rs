@@ -193,9 +193,9 @@ pub struct CoreStats {
 pub struct Session<U> {
     cfg: CoreConfig,
     streams: Table<Stream<U>>,
-    /// By index: boxed, so that the 64 slots cost a pointer each and an idle peer's session
-    /// (one channel) does not carry 63 empty states (200 bytes each).
-    channels: Vec<Option<Box<ChannelState>>>,
+    /// By index, up to the highest index joined so far: an idle peer's session (one channel)
+    /// does not carry 63 empty states of 200 bytes each.
+    channels: Vec<Option<ChannelState>>,
     classes: [ClassTx; 2],
     /// Streams with unsent bytes: the scheduler's queues.
     active: ActiveQueues<StreamId, ChannelId>,
@@ -274,7 +274,7 @@ impl<U: Default> Session<U> {
             streams: Table::new(cfg.max_streams),
             active: ActiveQueues::new(cfg.policy, MAX_CHANNEL_INDEX as usize + 1),
             cfg,
-            channels: (0..=MAX_CHANNEL_INDEX).map(|_| None).collect(),
+            channels: Vec::new(),
             classes: [ClassTx::default(), ClassTx::default()],
             opened_by_peer: HashMap::new(),
             events: VecDeque::new(),
