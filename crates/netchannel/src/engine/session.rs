@@ -66,12 +66,15 @@ impl RestChannels {
     }
 
     /// Whether the session moved `rate` bytes a second or more since the last look, `moved`
-    /// being its bytes now. If not, the next look is twice as far as the last (at most
-    /// `REST_LOOK_MAX`): a session that stays idle is looked at about once a second.
-    pub fn busy(&mut self, now: Instant, moved: u64, rate: u64) -> bool {
+    /// being its bytes now, or anything at all while `senders` application threads (two or
+    /// more) sent on it: each thread's streams keep to a home channel, and threads sharing one
+    /// wake each other for frames that are not theirs. If not, the next look is twice as far as
+    /// the last (at most `REST_LOOK_MAX`): a session that stays idle is looked at about once a
+    /// second.
+    pub fn busy(&mut self, now: Instant, moved: u64, senders: usize, rate: u64) -> bool {
         let elapsed = now.saturating_duration_since(self.looked).as_nanos();
         let delta = u128::from(moved.saturating_sub(self.moved));
-        if delta * 1_000_000_000 >= u128::from(rate) * elapsed {
+        if delta * 1_000_000_000 >= u128::from(rate) * elapsed || (senders > 1 && delta > 0) {
             return true;
         }
         self.looked = now;
@@ -894,12 +897,15 @@ impl SessionRt {
     /// processes nothing is a stopped or paused process, and TCP waits for such a peer.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
         if self.rest.lock().as_ref().is_some_and(|r| r.at <= now) {
-            let moved = self.core().bytes_moved();
+            let (moved, senders) = {
+                let mut core = self.core();
+                (core.bytes_moved(), core.sending_threads(now))
+            };
             let rate = self.ctx.config.rest_channels_rate;
             let busy = {
                 let mut rest = self.rest.lock();
                 let due = rest.as_mut().filter(|r| r.at <= now);
-                if due.is_some_and(|r| r.busy(now, moved, rate)) {
+                if due.is_some_and(|r| r.busy(now, moved, senders, rate)) {
                     rest.take()
                 } else {
                     None
@@ -1073,30 +1079,35 @@ mod tests {
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert_eq!(rest.at, t0 + ms(50));
         // 16 MiB/s over 50 ms is 838,860 bytes: a few requests are not traffic.
-        assert!(!rest.busy(t0 + ms(50), 4096, 16 << 20));
+        assert!(!rest.busy(t0 + ms(50), 4096, 1, 16 << 20));
         assert_eq!(rest.at, t0 + ms(150), "the next look twice as far");
-        assert!(!rest.busy(rest.at, 8192, 16 << 20));
+        assert!(!rest.busy(rest.at, 8192, 1, 16 << 20));
         assert_eq!(rest.at, t0 + ms(350));
         for _ in 0..8 {
-            assert!(!rest.busy(rest.at, 8192, 16 << 20));
+            assert!(!rest.busy(rest.at, 8192, 1, 16 << 20));
         }
         let at = rest.at;
-        assert!(!rest.busy(at, 8192, 16 << 20));
+        assert!(!rest.busy(at, 8192, 1, 16 << 20));
         assert_eq!(
             rest.at,
             at + Duration::from_secs(1),
             "an idle session is looked at each second"
         );
         // The rate counts from the last look: 2 MiB in the last second is not 16 MiB/s; 17 MiB is.
-        assert!(!rest.busy(rest.at, 8192 + (2 << 20), 16 << 20));
-        assert!(rest.busy(rest.at, 8192 + (19 << 20), 16 << 20));
+        assert!(!rest.busy(rest.at, 8192 + (2 << 20), 1, 16 << 20));
+        assert!(rest.busy(rest.at, 8192 + (19 << 20), 1, 16 << 20));
         // A lost channel's bytes leave the sum: never an overflow.
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
-        assert!(!rest.busy(t0 + ms(50), 512 << 10, 16 << 20)); // 10 MiB/s
-        assert!(!rest.busy(rest.at, 0, 16 << 20));
-        assert!(rest.busy(rest.at, 4 << 20, 16 << 20));
+        assert!(!rest.busy(t0 + ms(50), 512 << 10, 1, 16 << 20)); // 10 MiB/s
+        assert!(!rest.busy(rest.at, 0, 1, 16 << 20));
+        assert!(rest.busy(rest.at, 4 << 20, 1, 16 << 20));
+        // Two application threads sending, however little: each gets a home channel. Idle,
+        // they are not traffic.
+        let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
+        assert!(!rest.busy(t0 + ms(50), 0, 2, 16 << 20));
+        assert!(rest.busy(rest.at, 300, 2, 16 << 20));
         // Rate zero: the first look dials, traffic or not.
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
-        assert!(rest.busy(t0 + ms(50), 0, 0));
+        assert!(rest.busy(t0 + ms(50), 0, 1, 0));
     }
 }

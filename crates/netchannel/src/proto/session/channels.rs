@@ -101,13 +101,16 @@ impl<U: Default> Session<U> {
     }
 
     /// Whether the session has moved less than `idle_rate` bytes a second for `retire_after`,
-    /// as seen by this look and the ones before (`surplus_channel`'s).
+    /// as seen by this look and the ones before (`surplus_channel`'s), with at most one
+    /// application thread sending on it (the runtime dials channels for two at any rate).
     fn idle(&mut self, now: Instant) -> bool {
         let moved = self.bytes_moved();
+        let senders = self.sending_threads(now);
         if let Some((at, before)) = self.traffic_looked {
             let elapsed = now.saturating_duration_since(at).as_nanos();
             let delta = u128::from(moved.saturating_sub(before));
-            if delta * 1_000_000_000 < u128::from(self.cfg.idle_rate) * elapsed {
+            let shared = senders > 1 && delta > 0;
+            if delta * 1_000_000_000 < u128::from(self.cfg.idle_rate) * elapsed && !shared {
                 self.idle_since.get_or_insert(at);
             } else {
                 self.idle_since = None;

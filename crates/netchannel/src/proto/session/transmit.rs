@@ -101,6 +101,12 @@ impl ThreadTurns {
     pub(super) fn active(&self) -> usize {
         self.active
     }
+
+    /// Threads that sent anything on the session's streams in this window or the last.
+    pub(super) fn senders(&mut self, now: u64) -> usize {
+        self.recount(now);
+        self.threads.iter().filter(|t| t.bytes.max(t.bytes_before) > 0).count()
+    }
 }
 
 /// An RST to send: the peer's stream, why, and where the bytes sent before it end (the peer
@@ -434,6 +440,14 @@ impl<U: Default> Session<U> {
         } else {
             self.home(id)
         }
+    }
+
+    /// Application threads that sent on the session's streams within the last second or two
+    /// (the runtime dials a session's other channels for them: each thread's streams keep to
+    /// a home channel of their own, `home`, whatever their rate).
+    pub fn sending_threads(&mut self, now: Instant) -> usize {
+        let ticks = self.ticks(now);
+        self.thread_turns.senders(ticks)
     }
 
     /// Whether the session should have one more channel of the class that serves `class`:
