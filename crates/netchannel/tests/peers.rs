@@ -13,7 +13,7 @@ use netchannel::{Config, Engine};
 
 both_testbeds!(
     idle_peers_cost_one_channel_each,
-    threads_sharing_a_session_get_its_channels_at_any_rate,
+    threads_sharing_a_session_get_its_channels_below_the_rate,
     a_full_channel_budget_keeps_room_for_new_peers,
     dialed_channels_leave_from_dial_source,
     a_sender_short_of_room_while_channels_are_dialed_adds_none_beyond_max,
@@ -68,7 +68,7 @@ fn idle_peers_cost_one_channel_each(hosts: Hosts) {
     assert_eq!(server.stats().sessions, 6);
 }
 
-fn threads_sharing_a_session_get_its_channels_at_any_rate(hosts: Hosts) {
+fn threads_sharing_a_session_get_its_channels_below_the_rate(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let server = Engine::new(tb.config_b()).unwrap();
     let l = server.listen(9).unwrap();
@@ -76,33 +76,36 @@ fn threads_sharing_a_session_get_its_channels_at_any_rate(hosts: Hosts) {
     // One shard: the two threads share the session.
     let client = Engine::new(Config { session_shards: 1, ..tb.config_a() }).unwrap();
     let all = client.config().channels;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut round = 0;
-    // A few small messages from each of two threads, far below `rest_channels_rate`: each
-    // thread's streams keep to a home channel, so the session dials its others.
-    while throughput(&client) < all {
-        assert!(std::time::Instant::now() < deadline, "{} channels", throughput(&client));
-        std::thread::scope(|scope| {
-            for t in 0..2 {
-                let (client, l) = (&client, &l);
-                scope.spawn(move || {
-                    let s = client.connect(addr, 9).unwrap();
-                    s.send(format!("thread {t} round {round}").as_bytes()).unwrap();
-                    drop(s);
-                    let _ = l;
-                });
-            }
-        });
-        // The listener's side: take what came.
+    let rate = client.config().rest_channels_rate;
+    let chunk = vec![3u8; 64 << 10];
+    // Each of two threads sends 64 KiB every 20 ms: 6.4 MB/s in all, below the rate for one
+    // thread but above a sixteenth of it (`SHARED_RATE_DIVISOR`): each thread's streams keep
+    // to a home channel, so the session dials its others.
+    assert!(2 * chunk.len() as u64 * 50 < rate);
+    std::thread::scope(|scope| {
         for _ in 0..2 {
+            let (client, chunk) = (&client, &chunk);
+            let s = client.connect(addr, 9).unwrap();
             let p = l.accept().unwrap();
-            let mut got = String::new();
-            (&p).read_to_string(&mut got).unwrap();
-            assert!(got.starts_with("thread "), "{got}");
+            scope.spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                while (&p).read(&mut buf).unwrap() > 0 {}
+            });
+            scope.spawn(move || {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while throughput(client) < all {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "{} channels",
+                        throughput(client)
+                    );
+                    (&s).write_all(chunk).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                s.shutdown().unwrap();
+            });
         }
-        round += 1;
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    });
     assert_eq!(client.stats().sessions, 1);
 }
 

@@ -78,11 +78,11 @@ pub struct Config {
     /// look (`rest_channels_after`), for the dialing side to dial its other channels: a peer
     /// that is idle or barely used (a health check, a few requests a second) costs one
     /// channel, and a socket pair on each side, not `channels` plus the latency one. A sender
-    /// short of room dials them at once whatever this says, and so does any traffic from two
-    /// or more application threads (each thread's streams keep to a channel of their own).
-    /// Below it, from one thread at most, for `channel_retire_after`, a session is idle and
-    /// gives its throughput channels back down to one. Zero: at the first look, traffic or
-    /// not, and never below `channels`.
+    /// short of room dials them at once whatever this says; two or more application threads
+    /// sending on the session need a sixteenth of it (each thread's streams keep to a channel
+    /// of their own). Below it for `channel_retire_after`, a session is idle and gives its
+    /// throughput channels back down to one. Zero: at the first look, traffic or not, and
+    /// never below `channels`.
     pub rest_channels_rate: u64,
     /// Most throughput-class channels per peer. While senders find every channel of the class
     /// holding its share of unsent bytes, or more application threads are busy sending to the

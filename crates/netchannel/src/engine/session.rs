@@ -66,15 +66,19 @@ impl RestChannels {
     }
 
     /// Whether the session moved `rate` bytes a second or more since the last look, `moved`
-    /// being its bytes now, or anything at all while `senders` application threads (two or
-    /// more) sent on it: each thread's streams keep to a home channel, and threads sharing one
-    /// wake each other for frames that are not theirs. If not, the next look is twice as far as
-    /// the last (at most `REST_LOOK_MAX`): a session that stays idle is looked at about once a
-    /// second.
+    /// being its bytes now, or a sixteenth of that while `senders` application threads (two
+    /// or more) sent on it: each thread's streams keep to a home channel, and threads sharing
+    /// one wake each other for frames that are not theirs, a cost per message that matters
+    /// once messages are many (1 MiB/s is 256 of 4 KiB a second; a peer of a few requests a
+    /// second from several threads still costs one channel). If not, the next look is twice
+    /// as far as the last (at most `REST_LOOK_MAX`): a session that stays idle is looked at
+    /// about once a second.
     pub fn busy(&mut self, now: Instant, moved: u64, senders: usize, rate: u64) -> bool {
         let elapsed = now.saturating_duration_since(self.looked).as_nanos();
-        let delta = u128::from(moved.saturating_sub(self.moved));
-        if delta * 1_000_000_000 >= u128::from(rate) * elapsed || (senders > 1 && delta > 0) {
+        let delta = u128::from(moved.saturating_sub(self.moved)) * 1_000_000_000;
+        let rate =
+            if senders > 1 { rate / crate::proto::session::SHARED_RATE_DIVISOR } else { rate };
+        if delta >= u128::from(rate) * elapsed {
             return true;
         }
         self.looked = now;
@@ -1101,11 +1105,11 @@ mod tests {
         assert!(!rest.busy(t0 + ms(50), 512 << 10, 1, 16 << 20)); // 10 MiB/s
         assert!(!rest.busy(rest.at, 0, 1, 16 << 20));
         assert!(rest.busy(rest.at, 4 << 20, 1, 16 << 20));
-        // Two application threads sending, however little: each gets a home channel. Idle,
-        // they are not traffic.
+        // Two application threads sending: a sixteenth of the rate is enough (1 MiB/s: 52 KB
+        // in 50 ms, 105 KB in the next 100 ms); a few requests are not.
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
-        assert!(!rest.busy(t0 + ms(50), 0, 2, 16 << 20));
-        assert!(rest.busy(rest.at, 300, 2, 16 << 20));
+        assert!(!rest.busy(t0 + ms(50), 40_000, 2, 16 << 20));
+        assert!(rest.busy(rest.at, 40_000 + 110_000, 2, 16 << 20));
         // Rate zero: the first look dials, traffic or not.
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert!(rest.busy(t0 + ms(50), 0, 1, 0));

@@ -100,17 +100,20 @@ impl<U: Default> Session<U> {
         Some(ch)
     }
 
-    /// Whether the session has moved less than `idle_rate` bytes a second for `retire_after`,
-    /// as seen by this look and the ones before (`surplus_channel`'s), with at most one
-    /// application thread sending on it (the runtime dials channels for two at any rate).
+    /// Whether the session has moved less than `idle_rate` bytes a second (a sixteenth of it
+    /// while two or more application threads send on it, as the runtime counts them when it
+    /// dials channels) for `retire_after`, as seen by this look and the ones before
+    /// (`surplus_channel`'s).
     fn idle(&mut self, now: Instant) -> bool {
         let moved = self.bytes_moved();
-        let senders = self.sending_threads(now);
+        let rate = match self.sending_threads(now) {
+            0 | 1 => self.cfg.idle_rate,
+            _ => self.cfg.idle_rate / SHARED_RATE_DIVISOR,
+        };
         if let Some((at, before)) = self.traffic_looked {
             let elapsed = now.saturating_duration_since(at).as_nanos();
             let delta = u128::from(moved.saturating_sub(before));
-            let shared = senders > 1 && delta > 0;
-            if delta * 1_000_000_000 < u128::from(self.cfg.idle_rate) * elapsed && !shared {
+            if delta * 1_000_000_000 < u128::from(rate) * elapsed {
                 self.idle_since.get_or_insert(at);
             } else {
                 self.idle_since = None;

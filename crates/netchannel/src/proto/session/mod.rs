@@ -265,6 +265,12 @@ pub struct Session<U> {
     reserved: Vec<(StreamId, u64)>,
 }
 
+/// Where two or more application threads send on a session, its traffic counts this many times
+/// over, against `CoreConfig::idle_rate` here and `Config::rest_channels_rate` where the runtime
+/// dials channels: threads sharing a channel wake each other for frames that are not theirs, a
+/// cost per message that matters once messages are many.
+pub const SHARED_RATE_DIVISOR: u64 = 16;
+
 /// How long a peer's RST waits for the bytes sent before it (`Session::pending_rsts`).
 const RST_WAIT: Duration = Duration::from_secs(1);
 
