@@ -191,7 +191,8 @@ impl Waiter {
 
     /// Collects the channel events already queued in the thread's epoll set, without sleeping
     /// and without touching the wake-up state (a notification since `begin` still ends the
-    /// next sleep at once).
+    /// next sleep at once). Used by `vns::serve` (the `internals` feature).
+    #[cfg(feature = "internals")]
     pub fn collect_now(&self, out: &mut Vec<ChannelEvent>) {
         let mut raw = Vec::new();
         if self.epoll.wait(&mut raw, 64, Some(Duration::ZERO)).is_ok() {
