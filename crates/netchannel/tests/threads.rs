@@ -58,6 +58,27 @@ fn service_threads_start_on_first_need() {
     assert_eq!(client.stats().channels.len(), 1, "only the first channel, at first");
     std::thread::sleep(client.config().rest_channels_after * 6); // three looks at it
     assert_eq!(client.stats().channels.len(), 1, "an idle session dialed more channels");
+    // And once it moves nothing, nothing looks at it: its workers sleep (a look a second
+    // would wake one twice in these two seconds).
+    let wakes = || -> u64 {
+        client
+            .stats()
+            .workers
+            .iter()
+            .map(|w| {
+                let status = std::fs::read_to_string(format!("/proc/self/task/{}/status", w.tid))
+                    .unwrap_or_default();
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                    .map_or(0, |v| v.trim().parse().unwrap())
+            })
+            .sum()
+    };
+    let before = wakes();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(wakes() <= before + 1, "an idle engine's workers woke {} times", wakes() - before);
+    assert_eq!(client.stats().channels.len(), 1);
     assert_eq!(workers(&client), client.config().workers);
     // A download (the dialing side only receives, so no sender of its runs short of room):
     // the rest come, the latency channel among them, and the latency worker with it.

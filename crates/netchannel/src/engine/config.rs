@@ -69,7 +69,8 @@ pub struct Config {
     /// (`channel_retire_after`), and grows back with traffic.
     pub channels: usize,
     /// When the session is first looked at for traffic, after it opens (then at twice the
-    /// interval each time, up to a second, while it stays idle). A short-lived client (a shell
+    /// interval each time, up to a second, while it moves little; not while it moves nothing,
+    /// until it receives a frame again). A short-lived client (a shell
     /// loop's `redis-cli`, a health check) is gone before: it pays for one or two channels, not
     /// for `channels` plus the latency one, and so does the peer (docs/BENCHMARKS.md, "Short-lived
     /// clients, again"). Zero: the rest are dialed at once, whatever the traffic.

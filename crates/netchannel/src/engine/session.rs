@@ -45,8 +45,10 @@ const REST_LOOK_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// (`Config::rest_channels_rate`), or for a sender short of room or a latency stream.
 pub struct RestChannels {
     pub plan: super::DialPlan,
-    /// When to look at the session's traffic next.
-    pub at: Instant,
+    /// When to look at the session's traffic next; `None` while it moves nothing at all
+    /// (dormant: the next frame it receives sets a look, `SessionRt::wake_rest_look`), so that
+    /// an idle engine has no timer.
+    pub at: Option<Instant>,
     /// The last look, and the bytes the session had moved by then (`Session::bytes_moved`).
     looked: Instant,
     moved: u64,
@@ -62,7 +64,21 @@ impl RestChannels {
         first: std::time::Duration,
         moved: u64,
     ) -> Self {
-        RestChannels { plan, at: now + first, looked: now, moved, interval: first }
+        RestChannels { plan, at: Some(now + first), looked: now, moved, interval: first }
+    }
+
+    /// Whether a look is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.at.is_some_and(|at| at <= now)
+    }
+
+    /// The dormant session received frames: a look `first` from `now`, as at its start.
+    pub fn wake(&mut self, now: Instant, first: std::time::Duration) {
+        if self.at.is_none() {
+            self.at = Some(now + first);
+            self.looked = now;
+            self.interval = first;
+        }
     }
 
     /// Whether the session moved `rate` bytes a second or more since the last look, `moved`
@@ -71,8 +87,8 @@ impl RestChannels {
     /// one wake each other for frames that are not theirs, a cost per message that matters
     /// once messages are many (1 MiB/s is 256 of 4 KiB a second; a peer of a few requests a
     /// second from several threads still costs one channel). If not, the next look is twice
-    /// as far as the last (at most `REST_LOOK_MAX`): a session that stays idle is looked at
-    /// about once a second.
+    /// as far as the last (at most `REST_LOOK_MAX`), or none while the session moved nothing
+    /// at all since the last (dormant: see `at`).
     pub fn busy(&mut self, now: Instant, moved: u64, senders: usize, rate: u64) -> bool {
         let elapsed = now.saturating_duration_since(self.looked).as_nanos();
         let delta = u128::from(moved.saturating_sub(self.moved)) * 1_000_000_000;
@@ -84,7 +100,7 @@ impl RestChannels {
         self.looked = now;
         self.moved = moved;
         self.interval = (self.interval * 2).min(REST_LOOK_MAX);
-        self.at = now + self.interval;
+        self.at = (delta > 0).then(|| now + self.interval);
         false
     }
 }
@@ -169,6 +185,8 @@ pub(crate) struct SessionRt {
     pub growing: AtomicBool,
     /// The session's channels beyond the first, while they wait to be dialed.
     pub rest: Mutex<Option<RestChannels>>,
+    /// `rest` waits, dormant, for the session's next received frame (`wake_rest_look`).
+    rest_dormant: AtomicBool,
     /// No channel is added before this time (`clock_ns`): a dial to add one failed.
     pub grow_after_ns: AtomicU64,
     /// Dials to add a channel that failed in a row (the wait after the next failure doubles).
@@ -237,6 +255,7 @@ impl SessionRt {
             next_index: AtomicU16::new(first_index),
             growing: AtomicBool::new(false),
             rest: Mutex::new(None),
+            rest_dormant: AtomicBool::new(false),
             grow_after_ns: AtomicU64::new(0),
             grow_failures: AtomicU32::new(0),
             free_ids: Mutex::new(Vec::new()),
@@ -369,6 +388,19 @@ impl SessionRt {
         };
         if let Some(rest) = rest {
             self.ctx.dial_rest_now(self.clone(), rest.plan);
+        }
+    }
+
+    /// The session received frames: if its look at its traffic was dormant (it had moved
+    /// nothing), one is due `rest_channels_after` from now. One load per read otherwise.
+    fn wake_rest_look(&self) {
+        if self.rest_dormant.load(Ordering::Relaxed)
+            && self.rest_dormant.swap(false, Ordering::AcqRel)
+        {
+            if let Some(r) = self.rest.lock().as_mut() {
+                r.wake(Instant::now(), self.ctx.config.rest_channels_after);
+            }
+            self.timers_changed();
         }
     }
 
@@ -537,6 +569,7 @@ impl SessionRt {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(ChannelError::Io(e)),
             };
+            self.wake_rest_look();
             self.dispatch(ch, &mut st)?;
             if n < asked && !ch.hung_up.load(Ordering::Acquire) {
                 return Ok(true); // a short read: the socket is drained
@@ -900,7 +933,7 @@ impl SessionRt {
     /// kernel is silent too (`black_holed`). A peer whose kernel answers and whose engine
     /// processes nothing is a stopped or paused process, and TCP waits for such a peer.
     pub fn handle_timeouts(self: &Arc<Self>, now: Instant) {
-        if self.rest.lock().as_ref().is_some_and(|r| r.at <= now) {
+        if self.rest.lock().as_ref().is_some_and(|r| r.due(now)) {
             let (moved, senders) = {
                 let mut core = self.core();
                 (core.bytes_moved(), core.sending_threads(now))
@@ -908,10 +941,13 @@ impl SessionRt {
             let rate = self.ctx.config.rest_channels_rate;
             let busy = {
                 let mut rest = self.rest.lock();
-                let due = rest.as_mut().filter(|r| r.at <= now);
+                let due = rest.as_mut().filter(|r| r.due(now));
                 if due.is_some_and(|r| r.busy(now, moved, senders, rate)) {
                     rest.take()
                 } else {
+                    // Dormant: the next frame received wakes the look.
+                    let dormant = rest.as_ref().is_some_and(|r| r.at.is_none());
+                    self.rest_dormant.store(dormant, Ordering::Release);
                     None
                 }
             };
@@ -1001,7 +1037,7 @@ impl SessionRt {
     /// acknowledgement deadline, whether a channel is surplus, the first channels beyond the
     /// first).
     pub fn next_deadline(self: &Arc<Self>) -> Option<Instant> {
-        let rest = self.rest.lock().as_ref().map(|r| r.at);
+        let rest = self.rest.lock().as_ref().and_then(|r| r.at);
         let mut core = self.core();
         let surplus = if self.initiator { core.next_surplus_check() } else { None };
         [core.poll_timeout(), core.next_ack_deadline(), surplus, rest].into_iter().flatten().min()
@@ -1081,35 +1117,39 @@ mod tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
-        assert_eq!(rest.at, t0 + ms(50));
+        assert_eq!(rest.at, Some(t0 + ms(50)));
         // 16 MiB/s over 50 ms is 838,860 bytes: a few requests are not traffic.
         assert!(!rest.busy(t0 + ms(50), 4096, 1, 16 << 20));
-        assert_eq!(rest.at, t0 + ms(150), "the next look twice as far");
-        assert!(!rest.busy(rest.at, 8192, 1, 16 << 20));
-        assert_eq!(rest.at, t0 + ms(350));
+        assert_eq!(rest.at, Some(t0 + ms(150)), "the next look twice as far");
+        assert!(!rest.busy(t0 + ms(150), 8192, 1, 16 << 20));
+        assert_eq!(rest.at, Some(t0 + ms(350)));
+        let mut moved = 8192;
         for _ in 0..8 {
-            assert!(!rest.busy(rest.at, 8192, 1, 16 << 20));
+            moved += 100;
+            assert!(!rest.busy(rest.at.unwrap(), moved, 1, 16 << 20));
         }
-        let at = rest.at;
-        assert!(!rest.busy(at, 8192, 1, 16 << 20));
-        assert_eq!(
-            rest.at,
-            at + Duration::from_secs(1),
-            "an idle session is looked at each second"
-        );
-        // The rate counts from the last look: 2 MiB in the last second is not 16 MiB/s; 17 MiB is.
-        assert!(!rest.busy(rest.at, 8192 + (2 << 20), 1, 16 << 20));
-        assert!(rest.busy(rest.at, 8192 + (19 << 20), 1, 16 << 20));
+        let at = rest.at.unwrap();
+        assert!(!rest.busy(at, moved + 100, 1, 16 << 20));
+        assert_eq!(rest.at, Some(at + Duration::from_secs(1)), "a quiet session: once a second");
+        // Nothing at all since the last look: dormant, no timer, until frames come.
+        let at = rest.at.unwrap();
+        assert!(!rest.busy(at, moved + 100, 1, 16 << 20));
+        assert_eq!(rest.at, None);
+        assert!(!rest.due(at + Duration::from_secs(3600)));
+        rest.wake(at + ms(500), ms(50));
+        assert_eq!(rest.at, Some(at + ms(550)), "woken: a look as at the start");
+        // The rate counts from the last look: 2 MiB in 50 ms is 40 MiB/s.
+        assert!(rest.busy(at + ms(550), moved + 100 + (2 << 20), 1, 16 << 20));
         // A lost channel's bytes leave the sum: never an overflow.
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert!(!rest.busy(t0 + ms(50), 512 << 10, 1, 16 << 20)); // 10 MiB/s
-        assert!(!rest.busy(rest.at, 0, 1, 16 << 20));
-        assert!(rest.busy(rest.at, 4 << 20, 1, 16 << 20));
+        assert!(!rest.busy(t0 + ms(150), 0, 1, 16 << 20));
+        assert_eq!(rest.at, None);
         // Two application threads sending: a sixteenth of the rate is enough (1 MiB/s: 52 KB
         // in 50 ms, 105 KB in the next 100 ms); a few requests are not.
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert!(!rest.busy(t0 + ms(50), 40_000, 2, 16 << 20));
-        assert!(rest.busy(rest.at, 40_000 + 110_000, 2, 16 << 20));
+        assert!(rest.busy(t0 + ms(150), 40_000 + 110_000, 2, 16 << 20));
         // Rate zero: the first look dials, traffic or not.
         let mut rest = RestChannels::new(Vec::new(), t0, ms(50), 0);
         assert!(rest.busy(t0 + ms(50), 0, 1, 0));
