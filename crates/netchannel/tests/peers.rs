@@ -36,6 +36,17 @@ fn wait_for_throughput(e: &Engine, n: usize, what: &str) {
     }
 }
 
+/// Engine `e` gave back (retired) `n` channels, and dialed none of them again.
+fn assert_given_back(e: &Engine, n: usize) {
+    let st = e.stats();
+    assert_eq!(st.redialed_channels, 0, "a channel given back is not dialed again");
+    let retired = st
+        .closed_channels
+        .iter()
+        .filter(|c| c.channel.close_reason.as_deref().is_some_and(|r| r.contains("retired")));
+    assert_eq!(retired.count(), n, "{:?}", st.closed_channels);
+}
+
 /// Echoes one message over a new socket from `client` to the listener's engine.
 fn exchange(client: &Engine, server: SocketAddr, l: &netchannel::Listener, msg: &[u8]) {
     let s = client
@@ -276,13 +287,7 @@ fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(ho
     // nothing dialed again.
     wait_for_throughput(&a, 2, "given back");
     wait_for_throughput(&b, 2, "the accepting side, given back");
-    let st = a.stats();
-    assert_eq!(st.redialed_channels, 0, "a channel given back is not dialed again");
-    let retired = st
-        .closed_channels
-        .iter()
-        .filter(|c| c.channel.close_reason.as_deref().is_some_and(|r| r.contains("retired")));
-    assert_eq!(retired.count(), 2, "{:?}", st.closed_channels);
+    assert_given_back(&a, 2);
     // They come back when the threads do (the indexes given back are taken again).
     round(20);
     assert_eq!(throughput(&a), 4);
@@ -323,13 +328,7 @@ fn an_idle_session_gives_back_its_channels_and_dials_them_again_for_traffic(host
     wait_for_throughput(&b, 1, "the accepting side, given back");
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert_eq!(throughput(&a), 1);
-    let st = a.stats();
-    assert_eq!(st.redialed_channels, 0, "a channel given back is not dialed again");
-    let retired = st
-        .closed_channels
-        .iter()
-        .filter(|c| c.channel.close_reason.as_deref().is_some_and(|r| r.contains("retired")));
-    assert_eq!(retired.count(), all - 1, "{:?}", st.closed_channels);
+    assert_given_back(&a, all - 1);
     // Traffic again: back to `channels`.
     download(2);
     assert_eq!(throughput(&a), all);
