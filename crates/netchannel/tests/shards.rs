@@ -76,11 +76,18 @@ fn each_thread_gets_a_session_of_its_own(hosts: Hosts) {
     }
     assert_eq!(client.stats().sessions, 4, "a session per thread");
     assert_eq!(server.stats().sessions, 4, "the server keys each shard as a session");
-    // Under load a shard may add throughput channels of its own.
+    // Under load a shard may add throughput channels of its own, and so reach the count
+    // before another shard's latency channel is in: wait for those too.
     wait_for_channels(&client, 5 + 3 * 2);
-    let st = client.stats();
-    let latency = st.channels.iter().filter(|c| c.channel.class == Class::Latency).count();
-    assert_eq!(latency, 4, "one latency channel per shard");
+    let latency = || {
+        let st = client.stats();
+        st.channels.iter().filter(|c| c.channel.class == Class::Latency).count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while latency() < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(latency(), 4, "one latency channel per shard");
     // The server tells the shards apart by their ids, and their engine by what the ids share.
     let mut ids: Vec<u64> = server.stats().channels.iter().map(|c| c.channel.peer_engine).collect();
     ids.sort_unstable();
@@ -101,7 +108,7 @@ fn each_thread_gets_a_session_of_its_own(hosts: Hosts) {
     let c = client.clone();
     std::thread::spawn(move || echo_exact(&c.connect(addr, 7).unwrap(), 4096, 9)).join().unwrap();
     assert_eq!(client.stats().sessions, 4);
-    assert_eq!(st.protocol_errors + server.stats().protocol_errors, 0);
+    assert_eq!(client.stats().protocol_errors + server.stats().protocol_errors, 0);
 }
 
 fn the_shards_of_one_peer_count_once_at_max_sessions(hosts: Hosts) {
