@@ -846,8 +846,9 @@ impl EngineCtx {
     }
 
     /// Dials the rest of a new session's channels, one after the other, in one background
-    /// thread, once `Config::rest_channels_after` has passed or a sender runs short of room
-    /// (`grow`); one that fails is dialed again as a lost one is (`redial`).
+    /// thread, once the session carries traffic (`RestChannels`, looked at from
+    /// `Config::rest_channels_after` on) or a sender runs short of room (`grow`); one that fails
+    /// is dialed again as a lost one is (`redial`).
     fn dial_rest(self: &Arc<Self>, session: Arc<SessionRt>, rest: DialPlan) {
         if rest.is_empty() {
             return;

@@ -374,8 +374,8 @@ impl SessionRt {
         self.serving_channels(class).first().is_some_and(|c| c.meta.class == class)
     }
 
-    /// Its first channels beyond the first, if they wait to be dialed
-    /// (`Config::rest_channels_after`), are dialed now. (A look for traffic after an idle
+    /// Its channels beyond the first, if they wait to be dialed (`RestChannels`), are dialed
+    /// now. (A look for traffic after an idle
     /// spell, `regrow`, is left: a sender short of room grows the session itself.)
     pub fn hurry_rest(self: &Arc<Self>) {
         let rest = {

@@ -282,7 +282,7 @@ impl VSocket {
     pub fn set_class(&self, class: Class) {
         self.session.core().handle(self.id).set_class(class);
         if class == Class::Latency && !self.session.has_own_channels(Class::Latency) {
-            // Its session's latency channel may wait to be dialed (`Config::rest_channels_after`).
+            // Its session's latency channel may wait to be dialed (`RestChannels`).
             self.session.hurry_rest();
         }
         if !self.closed.load(Ordering::Acquire) {
