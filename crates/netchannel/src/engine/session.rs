@@ -954,6 +954,13 @@ impl SessionRt {
             match busy {
                 Some(rest) if rest.plan.is_empty() => self.regrow(now),
                 Some(rest) => self.ctx.dial_rest_now(self.clone(), rest.plan),
+                // Gone dormant: frames read since the count above found the flag unset, so
+                // they wake it here, or the next frame would.
+                None if self.rest_dormant.load(Ordering::Acquire)
+                    && self.core().bytes_moved() != moved =>
+                {
+                    self.wake_rest_look()
+                }
                 None => {}
             }
         }
