@@ -81,20 +81,16 @@ impl RestChannels {
         }
     }
 
-    /// Whether the session moved `rate` bytes a second or more since the last look, `moved`
-    /// being its bytes now, or a sixteenth of that while `senders` application threads (two
-    /// or more) sent on it: each thread's streams keep to a home channel, and threads sharing
-    /// one wake each other for frames that are not theirs, a cost per message that matters
-    /// once messages are many (1 MiB/s is 256 of 4 KiB a second; a peer of a few requests a
-    /// second from several threads still costs one channel). If not, the next look is twice
+    /// Whether the session carried `rate` since the last look (`proto::session::carries`),
+    /// `moved` being its bytes now and `senders` the application threads sending on it: with
+    /// two or more, a sixteenth of `rate` (1 MiB/s is 256 messages of 4 KiB a second; a peer of
+    /// a few requests a second from several threads still costs one channel). If not, the next look is twice
     /// as far as the last (at most `REST_LOOK_MAX`), or none while the session moved nothing
     /// at all since the last (dormant: see `at`).
     pub fn busy(&mut self, now: Instant, moved: u64, senders: usize, rate: u64) -> bool {
-        let elapsed = now.saturating_duration_since(self.looked).as_nanos();
-        let delta = u128::from(moved.saturating_sub(self.moved)) * 1_000_000_000;
-        let rate =
-            if senders > 1 { rate / crate::proto::session::SHARED_RATE_DIVISOR } else { rate };
-        if delta >= u128::from(rate) * elapsed {
+        let delta = moved.saturating_sub(self.moved);
+        let elapsed = now.saturating_duration_since(self.looked);
+        if crate::proto::session::carries(delta, elapsed, senders, rate) {
             return true;
         }
         self.looked = now;
@@ -375,8 +371,8 @@ impl SessionRt {
     }
 
     /// Its channels beyond the first, if they wait to be dialed (`RestChannels`), are dialed
-    /// now. (A look for traffic after an idle
-    /// spell, `regrow`, is left: a sender short of room grows the session itself.)
+    /// now. (A look for traffic after an idle spell, `regrow`, is left: a sender short of room
+    /// grows the session itself.)
     pub fn hurry_rest(self: &Arc<Self>) {
         let rest = {
             let mut rest = self.rest.lock();
@@ -419,9 +415,18 @@ impl SessionRt {
         if !self.growing.load(Ordering::Acquire) {
             self.ctx.grow(self, Class::Throughput);
         }
+        self.look_for_regrowth(now);
+    }
+
+    /// Sets a look at the session's traffic (`regrow` when it finds some), unless one waits.
+    fn look_for_regrowth(self: &Arc<Self>, now: Instant) {
         let (first, moved) = (self.ctx.config.rest_channels_after, self.core().bytes_moved());
-        *self.rest.lock() = Some(RestChannels::new(Vec::new(), now, first, moved));
-        self.timers_changed();
+        let mut rest = self.rest.lock();
+        if rest.is_none() {
+            *rest = Some(RestChannels::new(Vec::new(), now, first, moved));
+            drop(rest);
+            self.timers_changed();
+        }
     }
 
     pub fn is_alive(&self) -> bool {
@@ -992,14 +997,7 @@ impl SessionRt {
             self.retire(&ch);
             // Given back for idleness, below `channels`: they come back with traffic.
             if self.own_throughput_channels() < self.ctx.config.shard_channels(self.shard) {
-                let (first, moved) =
-                    (self.ctx.config.rest_channels_after, self.core().bytes_moved());
-                let mut rest = self.rest.lock();
-                if rest.is_none() {
-                    *rest = Some(RestChannels::new(Vec::new(), now, first, moved));
-                    drop(rest);
-                    self.timers_changed();
-                }
+                self.look_for_regrowth(now);
             }
         }
         for id in dead {

@@ -106,14 +106,11 @@ impl<U: Default> Session<U> {
     /// (`surplus_channel`'s).
     fn idle(&mut self, now: Instant) -> bool {
         let moved = self.bytes_moved();
-        let rate = match self.sending_threads(now) {
-            0 | 1 => self.cfg.idle_rate,
-            _ => self.cfg.idle_rate / SHARED_RATE_DIVISOR,
-        };
+        let senders = self.sending_threads(now);
         if let Some((at, before)) = self.traffic_looked {
-            let elapsed = now.saturating_duration_since(at).as_nanos();
-            let delta = u128::from(moved.saturating_sub(before));
-            if delta * 1_000_000_000 < u128::from(rate) * elapsed {
+            let (delta, elapsed) =
+                (moved.saturating_sub(before), now.saturating_duration_since(at));
+            if !carries(delta, elapsed, senders, self.cfg.idle_rate) {
                 self.idle_since.get_or_insert(at);
             } else {
                 self.idle_since = None;

@@ -266,10 +266,19 @@ pub struct Session<U> {
 }
 
 /// Where two or more application threads send on a session, its traffic counts this many times
-/// over, against `CoreConfig::idle_rate` here and `Config::rest_channels_rate` where the runtime
-/// dials channels: threads sharing a channel wake each other for frames that are not theirs, a
+/// over (`carries`): threads sharing a channel wake each other for frames that are not theirs, a
 /// cost per message that matters once messages are many.
-pub const SHARED_RATE_DIVISOR: u64 = 16;
+const SHARED_RATE_DIVISOR: u64 = 16;
+
+/// Whether a session that moved `bytes` (`Session::bytes_moved`) in `elapsed`, with `senders`
+/// application threads sending on it, carried `rate` bytes a second or more, or a sixteenth of
+/// that with two or more senders (`SHARED_RATE_DIVISOR`). The one measure of a session's
+/// traffic: against `CoreConfig::idle_rate` here (channels given back), and against
+/// `Config::rest_channels_rate` where the runtime dials them.
+pub fn carries(bytes: u64, elapsed: Duration, senders: usize, rate: u64) -> bool {
+    let rate = if senders > 1 { rate / SHARED_RATE_DIVISOR } else { rate };
+    u128::from(bytes) * 1_000_000_000 >= u128::from(rate) * elapsed.as_nanos()
+}
 
 /// How long a peer's RST waits for the bytes sent before it (`Session::pending_rsts`).
 const RST_WAIT: Duration = Duration::from_secs(1);
