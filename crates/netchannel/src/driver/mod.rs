@@ -15,7 +15,7 @@ pub mod tcp;
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
@@ -194,8 +194,6 @@ pub struct Channel {
     pub uid: u64,
     pub meta: ChannelMeta,
     transport: Box<dyn Transport>,
-    /// A second fd of the transport's socket, watched for hang-ups only (see `worker`).
-    hangup: OwnedFd,
     pub rx_run: RunLock,
     pub rx: Mutex<RxState>,
     pub tx_run: RunLock,
@@ -232,12 +230,10 @@ impl Channel {
         pool: Arc<BufPool>,
         hold: Box<dyn std::any::Any + Send + Sync>,
     ) -> io::Result<Self> {
-        let hangup = crate::sys::raised(rustix::io::fcntl_dupfd_cloexec(transport.fd(), 0)?);
         Ok(Channel {
             uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
             meta,
             transport,
-            hangup,
             rx_run: RunLock::default(),
             rx: Mutex::new(RxState { reader: FrameReader::new(large, pool), parsed: Vec::new() }),
             tx_run: RunLock::default(),
@@ -257,10 +253,6 @@ impl Channel {
 
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.transport.fd()
-    }
-
-    pub fn hangup_fd(&self) -> BorrowedFd<'_> {
-        self.hangup.as_fd()
     }
 
     pub fn is_open(&self) -> bool {

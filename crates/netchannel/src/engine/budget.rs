@@ -1,5 +1,5 @@
 //! Budgets of what peers can make the engine hold that the protocol core does not see: file
-//! descriptors (channels, two fds each), per source address and engine-wide.
+//! descriptors (channels, one fd each), per source address and engine-wide.
 //!
 //! A channel holds a [`ChannelTicket`] for as long as it exists; the ticket goes back when the
 //! channel (and with it its sockets) is dropped, so the count follows the fds actually open.

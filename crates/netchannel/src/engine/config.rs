@@ -174,7 +174,8 @@ pub struct Config {
     /// Peer engines this engine accepts sessions from at once (the shards of one peer,
     /// `session_shards`, count once); a channel from one more is refused (and
     /// its dialer tries again within its `dial_timeout`). A server for more peers raises it:
-    /// a peer costs about 28-61 KB and 2.5-10 fds (docs/BENCHMARKS.md, "Many peers"), and
+    /// an idle peer costs about 24-41 KB and one fd, a busy one five (docs/BENCHMARKS.md,
+    /// "Many peers" and "One fd per channel"), and
     /// each session's receive share is one `stream_window` at least.
     pub max_sessions: usize,
     /// Receive credit one peer may be granted beyond each stream's own minimum window
@@ -235,8 +236,8 @@ pub struct Config {
     /// source cannot hold every handshake slot; at `max_handshakes` a newcomer from a quieter
     /// source takes the oldest slot of the busiest one.
     pub max_handshakes_per_source: usize,
-    /// Channels open at once, every peer (each costs two file descriptors). 0: a quarter of
-    /// the process's file-descriptor limit, so that the engine uses at most half of it. A
+    /// Channels open at once, every peer (each costs one file descriptor). 0: half the
+    /// process's file-descriptor limit, so that the engine's channels use at most half of it. A
     /// session's second and later channels take three quarters at most, and a new peer's first
     /// channel takes another session's extra one when every place is taken.
     pub max_channels_total: usize,
@@ -466,12 +467,12 @@ impl Config {
         Ok(())
     }
 
-    /// `max_channels_total`, or a quarter of the file-descriptor limit when it is 0 (two fds
-    /// per channel: the engine takes at most half, the application keeps the rest).
+    /// `max_channels_total`, or half the file-descriptor limit when it is 0 (one fd per
+    /// channel: the engine's channels take at most half, the application keeps the rest).
     pub fn effective_max_channels_total(&self) -> usize {
         if self.max_channels_total > 0 {
             return self.max_channels_total;
         }
-        (crate::sys::fd_limit() / 4).max(64)
+        (crate::sys::fd_limit() / 2).max(64)
     }
 }

@@ -44,8 +44,10 @@ const TIMER_SCAN: Duration = Duration::from_millis(5);
 /// time.
 const TRAFFIC_SCAN: Duration = Duration::from_millis(100);
 const TOKEN_WAKE: u64 = 0;
-/// Set in the token of a channel's hang-up registration.
+/// The token of the worker's set of hang-up registrations (`Worker::hangups`) in its epoll set.
 const HANGUP_TOKEN: u64 = 1 << 63;
+/// Hang-ups collected from `Worker::hangups` per wait.
+const HANGUP_BATCH: usize = 64;
 
 enum Request {
     Add(Arc<Channel>, Arc<SessionRt>),
@@ -71,6 +73,12 @@ pub(crate) struct Worker {
     /// Only `wake`: where the worker sleeps while application threads serve its channels
     /// (events on them queue in `epoll` meanwhile, and are collected without waiting).
     requests_only: Epoll,
+    /// Its channels' sockets again, for the peer's FIN or RST only. A channel is in `epoll`
+    /// with EPOLLEXCLUSIVE (whoever sleeps is woken for data, not every thread that waits on
+    /// it), which EPOLLRDHUP cannot join; this set's own registrations are not exclusive, so
+    /// a hang-up wakes it whichever waiter a data edge went to, and it is itself in `epoll`
+    /// (`HANGUP_TOKEN`). One set per worker, not a second fd per channel.
+    hangups: Epoll,
     wake: EventFd,
     requests: Mutex<Vec<Request>>,
     /// Channels that asked for lazy duties since the worker last looked (each once, by
@@ -114,10 +122,14 @@ impl Worker {
         epoll.add(wake.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
         let requests_only = Epoll::new()?;
         requests_only.add(wake.as_fd(), READABLE | EDGE, TOKEN_WAKE)?;
+        let hangups = Epoll::new()?;
+        // Level-triggered: readable while any hang-up is left uncollected.
+        epoll.add(hangups.as_fd(), READABLE, HANGUP_TOKEN)?;
         Ok(Arc::new(Worker {
             index,
             epoll,
             requests_only,
+            hangups,
             wake,
             requests: Mutex::new(Vec::new()),
             tick_asked: Mutex::new(Vec::new()),
@@ -278,6 +290,21 @@ impl Worker {
 
     /// Applies the scheduling this worker's class gets now (throughput workers follow the
     /// engine's isolation state); recorded for `stats()`.
+    /// Every channel whose peer hung up since the last collection, as `(uid, HANGUP)` to serve.
+    fn collect_hangups(&self, serve: &mut Vec<(u64, u32)>) {
+        let mut hung = Vec::new();
+        loop {
+            hung.clear();
+            if self.hangups.wait(&mut hung, HANGUP_BATCH, Some(Duration::ZERO)).is_err() {
+                return;
+            }
+            serve.extend(hung.iter().map(|&(uid, ev)| (uid, ev | HANGUP)));
+            if hung.len() < HANGUP_BATCH {
+                return;
+            }
+        }
+    }
+
     fn schedule(&self, ctx: &EngineCtx, applied: &mut Option<ThreadPolicy>) {
         let c = &ctx.config;
         let want = match self.class {
@@ -370,8 +397,8 @@ impl Worker {
             let mut serve: Vec<(u64, u32)> = Vec::new();
             let mut readable = Vec::new();
             for &(token, ev) in &events {
-                if token & HANGUP_TOKEN != 0 {
-                    serve.push((token & !HANGUP_TOKEN, ev | HANGUP));
+                if token == HANGUP_TOKEN {
+                    self.collect_hangups(&mut serve);
                 } else if token & WATCH_TOKEN != 0 {
                     readable.push(token);
                 } else if token != TOKEN_WAKE {
@@ -398,19 +425,17 @@ impl Worker {
                         if self.epoll.add(ch.fd(), flags, ch.uid).is_ok() {
                             let key = Arc::as_ptr(&s) as usize;
                             sessions.entry(key).or_insert_with(|| (s.clone(), 0)).1 += 1;
-                            // EPOLLRDHUP cannot be exclusive. A second fd of the same socket,
-                            // watched for hang-ups only, is never woken by data (its interest
-                            // does not match) but always by the peer's FIN or RST, which wake
-                            // every waiter: end of stream is never lost in a data edge.
-                            let hup = PEER_SHUTDOWN | EDGE;
-                            let _ = self.epoll.add(ch.hangup_fd(), hup, ch.uid | HANGUP_TOKEN);
+                            // Never woken by data (its interest does not match), always by
+                            // the peer's FIN or RST, which wake every non-exclusive waiter:
+                            // end of stream is never lost in a data edge.
+                            let _ = self.hangups.add(ch.fd(), PEER_SHUTDOWN | EDGE, ch.uid);
                             channels.insert(ch.uid, (ch, s));
                         }
                     }
                     Request::Remove(uid) => {
                         if let Some((ch, s)) = channels.remove(&uid) {
                             let _ = self.epoll.delete(ch.fd());
-                            let _ = self.epoll.delete(ch.hangup_fd());
+                            let _ = self.hangups.delete(ch.fd());
                             let key = Arc::as_ptr(&s) as usize;
                             if let Some(entry) = sessions.get_mut(&key) {
                                 entry.1 -= 1;

@@ -109,7 +109,7 @@ struct Run {
     /// Unsent and unacknowledged bytes, every peer together.
     #[arg(long, value_name = "BYTES", value_parser = bytes)]
     max_send_buffered: Option<u64>,
-    /// Channels open at once (two file descriptors each; default a quarter of the fd limit).
+    /// Channels open at once (one file descriptor each; default half the fd limit).
     #[arg(long, value_name = "N")]
     max_channels_total: Option<usize>,
     /// Channels accepted from one source address (IPv4, or IPv6 /64) at once.
