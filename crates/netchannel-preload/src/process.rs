@@ -473,6 +473,9 @@ const PROGRAM_SESSION_SHARDS: usize = 16;
 fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     let mut c = Config::new(channel_listener);
     c.dial_timeout = DIAL_TIMEOUT;
+    // A peer engine that refuses at its limits is not waited for either: the connect goes over
+    // kernel TCP, whose listener in the peer program waits as TCP does.
+    c.busy_dial_timeout = DIAL_TIMEOUT;
     // How long an open may stay unanswered (the peer's listener backlog full): as long as TCP
     // sends SYNs (tcp_syn_retries 6: 127 s), for a connect that returned EINPROGRESS. A
     // connect that waits gives up sooner and goes over kernel TCP (`connect::OPEN_WAIT`).

@@ -16,7 +16,7 @@ use netchannel::{Class, Engine, VSocket};
 both_testbeds!(
     connect_where_no_engine_listens,
     connect_to_port_without_listener,
-    a_new_peer_at_max_sessions_waits_for_room_within_its_dial_timeout,
+    a_new_peer_at_max_sessions_waits_for_room_within_its_busy_dial_timeout,
     killed_peer_ends_every_socket,
     garbage_instead_of_handshake,
     wrong_version_is_refused_by_the_acceptor,
@@ -109,7 +109,7 @@ fn connect_to_port_without_listener(hosts: Hosts) {
     assert_eq!(a.stats().channels.len(), 5);
 }
 
-fn a_new_peer_at_max_sessions_waits_for_room_within_its_dial_timeout(hosts: Hosts) {
+fn a_new_peer_at_max_sessions_waits_for_room_within_its_busy_dial_timeout(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
     let server = Engine::new(netchannel::Config { max_sessions: 1, ..tb.config_b() }).unwrap();
     let l = server.listen(5).unwrap();
@@ -118,15 +118,18 @@ fn a_new_peer_at_max_sessions_waits_for_room_within_its_dial_timeout(hosts: Host
     let s1 = first.connect(addr, 5).unwrap();
     let _p1 = l.accept().unwrap();
     // A second peer finds no room and is refused (as a full backlog drops a SYN): it tries
-    // again within its dial timeout, and gets in once the first peer has left.
-    let second =
-        Engine::new(netchannel::Config { dial_timeout: Duration::from_secs(5), ..tb.config_a() })
-            .unwrap();
+    // again for `busy_dial_timeout` (30 s by default), longer than one dial's timeout, and gets
+    // in once the first peer has left.
+    let second = Engine::new(netchannel::Config {
+        dial_timeout: Duration::from_millis(300),
+        ..tb.config_a()
+    })
+    .unwrap();
     let t = std::thread::spawn(move || {
         let r = second.connect(addr, 5);
         (second, r)
     });
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(1200));
     drop(s1);
     drop(first);
     let (_second, r) = t.join().unwrap();
@@ -136,9 +139,9 @@ fn a_new_peer_at_max_sessions_waits_for_room_within_its_dial_timeout(hosts: Host
     let mut got = [0u8; 2];
     (&p2).read_exact(&mut got).unwrap();
     assert_eq!(&got, b"in");
-    // No room for the whole of its dial timeout: the refusal, with its reason.
+    // No room for the whole of its busy dial timeout: the refusal, with its reason.
     let third = Engine::new(netchannel::Config {
-        dial_timeout: Duration::from_millis(500),
+        busy_dial_timeout: Duration::from_millis(500),
         ..tb.config_a()
     })
     .unwrap();
@@ -148,7 +151,7 @@ fn a_new_peer_at_max_sessions_waits_for_room_within_its_dial_timeout(hosts: Host
     assert!(err.to_string().contains("resource limit"), "{err}");
     let took = start.elapsed();
     assert!(took >= Duration::from_millis(100), "tried again for {took:?} only");
-    assert!(took < Duration::from_secs(2), "took {took:?} for a 500 ms dial timeout");
+    assert!(took < Duration::from_secs(2), "took {took:?} for a 500 ms busy dial timeout");
 }
 
 fn killed_peer_ends_every_socket(hosts: Hosts) {

@@ -137,7 +137,7 @@ fn the_shards_of_one_peer_count_once_at_max_sessions(hosts: Hosts) {
     assert_eq!(server.stats().sessions, 3);
     // Another peer is the second: refused, as before shards.
     let other = Engine::new(Config {
-        dial_timeout: Duration::from_millis(300),
+        busy_dial_timeout: Duration::from_millis(300),
         session_shards: 1,
         ..tb.config_a()
     })

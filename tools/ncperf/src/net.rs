@@ -399,12 +399,10 @@ impl Client {
                     if opts.peers > 1 {
                         let index = opts.first_peer + i;
                         config.dial_source = Some(crate::testbed::peer_source(server.ip(), index));
-                        // One control endpoint per process is plenty.
+                        // One control endpoint per process is plenty. (Thousands of hosts
+                        // arriving at once meet a busy acceptor, and dial again for the
+                        // default `busy_dial_timeout`.)
                         config.control = i == 0;
-                        // Thousands of hosts arriving at once on a small machine: a busy
-                        // acceptor refuses at its handshake limit, and each dials again for
-                        // longer than one handshake's 3 s (as TCP retries a SYN for minutes).
-                        config.dial_timeout = Duration::from_secs(30);
                     }
                     let engine = engine_with(config, opts).map_err(|e| {
                         io::Error::new(e.kind(), format!("starting client engine {i}: {e}"))

@@ -127,9 +127,15 @@ pub struct Config {
     /// How long `connect` waits for the peer to accept the virtual socket.
     pub connect_timeout: Duration,
     /// Timeout for dialing one channel: TCP connect and handshake. Above TCP's first SYN
-    /// retransmission (1 s), so that one lost SYN or ARP request does not fail a connect. A
-    /// session's first channel refused at an acceptor's limit is tried again within it.
+    /// retransmission (1 s), so that one lost SYN or ARP request does not fail a connect.
     pub dial_timeout: Duration,
+    /// How long a new peer's first channel is dialed again while the peer's acceptor refuses it
+    /// at one of its limits (handshakes in progress, sessions, channels): a busy server, as
+    /// when thousands of peers arrive together after it restarts, which TCP meets by sending a
+    /// SYN again for about two minutes. The tries back off (doubling, with a random part, up to
+    /// a second apart), so that the peers spread out. A silent host still fails within
+    /// `dial_timeout`; a refusal past this fails the connect with `ConnectionRefused`.
+    pub busy_dial_timeout: Duration,
     /// How long the acceptor gives a dialer to complete a channel handshake once its TCP
     /// connection is accepted (a silent dialer holds a handshake slot no longer).
     pub handshake_timeout: Duration,
@@ -172,11 +178,10 @@ pub struct Config {
     /// Channel handshakes in progress at once; more connections are refused.
     pub max_handshakes: usize,
     /// Peer engines this engine accepts sessions from at once (the shards of one peer,
-    /// `session_shards`, count once); a channel from one more is refused (and
-    /// its dialer tries again within its `dial_timeout`). A server for more peers raises it:
-    /// an idle peer costs about 24-41 KB and one fd, a busy one five (docs/BENCHMARKS.md,
-    /// "Many peers" and "One fd per channel"), and
-    /// each session's receive share is one `stream_window` at least.
+    /// `session_shards`, count once); a channel from one more is refused (and its dialer tries
+    /// again within its `busy_dial_timeout`). A server for more peers raises it: an idle peer
+    /// costs about 24-41 KB and one fd, a busy one five (docs/BENCHMARKS.md, "Many peers" and
+    /// "One fd per channel"), and each session's receive share is one `stream_window` at least.
     pub max_sessions: usize,
     /// Receive credit one peer may be granted beyond each stream's own minimum window
     /// (`min_stream_window`, which every stream gets, as every TCP socket has a receive
@@ -319,6 +324,7 @@ impl Default for Config {
             max_out_of_order_segments: 4096,
             connect_timeout: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(3),
+            busy_dial_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(1),
             accept_channels: true,
             accept_backlog: 4096,

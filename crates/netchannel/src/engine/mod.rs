@@ -564,8 +564,9 @@ impl EngineCtx {
     }
 
     /// The session to the engine at `addr`, dialing it if there is none. Only the first
-    /// channel of each class is waited for (the first admitted within `dial_timeout`): a new
-    /// peer's first bytes wait for two channel handshakes, not for one per channel. The other
+    /// channel of each class is waited for (the first admitted within `dial_timeout`, dialed
+    /// again within `busy_dial_timeout` while the peer refuses it at a limit): a new peer's
+    /// first bytes wait for two channel handshakes, not for one per channel. The other
     /// throughput channels are dialed in the background, and streams use the channels there are
     /// meanwhile. Only connects to `addr` wait for this dial: no lock shared with other peers
     /// is held while dialing.
@@ -789,25 +790,29 @@ impl EngineCtx {
                 .map(|(i, c)| (i as u16, c))
                 .collect();
         let (first, rest) = (plan[0], plan[1..].to_vec());
-        let deadline = std::time::Instant::now() + self.config.dial_timeout;
+        let now = std::time::Instant::now();
+        let busy_deadline = now + self.config.busy_dial_timeout;
+        let mut deadline;
         let mut backoff = std::time::Duration::from_millis(5);
         let ch = loop {
             let id = ChannelId::new(first.0, 0);
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let now = std::time::Instant::now();
+            deadline = now + self.config.dial_timeout;
             let purpose =
                 if new_peer { budget::Purpose::FirstOfSession } else { budget::Purpose::More };
-            let r = self.dial_in_netns(addr, local_id, id, first.1, purpose, left);
+            let r = self.dial_in_netns(addr, local_id, id, first.1, purpose, deadline - now);
             match r {
-                // A busy acceptor (many peers arriving at once): try again within the deadline,
-                // after a random part of a doubling backoff, so that the peers spread out.
+                // A busy acceptor (many peers arriving at once): try again within
+                // `busy_dial_timeout`, after a random part of a doubling backoff, so that the
+                // peers spread out.
                 Err(e) if new_peer && tcp::refused_at_limit(&e) => {
                     let jitter = (crate::sys::random_u64() % 1000) as f64 / 2000.0;
                     let pause = backoff.mul_f64(0.5 + jitter);
-                    if std::time::Instant::now() + pause >= deadline {
+                    if std::time::Instant::now() + pause >= busy_deadline {
                         return Err(e);
                     }
                     std::thread::sleep(pause);
-                    backoff = (backoff * 2).min(std::time::Duration::from_millis(250));
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(1));
                 }
                 r => break r?,
             }
@@ -828,7 +833,7 @@ impl EngineCtx {
         {
             let (index, class) = rest.remove(at);
             let id = ChannelId::new(index, 0);
-            // Within the same deadline as the first: a connect waits `dial_timeout` at most.
+            // Within the deadline of the first's last try: `dial_timeout` from it at most.
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let r = self.dial_in_netns(addr, local_id, id, class, budget::Purpose::More, left);
             match r {
