@@ -288,8 +288,6 @@ impl Worker {
         }
     }
 
-    /// Applies the scheduling this worker's class gets now (throughput workers follow the
-    /// engine's isolation state); recorded for `stats()`.
     /// Every channel whose peer hung up since the last collection, as `(uid, HANGUP)` to serve.
     fn collect_hangups(&self, serve: &mut Vec<(u64, u32)>) {
         let mut hung = Vec::new();
@@ -305,6 +303,8 @@ impl Worker {
         }
     }
 
+    /// Applies the scheduling this worker's class gets now (throughput workers follow the
+    /// engine's isolation state); recorded for `stats()`.
     fn schedule(&self, ctx: &EngineCtx, applied: &mut Option<ThreadPolicy>) {
         let c = &ctx.config;
         let want = match self.class {
