@@ -68,3 +68,63 @@ fn a_sender_blocked_by_a_reader_that_stopped_uses_no_cpu() {
     drop(b);
     assert!(sender.join().unwrap() >= 1 << 20);
 }
+
+/// Voluntary context switches of the engines' worker threads: their wake-ups.
+fn worker_wakes(engines: &[&netchannel::Engine]) -> u64 {
+    engines
+        .iter()
+        .flat_map(|e| e.stats().workers)
+        .map(|w| {
+            let status = std::fs::read_to_string(format!("/proc/self/task/{}/status", w.tid))
+                .unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .map_or(0, |v| v.trim().parse().unwrap())
+        })
+        .sum()
+}
+
+/// A lone request and its answer leave an acknowledgement owed on each side. The workers
+/// ticked every millisecond until it was due (5 ms) and two more after: about 11 wake-ups of
+/// the two engines' workers per request. Now each worker wakes when the acknowledgement is
+/// due, and reads the peer's: about 5.
+#[test]
+fn a_quiet_exchange_wakes_the_workers_when_acknowledgements_are_due_not_every_tick() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let tb = Testbed::loopback();
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(9).unwrap();
+    let s = a.connect(b.local_addr(), 9).unwrap();
+    let p = l.accept().unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok(n) = p.recv(&mut buf) {
+            if n == 0 || p.send(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = [0u8; 64];
+    let mut exchange = || {
+        s.send(&[7u8; 64]).unwrap();
+        let mut got = 0;
+        while got < 64 {
+            got += s.recv(&mut buf[got..]).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    for _ in 0..5 {
+        exchange();
+    }
+    const REQUESTS: u64 = 50;
+    let before = worker_wakes(&[&a, &b]);
+    for _ in 0..REQUESTS {
+        exchange();
+    }
+    let per_request = (worker_wakes(&[&a, &b]) - before) as f64 / REQUESTS as f64;
+    eprintln!("{per_request:.1} worker wake-ups per request");
+    assert!(per_request < 9.0, "{per_request:.1} worker wake-ups per quiet request");
+    drop(s);
+    echo.join().unwrap();
+}

@@ -200,8 +200,9 @@ pub struct Channel {
     pub tx: Mutex<TxState>,
     /// The last write met a full socket; producers leave the bytes to whoever sees EPOLLOUT.
     pub tx_blocked: AtomicBool,
-    /// On its worker's list of channels with lazy duties (`Worker::demand_tick`): listed once.
-    pub tick_listed: AtomicBool,
+    /// On its worker's list of channels with lazy duties (`Worker::demand_tick`), listed once,
+    /// and for what (`engine::worker`'s `UNLISTED`, `ACK_ONLY`, `URGENT`).
+    pub tick_listed: AtomicU8,
     /// Application threads' epoll sets it is registered in (`engine/waiter.rs`): while none,
     /// only its worker is woken for it, which must then not sleep through its traffic.
     pub app_watchers: AtomicU32,
@@ -239,7 +240,7 @@ impl Channel {
             tx_run: RunLock::default(),
             tx: Mutex::new(TxState::default()),
             tx_blocked: AtomicBool::new(false),
-            tick_listed: AtomicBool::new(false),
+            tick_listed: AtomicU8::new(0),
             app_watchers: AtomicU32::new(0),
             worker_seen_rx: AtomicU64::new(0),
             hung_up: AtomicBool::new(false),

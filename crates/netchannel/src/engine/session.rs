@@ -639,8 +639,8 @@ impl SessionRt {
                 kicked &= !index.bit();
             }
             if core.owes_ack() {
-                // Carried by the next frames out; if none go, the worker's tick sends it.
-                self.ctx.workers[ch.worker].demand_tick(ch);
+                // Carried by the next frames out; if none go, the worker sends it when due.
+                self.ctx.workers[ch.worker].demand_ack(ch);
             }
             drop(core);
             st.parsed = parsed;

@@ -3,9 +3,10 @@
 //! wake-up eventfd. A worker never spins: it handles the events it is woken for and parks again.
 //!
 //! Lazy duties run on a *tick* (every `TICK`), while some channel has one (and `TICK_LINGER`
-//! after), and only on the channels that have one: payloads left in a socket for a reader who
-//! does not come (staged after `defer_grace`), sends a thread deferred and never flushed,
-//! acknowledgements nobody carried. The core's timers (connect and linger deadlines, acknowledgement timeouts) are
+//! after, for a steady exchange), and only on the channels that have one: payloads left in a
+//! socket for a reader who does not come (staged after `defer_grace`), sends a thread deferred
+//! and never flushed. Acknowledgements nobody carried are looked at when due (`ACK_DELAY`),
+//! not every tick. The core's timers (connect and linger deadlines, acknowledgement timeouts) are
 //! looked at when the earliest comes and after wake-ups, at most every `TIMER_SCAN`. A worker's
 //! cost per wake-up is its channels with duties, not all its channels: a server with a thousand
 //! quiet peers does not visit a thousand sessions per message. An idle engine has no tick and
@@ -29,8 +30,8 @@ use crate::wire::Class;
 
 /// Period of the lazy duties, while they are asked for.
 pub(crate) const TICK: Duration = Duration::from_millis(1);
-/// How long ticking goes on after the last listed duty: a steady exchange (an RPC's
-/// acknowledgement per message) then finds the worker ticking instead of waking it each time.
+/// How long ticking goes on after the last urgent duty, when it came within as long of the one
+/// before: a steady exchange then finds the worker ticking instead of waking it each time.
 /// Short, because each tick is a wake-up too: at 2 ms a quiet peer's message costs at most a
 /// few (20 ms cost 20, which with a thousand engines on one machine took more than a core).
 const TICK_LINGER: Duration = Duration::from_millis(2);
@@ -48,6 +49,12 @@ const TOKEN_WAKE: u64 = 0;
 const HANGUP_TOKEN: u64 = 1 << 63;
 /// Hang-ups collected from `Worker::hangups` per wait.
 const HANGUP_BATCH: usize = 64;
+/// `Channel::tick_listed`: not on the tick list.
+const UNLISTED: u8 = 0;
+/// On the tick list for an acknowledgement owed only: looked at when it is due.
+const ACK_ONLY: u8 = 1;
+/// On the tick list for a payload left in its socket or sends left unwritten: every `TICK`.
+const URGENT: u8 = 2;
 
 enum Request {
     Add(Arc<Channel>, Arc<SessionRt>),
@@ -89,6 +96,9 @@ pub(crate) struct Worker {
     /// The worker sleeps with no tick due and no wake-up within one: a new duty or deadline
     /// must wake it.
     parked: AtomicBool,
+    /// A duty that must not wait for an acknowledgement's delay was asked for since the worker
+    /// last looked (`demand_tick`): it ticks within a `TICK` again.
+    urgent: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Its thread was started (`start`, `start_lazily`); it may have ended since.
     started: AtomicBool,
@@ -135,6 +145,7 @@ impl Worker {
             tick_asked: Mutex::new(Vec::new()),
             timers_set: AtomicBool::new(false),
             parked: AtomicBool::new(false),
+            urgent: AtomicBool::new(false),
             thread: Mutex::new(None),
             started: AtomicBool::new(false),
             engine: std::sync::OnceLock::new(),
@@ -271,7 +282,28 @@ impl Worker {
     /// Asks for ticks: `ch` has lazy duties pending. The worker ticks while some channel has
     /// duties, visiting only those, each until it has nothing pending.
     pub fn demand_tick(&self, ch: &Channel) {
-        if ch.tick_listed.swap(true, Ordering::SeqCst) {
+        let was = ch.tick_listed.swap(URGENT, Ordering::SeqCst);
+        if was == URGENT {
+            return; // listed already, and ticked every `TICK` while it is
+        }
+        // Noted before `parked` is read, as the worker notes `parked` before reading this: one
+        // of the two sees the other's.
+        self.urgent.store(true, Ordering::SeqCst);
+        if was == UNLISTED {
+            self.tick_asked.lock().push(ch.uid);
+        }
+        if self.parked.load(Ordering::SeqCst) {
+            self.wake.notify();
+        }
+    }
+
+    /// Asks for a tick when an acknowledgement `ch`'s session owes is due (`ACK_DELAY` after it
+    /// came to be owed), unless frames out carry it first: a lone request or answer costs its
+    /// worker one wake-up, not one per `TICK` until then.
+    pub fn demand_ack(&self, ch: &Channel) {
+        let listed =
+            ch.tick_listed.compare_exchange(UNLISTED, ACK_ONLY, Ordering::SeqCst, Ordering::SeqCst);
+        if listed.is_err() {
             return; // listed already
         }
         self.tick_asked.lock().push(ch.uid);
@@ -333,6 +365,7 @@ impl Worker {
         let mut events = Vec::new();
         let mut next_tick = Instant::now();
         let mut linger_until = Instant::now();
+        let mut last_urgent = Instant::now();
         let mut timers = TimerScan::default();
         let mut applied = None;
         let mut watched: HashMap<u64, (OwnedFd, WhenReadable)> = HashMap::new();
@@ -374,12 +407,14 @@ impl Worker {
             if served_by_apps {
                 timeout = Some(timeout.map_or(TICK, |t| t.min(TICK)));
             }
-            // Parked: no tick and no wake-up within one, so a new duty or deadline must wake it
-            // (a timer seconds away must not hold up a flush).
-            let parked = !ticking && timeout.is_none_or(|t| t > TICK);
+            // Parked: no wake-up within a tick (none at all, or only when an acknowledgement is
+            // due), so a new duty or deadline must wake it (a timer seconds away must not hold
+            // up a flush).
+            let parked = timeout.is_none_or(|t| t > TICK);
             self.parked.store(parked, Ordering::SeqCst);
             // Re-check after announcing: a demand that raced with the decision is seen now.
-            if parked && !self.tick_asked.lock().is_empty() {
+            if parked && (self.urgent.load(Ordering::SeqCst) || !self.tick_asked.lock().is_empty())
+            {
                 timeout = Some(Duration::ZERO);
             }
             events.clear();
@@ -465,13 +500,27 @@ impl Worker {
                 }
             }
             let now = Instant::now();
-            ticked.extend(self.tick_asked.lock().drain(..));
-            if !ticked.is_empty() {
-                linger_until = now + TICK_LINGER;
+            let asked = {
+                let mut asked = self.tick_asked.lock();
+                let any = !asked.is_empty();
+                ticked.extend(asked.drain(..));
+                any
+            };
+            if self.urgent.swap(false, Ordering::SeqCst) {
+                // Ticking on after the duties only for a steady exchange (the last duty came
+                // within the linger): a lone message's would cost its worker a wake-up a tick.
+                if now.saturating_duration_since(last_urgent) < TICK_LINGER {
+                    linger_until = now + TICK_LINGER;
+                }
+                last_urgent = now;
+                next_tick = next_tick.min(now + TICK);
+            } else if asked {
+                // Acknowledgements newly owed: due `ACK_DELAY` from now at the latest.
+                next_tick = next_tick.min(now + ACK_DELAY);
             }
             if (!ticked.is_empty() || now < linger_until) && now >= next_tick {
-                next_tick = now + TICK;
-                tick(&channels, &mut ticked, now);
+                let plan = tick(&channels, &mut ticked, now);
+                next_tick = plan.next_tick(now);
             }
             // Whatever woke the worker may have started an acknowledgement timeout.
             timers.traffic = true;
@@ -527,27 +576,58 @@ impl TimerScan {
     }
 }
 
+/// What the channels left on the tick list wait for.
+#[derive(Default)]
+struct TickPlan {
+    /// A payload left in a socket or sends left unwritten: looked at every `TICK`.
+    urgent: bool,
+    /// Otherwise the earliest acknowledgement owed, due `ACK_DELAY` after it came to be.
+    ack_due: Option<Instant>,
+}
+
+impl TickPlan {
+    fn next_tick(&self, now: Instant) -> Instant {
+        match self.ack_due {
+            Some(due) if !self.urgent => due.max(now + TICK),
+            _ => now + TICK,
+        }
+    }
+}
+
 /// The lazy duties of one tick, on the channels that asked for them (`ticked`); a channel
 /// with nothing left pending leaves the list.
 fn tick(
     channels: &HashMap<u64, (Arc<Channel>, Arc<SessionRt>)>,
     ticked: &mut HashSet<u64>,
     now: Instant,
-) {
+) -> TickPlan {
+    let mut plan = TickPlan::default();
     ticked.retain(|uid| {
         let Some((ch, s)) = channels.get(uid) else { return false };
         tick_channel(ch, s, now);
-        // Unlisted first, then checked: a duty that comes after the check lists it again.
-        ch.tick_listed.store(false, Ordering::SeqCst);
+        // Unlisted first, then checked: a duty that comes after the check lists it again (and
+        // is not undone here: the listing below only replaces `UNLISTED`).
+        ch.tick_listed.store(UNLISTED, Ordering::SeqCst);
         let core = s.core();
         let index = ch.meta.index;
-        let pending = core.deferred(index).is_some() || core.has_transmit(index) || core.owes_ack();
+        let urgent = core.deferred(index).is_some() || core.has_transmit(index);
+        let ack_due = core.ack_owed_since().map(|since| since + ACK_DELAY);
         drop(core);
-        if pending {
-            ch.tick_listed.store(true, Ordering::SeqCst);
+        let listed = match (urgent, ack_due) {
+            (true, _) => URGENT,
+            (false, Some(_)) => ACK_ONLY,
+            (false, None) => UNLISTED,
+        };
+        // Never lowered: a demand since the check (which asked for the channel again) keeps
+        // what it listed it for.
+        let now_listed = ch.tick_listed.fetch_max(listed, Ordering::SeqCst).max(listed);
+        plan.urgent |= now_listed == URGENT;
+        if let Some(due) = ack_due {
+            plan.ack_due = Some(plan.ack_due.map_or(due, |d: Instant| d.min(due)));
         }
-        pending
+        now_listed != UNLISTED
     });
+    plan
 }
 
 fn tick_channel(ch: &Arc<Channel>, s: &Arc<SessionRt>, now: Instant) {

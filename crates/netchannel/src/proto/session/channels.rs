@@ -402,6 +402,14 @@ impl<U: Default> Session<U> {
         })
     }
 
+    /// Since when the oldest acknowledgement this side owes is owed (`None`: none is).
+    pub fn ack_owed_since(&self) -> Option<Instant> {
+        self.open_channels()
+            .filter(|st| st.rx_pos > st.rx_acked)
+            .filter_map(|st| st.ack_since)
+            .min()
+    }
+
     /// Whether this side owes the peer an acknowledgement on any channel.
     pub fn owes_ack(&self) -> bool {
         self.open_channels().any(|st| st.rx_pos > st.rx_acked)
