@@ -606,7 +606,7 @@ fn tick(
         let Some((ch, s)) = channels.get(uid) else { return false };
         tick_channel(ch, s, now);
         // Unlisted first, then checked: a duty that comes after the check lists it again (and
-        // is not undone here: the listing below only replaces `UNLISTED`).
+        // is not undone here: the listing below only raises the flag).
         ch.tick_listed.store(UNLISTED, Ordering::SeqCst);
         let core = s.core();
         let index = ch.meta.index;
