@@ -14,17 +14,25 @@ fn process_ticks() -> u64 {
     f[10] + f[11]
 }
 
-/// The two tests measure CPU time of the whole process: one at a time.
+/// The tests measure CPU time or wake-ups of the whole process: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Two engines on loopback and a connected pair of sockets between them (client, server).
+fn connected(
+    tb: &Testbed,
+) -> (netchannel::Engine, netchannel::Engine, netchannel::VSocket, netchannel::VSocket) {
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(9).unwrap();
+    let s = a.connect(b.local_addr(), 9).unwrap();
+    let p = l.accept().unwrap();
+    (a, b, s, p)
+}
 
 #[test]
 fn idle_engines_use_no_cpu() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::loopback();
-    let (a, b) = tb.engines(|_| {});
-    let l = b.listen(9).unwrap();
-    let s = a.connect(b.local_addr(), 9).unwrap();
-    let p = l.accept().unwrap();
+    let (_a, _b, s, p) = connected(&tb);
     s.send(b"wake everybody up").unwrap();
     let mut buf = [0u8; 32];
     p.recv(&mut buf).unwrap();
@@ -69,22 +77,6 @@ fn a_sender_blocked_by_a_reader_that_stopped_uses_no_cpu() {
     assert!(sender.join().unwrap() >= 1 << 20);
 }
 
-/// Voluntary context switches of the engines' worker threads: their wake-ups.
-fn worker_wakes(engines: &[&netchannel::Engine]) -> u64 {
-    engines
-        .iter()
-        .flat_map(|e| e.stats().workers)
-        .map(|w| {
-            let status = std::fs::read_to_string(format!("/proc/self/task/{}/status", w.tid))
-                .unwrap_or_default();
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                .map_or(0, |v| v.trim().parse().unwrap())
-        })
-        .sum()
-}
-
 /// A lone request and its answer leave an acknowledgement owed on each side. The workers
 /// ticked every millisecond until it was due (5 ms) and two more after: about 11 wake-ups of
 /// the two engines' workers per request. Now each worker wakes when the acknowledgement is
@@ -93,10 +85,7 @@ fn worker_wakes(engines: &[&netchannel::Engine]) -> u64 {
 fn a_quiet_exchange_wakes_the_workers_when_acknowledgements_are_due_not_every_tick() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tb = Testbed::loopback();
-    let (a, b) = tb.engines(|_| {});
-    let l = b.listen(9).unwrap();
-    let s = a.connect(b.local_addr(), 9).unwrap();
-    let p = l.accept().unwrap();
+    let (a, b, s, p) = connected(&tb);
     let echo = std::thread::spawn(move || {
         let mut buf = [0u8; 64];
         while let Ok(n) = p.recv(&mut buf) {

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use netchannel::{Class, Config, Engine};
 
+mod common;
+
 /// Threads of this process named `name`.
 fn threads(name: &str) -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -60,21 +62,7 @@ fn service_threads_start_on_first_need() {
     assert_eq!(client.stats().channels.len(), 1, "an idle session dialed more channels");
     // And once it moves nothing, nothing looks at it: its workers sleep (a look a second
     // would wake one twice in these two seconds).
-    let wakes = || -> u64 {
-        client
-            .stats()
-            .workers
-            .iter()
-            .map(|w| {
-                let status = std::fs::read_to_string(format!("/proc/self/task/{}/status", w.tid))
-                    .unwrap_or_default();
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                    .map_or(0, |v| v.trim().parse().unwrap())
-            })
-            .sum()
-    };
+    let wakes = || common::worker_wakes(&[&client]);
     let before = wakes();
     std::thread::sleep(Duration::from_secs(2));
     assert!(wakes() <= before + 1, "an idle engine's workers woke {} times", wakes() - before);

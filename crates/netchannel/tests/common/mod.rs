@@ -462,3 +462,20 @@ pub fn wait_for_channels(engine: &netchannel::Engine, n: usize) {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
+
+/// Voluntary context switches of the engines' worker threads (in this process): their
+/// wake-ups.
+pub fn worker_wakes(engines: &[&Engine]) -> u64 {
+    engines
+        .iter()
+        .flat_map(|e| e.stats().workers)
+        .map(|w| {
+            let status = std::fs::read_to_string(format!("/proc/self/task/{}/status", w.tid))
+                .unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .map_or(0, |v| v.trim().parse().unwrap())
+        })
+        .sum()
+}
