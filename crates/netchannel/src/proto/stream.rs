@@ -106,6 +106,7 @@ pub(crate) const F_READ_SHUT: u16 = 512; // the application shut the read half d
 pub(crate) const F_LOCAL: u16 = 1024; // opened here: this side picks its home channel
 pub(crate) const F_KERNEL_PREFERRED: u16 = 4096; // accepted here: the SYN_ACK asks the opener to use kernel TCP
 pub(crate) const F_PEER_PREFERS_KERNEL: u16 = 8192; // opened here: the peer's SYN_ACK asked for kernel TCP
+pub(crate) const F_SPACE_WOKEN: u16 = 32768; // woken for class space, and neither sent nor waited since (`ClassTx::woken`)
 pub(crate) const F_RST_PENDING: u16 = 16384; // the peer's RST waits for bytes sent before it (`Session::pending_rsts`)
 pub(crate) const F_COMPETING: u16 = 2048; // holds receive credit beyond its floor, or wants it (`Session::rx_competing`)
 
@@ -254,16 +255,22 @@ impl<U> Stream<U> {
         Ok(())
     }
 
-    /// Returns whether the send limit grew.
+    /// Returns whether the send limit grew from none left (a writer may be waiting for it).
     pub(crate) fn on_credit(&mut self, consumed: u64, window: u32) -> Result<bool, Violation> {
         if consumed > self.send_next {
             return Err(Violation::CreditBeyondSent);
         }
         self.peer_consumed = self.peer_consumed.max(consumed);
         let limit = consumed + window as u64;
+        // Only a stream that had no credit left can have a writer waiting for this one: as
+        // kernel TCP wakes writers only after one found no room (`SOCK_NOSPACE`). A writer
+        // blocked by the class's space instead is woken when that frees (`space_waiters`);
+        // waking it here too sent a million streams' event loops round for nothing (ten
+        // failed writes for each that went through).
+        let was_blocked = self.send_limit <= self.send_next;
         let grew = limit > self.send_limit;
         self.send_limit = self.send_limit.max(limit);
-        Ok(grew)
+        Ok(grew && was_blocked)
     }
 
     /// Send credit available now, or why there is none (class space is the session's concern).

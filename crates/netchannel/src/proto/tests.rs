@@ -1733,6 +1733,100 @@ fn space_left_unused_by_woken_senders_reaches_the_others() {
     assert_eq!(told.len(), streams.len(), "every waiting sender hears of the space: {told:?}");
 }
 
+#[test]
+fn a_pull_wakes_a_sender_per_quantum_of_room_not_every_waiter_each_time() {
+    // Sixty-four senders wait for class space. Each pull asks to wake some: one per whole
+    // quantum of room (64 KiB), less those woken before that have not written yet. Waking for
+    // the whole room on every pull, or for part of a quantum, sent most senders round for
+    // nothing (a million streams: ten failed writes for each that went through).
+    let cfg = CoreConfig { queue_threshold: 256 * 1024, window: 4 << 20, ..config() };
+    let mut p = Pair::new(33, &[Class::Throughput], cfg);
+    let streams: Vec<StreamId> = (0..64).map(|i| p.open(80 + i, Class::Throughput).0).collect();
+    while let Some(_e) = p.sides[0].poll_event() {}
+    let chunk = vec![7u8; 1 << 20];
+    assert_eq!(p.sides[0].handle(streams[0]).send(&chunk).unwrap(), 256 * 1024);
+    for &s in &streams {
+        assert!(!p.sides[0].handle(s).writable(), "every sender waits for space");
+    }
+    let channel = p.links[0].index;
+    let mut woken = Vec::new();
+    let pull = |p: &mut Pair, bytes: usize, woken: &mut Vec<StreamId>| {
+        let mut out = Vec::new();
+        p.sides[0].poll_transmit(channel, bytes, 64, false, &mut out);
+        assert_eq!(out.iter().map(|f| f.payload.len()).sum::<usize>(), bytes);
+        while let Some((id, bits)) = p.sides[0].poll_event() {
+            if bits & EV_WRITE != 0 {
+                woken.push(id);
+            }
+        }
+    };
+    // 48 KiB freed in three pulls: not a quantum yet.
+    for _ in 0..3 {
+        pull(&mut p, 16 * 1024, &mut woken);
+    }
+    assert_eq!(woken.len(), 0, "no sender woken for part of a quantum: {woken:?}");
+    // 128 KiB freed: two quanta, two senders, however many pulls it took.
+    for _ in 0..5 {
+        pull(&mut p, 16 * 1024, &mut woken);
+    }
+    assert_eq!(woken.len(), 2, "a sender per quantum of room: {woken:?}");
+    // One of them writes its quantum and more; the next pull does not wake a third for room
+    // the writer took, nor the one woken before for the room it is counted on to take.
+    let writer = woken[0];
+    assert_eq!(p.sides[0].handle(writer).send(&chunk[..96 * 1024]).unwrap(), 96 * 1024);
+    pull(&mut p, 16 * 1024, &mut woken);
+    assert_eq!(woken.len(), 2, "{woken:?}");
+    // Once the class has nothing left to pull, every sender still waiting hears of it.
+    let mut out = Vec::new();
+    while p.sides[0].poll_transmit(channel, 1 << 20, 64, false, &mut out) > 0 {}
+    assert_eq!(p.sides[0].stats().unsent_bytes, 0);
+    while let Some((id, bits)) = p.sides[0].poll_event() {
+        if bits & EV_WRITE != 0 {
+            woken.push(id);
+        }
+    }
+    let told: HashSet<StreamId> = woken.iter().copied().collect();
+    assert_eq!(told.len(), streams.len(), "drained: everyone is told");
+}
+
+#[test]
+fn credit_tells_a_sender_writable_only_if_it_had_none_left() {
+    // As kernel TCP wakes a writer only after one found no room: a CREDIT that grows a limit
+    // the sender was still short of is news (EV_WRITE); one that grows it while credit was
+    // left is not (the sender could write all along: an event loop would only go round).
+    let cfg = CoreConfig { window: 64 * 1024, ..config() };
+    let mut p = Pair::new(34, &[Class::Throughput], cfg);
+    let (a, b) = p.open(80, Class::Throughput);
+    let mut buf = vec![0u8; 1 << 20];
+    let exchange = |p: &mut Pair, bytes: usize, buf: &mut Vec<u8>| -> bool {
+        while let Some(_e) = p.sides[0].poll_event() {}
+        p.events[0].clear();
+        assert_eq!(p.sides[0].handle(a).send(&buf[..bytes]).unwrap(), bytes);
+        let mut read = 0;
+        let mut told = false;
+        for _ in 0..200 {
+            p.step();
+            while read < bytes {
+                match p.recv(1, b, &mut buf[..]) {
+                    Recv::Data(n) => read += n as usize,
+                    _ => break,
+                }
+            }
+            // `step` collects the events.
+            told |= p.events[0].drain(..).any(|(id, bits)| id == a && bits & EV_WRITE != 0);
+            let s = p.sides[0].stream(a).unwrap();
+            if read == bytes && s.send_limit >= s.send_next + 64 * 1024 {
+                break;
+            }
+        }
+        let s = p.sides[0].stream(a).unwrap();
+        assert_eq!(s.send_limit, s.send_next + 64 * 1024, "the whole window is back");
+        told
+    };
+    assert!(!exchange(&mut p, 40 * 1024, &mut buf), "credit was left: no news");
+    assert!(exchange(&mut p, 64 * 1024, &mut buf), "the window was used up: writable is news");
+}
+
 /// As TCP's RST comes after the segments sent before it, the peer reads every byte the resetter
 /// sent before its RST, then the reset: the RST (on any channel) waits for bytes still on the
 /// others. Bytes the resetter had not sent yet are dropped, as TCP drops its unsent queue.

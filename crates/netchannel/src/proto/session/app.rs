@@ -109,6 +109,7 @@ impl<U: Default> Session<U> {
     /// sender or an event loop that wrote part and now waits for "writable" may never see a
     /// send fail).
     pub(super) fn wait_for_space(&mut self, id: StreamId, class: Class) {
+        self.heard_from_woken(id);
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.flags & F_SPACE_WAIT == 0 {
             s.flags |= F_SPACE_WAIT;
@@ -121,6 +122,7 @@ impl<U: Default> Session<U> {
         id: StreamId,
         max: usize,
     ) -> Result<(u64, usize), SendError> {
+        self.heard_from_woken(id);
         let s = self.streams.get(id).ok_or(SendError::Closed)?;
         let credit = s.send_capacity()?;
         let class = s.class;
@@ -300,8 +302,11 @@ impl<U: Default> Session<U> {
         let n = s.tx.bytes();
         let old = s.class;
         s.class = class;
+        let woken = u64::from(s.flags & F_SPACE_WOKEN != 0);
         self.classes[old.index()].unsent -= n;
         self.classes[class.index()].unsent += n;
+        self.classes[old.index()].woken -= woken.min(self.classes[old.index()].woken);
+        self.classes[class.index()].woken += woken;
         // Queued entries under the old class are re-filed when popped.
     }
 

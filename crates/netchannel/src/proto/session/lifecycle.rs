@@ -228,6 +228,7 @@ impl<U: Default> Session<U> {
     }
 
     pub(super) fn free(&mut self, id: StreamId) {
+        self.heard_from_woken(id);
         if let Some(s) = self.streams.remove(id) {
             if !self.reserved.is_empty() {
                 self.reserved.retain(|r| r.0 != id);

@@ -129,6 +129,9 @@ pub(super) struct ClassTx {
     pub(super) rsts: VecDeque<OwedRst>,
     pub(super) unsent: u64,
     pub(super) space_waiters: VecDeque<StreamId>,
+    /// Senders woken for space that have neither sent nor waited again since: each is
+    /// counted on to take about a quantum of the room (`wake_space_waiters`).
+    pub(super) woken: u64,
     /// A sender found no space since the last `take_congestion`.
     pub(super) congested: bool,
 }
@@ -616,17 +619,44 @@ impl<U: Default> Session<U> {
         if c.space_waiters.is_empty() || room == 0 {
             return;
         }
-        // A quantum of space per sender woken; the next pull wakes more. Once the class has
-        // nothing left to pull no later pull comes, so everyone still waiting is woken: one
-        // woken earlier may not have written (an event loop told EPOLLOUT with nothing to say).
-        let mut wake = if c.unsent == 0 { u64::MAX } else { room.div_ceil(SPACE_WAKE_QUANTUM) };
+        // One sender per whole quantum of room, less the senders woken before and not heard
+        // from since (each is counted on to take a quantum). Every pull asks: waking the
+        // room's worth each time, and a sender for a part of a quantum (the senders still
+        // writing fill the class before it comes), sent a million streams' event loops round
+        // ten times for each write that went through. Once the class has nothing left to pull
+        // no later pull comes, so everyone still waiting is woken: one woken earlier may not
+        // have written (an event loop told EPOLLOUT with nothing to say).
+        let quantum =
+            SPACE_WAKE_QUANTUM.min(self.class_limit(class) / 4).min(self.cfg.tx_budget / 4).max(1);
+        let c = &mut self.classes[class.index()];
+        let mut wake = if c.unsent == 0 {
+            c.woken = 0;
+            u64::MAX
+        } else {
+            (room / quantum).saturating_sub(c.woken)
+        };
         while wake > 0 {
             let Some(id) = self.classes[class.index()].space_waiters.pop_front() else { break };
             wake -= 1;
             if let Some(s) = self.streams.get_mut(id) {
                 s.flags &= !F_SPACE_WAIT;
+                if s.flags & F_SPACE_WOKEN == 0 {
+                    s.flags |= F_SPACE_WOKEN;
+                    self.classes[class.index()].woken += 1;
+                }
                 self.emit(id, EV_WRITE);
             }
+        }
+    }
+
+    /// Stream `id` sent, or asked for space again, or is gone: it no longer counts among the
+    /// senders woken for space.
+    pub(super) fn heard_from_woken(&mut self, id: StreamId) {
+        let Some(s) = self.streams.get_mut(id) else { return };
+        if s.flags & F_SPACE_WOKEN != 0 {
+            s.flags &= !F_SPACE_WOKEN;
+            let c = &mut self.classes[s.class.index()];
+            c.woken = c.woken.saturating_sub(1);
         }
     }
 
