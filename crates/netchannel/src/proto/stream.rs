@@ -262,11 +262,10 @@ impl<U> Stream<U> {
         }
         self.peer_consumed = self.peer_consumed.max(consumed);
         let limit = consumed + window as u64;
-        // Only a stream that had no credit left can have a writer waiting for this one: as
-        // kernel TCP wakes writers only after one found no room (`SOCK_NOSPACE`). A writer
-        // blocked by the class's space instead is woken when that frees (`space_waiters`);
-        // waking it here too sent a million streams' event loops round for nothing (ten
-        // failed writes for each that went through).
+        // Only a stream that had no credit left can have a writer waiting for this one, as
+        // kernel TCP wakes writers only after one found no room (`SOCK_NOSPACE`); with credit
+        // left it was writable all along (a writer short of the class's space is woken when
+        // that frees, `space_waiters`), and an event loop told so would only go round.
         let was_blocked = self.send_limit <= self.send_next;
         let grew = limit > self.send_limit;
         self.send_limit = self.send_limit.max(limit);

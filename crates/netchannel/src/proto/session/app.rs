@@ -305,7 +305,8 @@ impl<U: Default> Session<U> {
         let woken = u64::from(s.flags & F_SPACE_WOKEN != 0);
         self.classes[old.index()].unsent -= n;
         self.classes[class.index()].unsent += n;
-        self.classes[old.index()].woken -= woken.min(self.classes[old.index()].woken);
+        let was = &mut self.classes[old.index()].woken;
+        *was = was.saturating_sub(woken);
         self.classes[class.index()].woken += woken;
         // Queued entries under the old class are re-filed when popped.
     }
