@@ -106,7 +106,7 @@ pub(crate) const F_READ_SHUT: u16 = 512; // the application shut the read half d
 pub(crate) const F_LOCAL: u16 = 1024; // opened here: this side picks its home channel
 pub(crate) const F_KERNEL_PREFERRED: u16 = 4096; // accepted here: the SYN_ACK asks the opener to use kernel TCP
 pub(crate) const F_PEER_PREFERS_KERNEL: u16 = 8192; // opened here: the peer's SYN_ACK asked for kernel TCP
-pub(crate) const F_SPACE_WOKEN: u16 = 32768; // woken for class space, and neither sent nor waited since (`ClassTx::woken`)
+pub(crate) const F_SPACE_WOKEN: u16 = 32768; // woken for class space, and not heard from since (`ClassTx::woken`)
 pub(crate) const F_RST_PENDING: u16 = 16384; // the peer's RST waits for bytes sent before it (`Session::pending_rsts`)
 pub(crate) const F_COMPETING: u16 = 2048; // holds receive credit beyond its floor, or wants it (`Session::rx_competing`)
 

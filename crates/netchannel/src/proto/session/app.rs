@@ -233,6 +233,7 @@ impl<U: Default> Session<U> {
 
     /// Closes the write half: the peer reads end of stream after the last byte sent.
     pub(super) fn shutdown_write(&mut self, id: StreamId) -> Result<(), SendError> {
+        self.heard_from_woken(id);
         let s = self.streams.get_mut(id).ok_or(SendError::Closed)?;
         if let Some(cause) = s.reset {
             return Err(SendError::Reset(cause));
@@ -263,6 +264,7 @@ impl<U: Default> Session<U> {
     /// delivered and the peer finished too (bounded by `linger`).
     pub(super) fn close(&mut self, id: StreamId, now: Instant) {
         self.observe(now);
+        self.heard_from_woken(id);
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.app_closed {
             return;

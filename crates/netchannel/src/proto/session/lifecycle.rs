@@ -94,6 +94,7 @@ impl<U: Default> Session<U> {
     }
 
     pub(super) fn reset_stream(&mut self, id: StreamId, cause: ResetCause, tell_peer: bool) {
+        self.heard_from_woken(id);
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.reset.is_some() {
             return;
@@ -139,6 +140,7 @@ impl<U: Default> Session<U> {
     /// stream, as from a TCP socket whose peer closed; only writing fails (unsent bytes are
     /// dropped, and `send` says the connection was lost).
     pub(super) fn keep_for_reading(&mut self, id: StreamId) {
+        self.heard_from_woken(id);
         let Some(s) = self.streams.get_mut(id) else { return };
         let dropped = s.tx.clear();
         s.write_closed = true;

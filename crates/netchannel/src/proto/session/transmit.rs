@@ -129,8 +129,9 @@ pub(super) struct ClassTx {
     pub(super) rsts: VecDeque<OwedRst>,
     pub(super) unsent: u64,
     pub(super) space_waiters: VecDeque<StreamId>,
-    /// Senders woken for space that have neither sent nor waited again since: each is
-    /// counted on to take about a quantum of the room (`wake_space_waiters`).
+    /// Senders woken for space that have neither sent, nor waited again, nor stopped sending
+    /// (shut down, closed, reset) since: each is counted on to take about a quantum of the
+    /// room (`wake_space_waiters`).
     pub(super) woken: u64,
     /// A sender found no space since the last `take_congestion`.
     pub(super) congested: bool,
@@ -649,8 +650,8 @@ impl<U: Default> Session<U> {
         }
     }
 
-    /// Stream `id` sent, or asked for space again, or is gone: it no longer counts among the
-    /// senders woken for space.
+    /// Stream `id` sent, or asked for space again, or will send no more: it no longer counts
+    /// among the senders woken for space.
     pub(super) fn heard_from_woken(&mut self, id: StreamId) {
         let Some(s) = self.streams.get_mut(id) else { return };
         if s.flags & F_SPACE_WOKEN != 0 {
