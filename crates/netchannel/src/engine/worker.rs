@@ -292,9 +292,7 @@ impl Worker {
         if was == UNLISTED {
             self.tick_asked.lock().push(ch.uid);
         }
-        if self.parked.load(Ordering::SeqCst) {
-            self.wake.notify();
-        }
+        self.wake_if_parked();
     }
 
     /// Asks for a tick when an acknowledgement `ch`'s session owes is due (`ACK_DELAY` after it
@@ -307,6 +305,12 @@ impl Worker {
             return; // listed already
         }
         self.tick_asked.lock().push(ch.uid);
+        self.wake_if_parked();
+    }
+
+    /// Wakes the worker if it sleeps with no tick due (`parked`): it would not see what was
+    /// just asked of it before its next event.
+    fn wake_if_parked(&self) {
         if self.parked.load(Ordering::SeqCst) {
             self.wake.notify();
         }
@@ -315,9 +319,7 @@ impl Worker {
     /// A core timer may now be due earlier than the worker planned.
     pub fn timers_changed(&self) {
         self.timers_set.store(true, Ordering::SeqCst);
-        if self.parked.load(Ordering::SeqCst) {
-            self.wake.notify();
-        }
+        self.wake_if_parked();
     }
 
     /// Every channel whose peer hung up since the last collection, as `(uid, HANGUP)` to serve.
