@@ -984,7 +984,7 @@ impl Carried {
         let gathered: Option<Vec<u8>> = (bufs.len() > 1 && total <= GATHER).then(|| {
             let mut g = Vec::with_capacity(total);
             for b in bufs {
-                g.extend_from_slice(b);
+                netchannel::copy::extend(&mut g, b);
             }
             g
         });
@@ -1537,7 +1537,7 @@ fn scatter(mut data: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
             break;
         }
         let n = b.len().min(data.len());
-        b[..n].copy_from_slice(&data[..n]);
+        netchannel::copy::copy(&mut b[..n], &data[..n]);
         data = &data[n..];
         copied += n;
     }

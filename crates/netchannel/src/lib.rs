@@ -4,6 +4,7 @@
 //! The public API is the engine ([`Engine`], [`Config`]), virtual sockets ([`VSocket`],
 //! [`Listener`], [`Poller`]) and their statistics. Layers, lowest first (see
 //! docs/ARCHITECTURE.md; each uses only those before it, which `tests/layers.rs` checks):
+//! - `copy`: the data path's byte copies (around a slow case of glibc's `memcpy`).
 //! - `sys`: every OS call std does not wrap; the crate's `unsafe` lives only here.
 //! - `wire`: handshake and frame codec (pure).
 //! - `scheduler`: which stream's chunk each channel carries next.
@@ -12,7 +13,7 @@
 //! - `engine`: threads and execution model (workers, run to completion).
 //! - `vns`: virtual sockets, the application API.
 //!
-//! The feature `internals` makes `sys` and `wire` public for netchannel's own tools and
+//! The feature `internals` makes `copy`, `sys` and `wire` public for netchannel's own tools and
 //! tests (ncperf, the preload library, the attack tests); they carry no stability promise.
 //!
 //! ```no_run
@@ -32,6 +33,10 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "internals")]
+pub mod copy;
+#[cfg(not(feature = "internals"))]
+mod copy;
 mod driver;
 mod engine;
 mod proto;

@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Lowest first: a layer may use itself and those before it.
-const LAYERS: [&str; 7] = ["sys", "wire", "scheduler", "proto", "driver", "engine", "vns"];
+const LAYERS: [&str; 8] = ["copy", "sys", "wire", "scheduler", "proto", "driver", "engine", "vns"];
 /// Layers that must stay sans-IO.
-const PURE: [&str; 3] = ["wire", "scheduler", "proto"];
+const PURE: [&str; 4] = ["copy", "wire", "scheduler", "proto"];
 /// What a pure layer must not mention: threads, locks, atomics, pools, sockets, fds, syscalls
 /// (addresses are values: `SocketAddr` is allowed, sockets are not).
 const NOT_PURE: [&str; 12] = [
@@ -125,7 +125,12 @@ fn pure_layers_own_no_threads_locks_pools_or_system_calls() {
     let mut broken = Vec::new();
     for layer in PURE {
         let mut files = Vec::new();
-        rust_files(&src.join(layer), &mut files);
+        let single = src.join(format!("{layer}.rs"));
+        if single.is_file() {
+            files.push(single); // a layer of one file
+        } else {
+            rust_files(&src.join(layer), &mut files);
+        }
         assert!(!files.is_empty(), "no files in {layer}");
         for f in files {
             let c = code(&f);

@@ -201,7 +201,7 @@ impl<B: Buffers> FrameReader<B> {
             // faults in 3 s were the kernel's copies into staging buffers).
             let mut fresh = self.buffers.staging(want + self.buf.len());
             let fresh_size = fresh.capacity();
-            fresh.extend_from_slice(&self.buf);
+            crate::copy::extend(&mut fresh, &self.buf);
             let mut old = std::mem::replace(&mut self.buf, fresh);
             // Only buffers of the usual size come back (one grown for a large payload is
             // freed), so that retired memory stays within its bound.

@@ -277,7 +277,7 @@ impl RecvBuf {
                         acc.reserve(COMPACT_BELOW.min(b.len().max(1024)));
                     }
                     copied += b.len() as u64;
-                    acc.extend_from_slice(&b);
+                    crate::copy::extend(&mut acc, &b);
                 }
                 other => {
                     if !acc.is_empty() {
@@ -371,7 +371,7 @@ impl RecvBuf {
         for seg in &self.ready {
             let Seg::Data(b) = seg else { break };
             let k = b.len().min(buf.len() - n);
-            buf[n..n + k].copy_from_slice(&b[..k]);
+            crate::copy::copy(&mut buf[n..n + k], &b[..k]);
             n += k;
             if n == buf.len() {
                 break;

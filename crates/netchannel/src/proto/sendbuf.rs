@@ -161,10 +161,10 @@ impl SendBuf {
             if *start + back.len() as u64 == offset {
                 let room = back.capacity() - back.len();
                 if room >= data.len() {
-                    back.extend_from_slice(data);
+                    crate::copy::extend(back, data);
                     return;
                 }
-                back.extend_from_slice(&data[..room]);
+                crate::copy::extend(back, &data[..room]);
                 offset += room as u64;
                 data = &data[room..];
             }
@@ -175,7 +175,7 @@ impl SendBuf {
             grow = grow.max(waiting + data.len()).min(COALESCE_CHUNK);
         }
         let mut chunk = spares.take(data.len(), data.len().max(grow));
-        chunk.extend_from_slice(data);
+        crate::copy::extend(&mut chunk, data);
         self.chunks.push_back((offset, Chunk::Open(chunk)));
     }
 

@@ -442,7 +442,7 @@ impl VSocket {
                         let mut chunks = Vec::with_capacity(n.div_ceil(pool.buffer_size()));
                         for piece in data[..n].chunks(pool.buffer_size()) {
                             let mut b = pool.get_for(piece.len());
-                            b.extend_from_slice(piece);
+                            crate::copy::extend(&mut *b, piece);
                             chunks.push(b.freeze());
                         }
                         core = s.core();
@@ -553,7 +553,7 @@ impl VSocket {
             Recv::Data(n) => {
                 let mut at = 0;
                 for s in &slices {
-                    buf[at..at + s.len()].copy_from_slice(s);
+                    crate::copy::copy(&mut buf[at..at + s.len()], s);
                     at += s.len();
                 }
                 debug_assert_eq!(at as u64, n);
