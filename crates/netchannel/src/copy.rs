@@ -3,8 +3,8 @@
 //! glibc 2.33 to 2.38 copy blocks of about 2 KiB and more with `rep movsb`, and on AMD Zen 3
 //! and Zen 4 that instruction runs more than ten times slower when the destination lies a few
 //! bytes above the source modulo a 4 KiB page (glibc bug 30994, fixed in 2.39 by not using it
-//! there). On the 2-core EPYC (Zen 3) machines this project is measured on, with Debian 12's
-//! glibc 2.36: 2 GB/s against 35 GB/s for 64 KiB (docs/BENCHMARKS.md, "A slow memcpy"). The
+//! there). On one of the 2-core machines this project is measured on (AMD EPYC, Zen 3, Debian
+//! 12's glibc 2.36): 2 GB/s against 35 GB/s for 64 KiB (docs/BENCHMARKS.md, "A slow memcpy"). The
 //! engine copies every byte twice in user space (into the send buffer, out of a staged read),
 //! between buffers whose addresses it does not choose, so a share of its copies fell in that
 //! case. Such a pair is copied here in pieces below the size where glibc switches to
@@ -84,10 +84,16 @@ pub fn extend<B: Append>(buf: &mut B, data: &[u8]) {
 mod tests {
     use super::*;
 
-    /// A page-aligned region of `len` bytes inside `v`.
-    fn aligned(v: &mut [u8], len: usize) -> &mut [u8] {
-        let skip = (PAGE - v.as_ptr().addr() % PAGE) % PAGE;
-        &mut v[skip..skip + len]
+    /// `len` bytes of `pool` (numbered, so that a byte out of place shows) starting `distance`
+    /// bytes below `dst` modulo a page: a source whose copy to `dst` is at that distance.
+    fn source_at(pool: &mut [u8], dst: usize, distance: usize, len: usize) -> &[u8] {
+        let at = (dst.wrapping_sub(distance).wrapping_sub(pool.as_ptr().addr())) % PAGE;
+        for (i, b) in pool.iter_mut().enumerate() {
+            *b = (i * 7 + i / 251) as u8;
+        }
+        let src = &pool[at..at + len];
+        assert_eq!(dst.wrapping_sub(src.as_ptr().addr()) % PAGE, distance);
+        src
     }
 
     #[test]
@@ -104,37 +110,45 @@ mod tests {
     #[test]
     fn copies_and_appends_every_byte_in_order_whatever_the_distance() {
         let len = 3 * PIECE + 123;
-        let mut s = vec![0u8; len + 2 * PAGE];
-        let src = aligned(&mut s, len + PAGE);
-        for (i, b) in src.iter_mut().enumerate() {
-            *b = (i * 7 + i / 251) as u8;
-        }
-        let src = &src[..len];
+        let mut pool = vec![0u8; len + PAGE];
         for distance in [0, 1, 16, 63, 64, 1000] {
-            let mut d = vec![0u8; len + 2 * PAGE];
-            let dst = &mut aligned(&mut d, len + PAGE)[distance..distance + len];
-            copy(dst, src);
-            assert_eq!(dst, src, "copy at distance {distance}");
+            let mut d = vec![0u8; len];
+            let src = source_at(&mut pool, d.as_ptr().addr(), distance, len);
+            assert_eq!(
+                near_above(d.as_ptr().addr(), src.as_ptr().addr(), len),
+                distance % 64 != 0 && distance < 64
+            );
+            copy(&mut d, src);
+            assert_eq!(d, src, "copy at distance {distance}");
+
+            let mut v = vec![0u8; 10];
+            v.reserve(len);
+            let at = v.as_ptr().addr() + v.len();
+            let src = source_at(&mut pool, at, distance, len);
+            extend(&mut v, src);
+            assert_eq!(&v[10..], src, "extend of a Vec at distance {distance}");
+
+            let mut b = BytesMut::with_capacity(len + 5);
+            b.extend_from_slice(&[1, 2, 3, 4, 5]);
+            let at = b.as_ptr().addr() + b.len();
+            let src = source_at(&mut pool, at, distance, len);
+            extend(&mut b, src);
+            assert_eq!(&b[5..], src, "extend of a BytesMut at distance {distance}");
         }
+        // A buffer that must grow: the distance is the new allocation's.
         let mut v = Vec::new();
+        let src = source_at(&mut pool, 0, 0, len);
         extend(&mut v, &src[..10]);
         extend(&mut v, &src[10..]);
         assert_eq!(v, src);
-        let mut b = BytesMut::with_capacity(5);
-        extend(&mut b, src);
-        assert_eq!(&b[..], src);
     }
 
     #[test]
     #[should_panic(expected = "lengths differ")]
     fn lengths_must_match_as_for_copy_from_slice() {
-        let mut s = vec![0u8; 4 * PAGE];
-        let src = aligned(&mut s, 2 * PAGE).to_vec();
-        let mut d = vec![0u8; 4 * PAGE];
-        let dst = &mut aligned(&mut d, 3 * PAGE)[16..16 + PIECE + 10];
-        // `src` is a fresh allocation: find a slice of it whose distance is the slow case.
-        let at = (dst.as_ptr().addr().wrapping_sub(16) % PAGE + PAGE - src.as_ptr().addr() % PAGE)
-            % PAGE;
-        copy(dst, &src[at..at + PIECE + 11]);
+        let mut pool = vec![0u8; 2 * PAGE];
+        let mut d = vec![0u8; PIECE + 10];
+        let src = source_at(&mut pool, d.as_ptr().addr(), 16, PIECE + 11);
+        copy(&mut d, src);
     }
 }
