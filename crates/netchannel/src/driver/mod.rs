@@ -300,6 +300,11 @@ impl Channel {
         self.worker_seen_rx.swap(rx, Ordering::Relaxed) == rx
     }
 
+    /// Bytes read from the channel so far, by any thread.
+    pub fn rx_bytes(&self) -> u64 {
+        self.counters.rx_bytes.load(Ordering::Relaxed)
+    }
+
     pub fn count_rx_frames(&self, n: usize) {
         self.counters.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
     }

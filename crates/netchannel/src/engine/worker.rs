@@ -372,6 +372,7 @@ impl Worker {
         let mut applied = None;
         let mut watched: HashMap<u64, (OwnedFd, WhenReadable)> = HashMap::new();
         let mut next_watch = 0;
+        let mut arrivals = ArrivalsLeft::default();
         loop {
             let Some(ctx) = ctx.upgrade() else { return };
             self.schedule(&ctx, &mut applied);
@@ -420,6 +421,14 @@ impl Worker {
                 timeout = Some(Duration::ZERO);
             }
             events.clear();
+            if !served_by_apps {
+                // Arrivals left to the program are the worker's again: their edges are spent.
+                for uid in arrivals.take_all() {
+                    if let Some((ch, s)) = channels.get(&uid) {
+                        s.rx(ch);
+                    }
+                }
+            }
             let r = if served_by_apps {
                 let r = self.requests_only.wait(&mut events, 1, timeout);
                 events.clear();
@@ -433,13 +442,32 @@ impl Worker {
             }
             let mut serve: Vec<(u64, u32)> = Vec::new();
             let mut readable = Vec::new();
+            if served_by_apps {
+                // Arrivals no thread read for a whole nap: the program is elsewhere.
+                let now = Instant::now();
+                arrivals.unread(
+                    now,
+                    |uid| channels.get(&uid).map(|(ch, _)| ch.rx_bytes()),
+                    &mut serve,
+                );
+            }
             for &(token, ev) in &events {
                 if token == HANGUP_TOKEN {
                     self.collect_hangups(&mut serve);
                 } else if token & WATCH_TOKEN != 0 {
                     readable.push(token);
                 } else if token != TOKEN_WAKE {
-                    serve.push((token, ev));
+                    let left = served_by_apps
+                        && ev & (READABLE | HANGUP) == READABLE
+                        && channels.get(&token).is_some_and(|(ch, _)| {
+                            let watchers = ch.app_watchers.load(Ordering::Acquire);
+                            arrivals.leave(ch.uid, watchers, ch.rx_bytes(), Instant::now())
+                        });
+                    if !left {
+                        serve.push((token, ev));
+                    } else if ev & WRITABLE != 0 {
+                        serve.push((token, WRITABLE));
+                    }
                 }
             }
             for token in readable {
@@ -540,6 +568,65 @@ impl Worker {
                 timers.scanned(now, next);
             }
         }
+    }
+}
+
+/// Arrivals on channels that application threads wait on, seen by the worker between its naps
+/// while the program serves its channels itself (`served_by_apps`). A thread blocked on the
+/// channel was woken by the kernel for the same arrival, and reads it within microseconds: the
+/// worker reading it first (it polls at the end of each nap, whenever that falls) took the
+/// message from under the woken thread and had to wake it a second time, through its eventfd
+/// (sockperf ping-pong: 8% of messages, and a wake-up of the worker per message). So the worker
+/// leaves the arrival to the program for one nap and reads the channel only if no thread read
+/// anything from it meanwhile. The edge is spent: the arrival stays listed until then, or until
+/// the worker stops napping, when it is read at once.
+#[derive(Default)]
+struct ArrivalsLeft {
+    /// Channel uid -> bytes read from it when the arrival was seen (or last looked at), and
+    /// when that was.
+    left: HashMap<u64, (u64, Instant)>,
+}
+
+impl ArrivalsLeft {
+    /// Leaves an arrival on channel `uid` to the application threads watching it (`watchers`,
+    /// none: it is the worker's at once). `rx_bytes`: what has been read from it so far.
+    fn leave(&mut self, uid: u64, watchers: u32, rx_bytes: u64, now: Instant) -> bool {
+        if watchers == 0 {
+            return false;
+        }
+        self.left.entry(uid).or_insert((rx_bytes, now));
+        true
+    }
+
+    /// Moves to `serve` the channels nobody read from for at least `TICK` since they were
+    /// listed or last looked at; the others are looked at again later (the thread that reads
+    /// one may have stopped part-way). `rx_bytes` is a channel's count, `None` once it is gone.
+    fn unread(
+        &mut self,
+        now: Instant,
+        rx_bytes: impl Fn(u64) -> Option<u64>,
+        serve: &mut Vec<(u64, u32)>,
+    ) {
+        self.left.retain(|&uid, (seen, since)| match rx_bytes(uid) {
+            None => false,
+            Some(n) if n != *seen => {
+                (*seen, *since) = (n, now);
+                true
+            }
+            Some(_) if now.saturating_duration_since(*since) < TICK => true,
+            Some(_) => {
+                serve.push((uid, READABLE));
+                false
+            }
+        });
+    }
+
+    /// Every channel listed, for the worker to read now.
+    fn take_all(&mut self) -> Vec<u64> {
+        if self.left.is_empty() {
+            return Vec::new();
+        }
+        self.left.drain().map(|(uid, _)| uid).collect()
     }
 }
 
@@ -680,5 +767,40 @@ mod tests {
         assert_eq!(t.wake_at(), Some(t1 + Duration::from_secs(20)));
         assert!(!t.due(t1 + Duration::from_secs(19)));
         assert!(t.due(t1 + Duration::from_secs(20)));
+    }
+
+    #[test]
+    fn an_arrival_left_to_the_program_is_read_by_the_worker_only_after_a_tick_unread() {
+        let mut a = ArrivalsLeft::default();
+        let t0 = Instant::now();
+        // No application thread watches the channel: the worker reads it at once.
+        assert!(!a.leave(1, 0, 100, t0));
+        // Watched: left to the program, once (a second edge keeps the first look).
+        assert!(a.leave(1, 1, 100, t0));
+        assert!(a.leave(1, 1, 200, t0 + TICK / 2));
+        let mut serve = Vec::new();
+        let count = |n: u64| move |uid: u64| (uid == 1).then_some(n);
+        // Nothing read yet, but not for a whole tick: still the program's.
+        a.unread(t0 + TICK / 2, count(100), &mut serve);
+        assert!(serve.is_empty());
+        // A thread read from it: looked at again a tick from now.
+        a.unread(t0 + TICK, count(150), &mut serve);
+        assert!(serve.is_empty());
+        a.unread(t0 + TICK * 3 / 2, count(150), &mut serve);
+        assert!(serve.is_empty(), "read half a tick ago");
+        // A tick with nothing read: the program is elsewhere, and the worker reads it.
+        a.unread(t0 + TICK * 2, count(150), &mut serve);
+        assert_eq!(serve, vec![(1, READABLE)]);
+        serve.clear();
+        a.unread(t0 + TICK * 9, count(150), &mut serve);
+        assert!(serve.is_empty(), "read once, not again");
+        // A channel that is gone is forgotten; one listed when the worker stops napping is
+        // handed back at once.
+        assert!(a.leave(2, 1, 0, t0));
+        a.unread(t0 + TICK * 9, |_| None, &mut serve);
+        assert!(serve.is_empty() && a.take_all().is_empty());
+        assert!(a.leave(3, 2, 0, t0));
+        assert_eq!(a.take_all(), vec![3]);
+        assert!(a.take_all().is_empty());
     }
 }
