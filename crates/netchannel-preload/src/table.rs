@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use parking_lot::{Mutex, RwLock};
+use rustc_hash::FxHashMap;
 
 use crate::carried::Carried;
 use crate::inherit::Remote;
@@ -69,7 +70,7 @@ const SHARDS: usize = 16;
 
 /// Carried fds by number, sharded so that threads working on different fds rarely meet.
 pub(crate) struct Tables {
-    carried: [RwLock<HashMap<c_int, Arc<Carried>>>; SHARDS],
+    carried: [RwLock<FxHashMap<c_int, Arc<Carried>>>; SHARDS],
     pub(crate) remote: Mutex<HashMap<c_int, Arc<Remote>>>,
     pub(crate) listeners: Mutex<HashMap<c_int, Arc<ListenEntry>>>,
     pub(crate) epolls: Mutex<HashMap<c_int, Arc<Mutex<EpollInfo>>>>,
@@ -77,13 +78,13 @@ pub(crate) struct Tables {
 
 /// The tables (only ever touched for fds whose `kind` says they are ours).
 pub(crate) static TABLES: LazyLock<Tables> = LazyLock::new(|| Tables {
-    carried: std::array::from_fn(|_| RwLock::new(HashMap::new())),
+    carried: std::array::from_fn(|_| RwLock::new(FxHashMap::default())),
     remote: Mutex::new(HashMap::new()),
     listeners: Mutex::new(HashMap::new()),
     epolls: Mutex::new(HashMap::new()),
 });
 
-fn shard(fd: c_int) -> &'static RwLock<HashMap<c_int, Arc<Carried>>> {
+fn shard(fd: c_int) -> &'static RwLock<FxHashMap<c_int, Arc<Carried>>> {
     &TABLES.carried[fd as usize % SHARDS]
 }
 
@@ -174,7 +175,7 @@ pub(crate) fn epoll_instances() -> Vec<c_int> {
 /// The locks a forked child must not inherit held: taken before `fork` and released after it
 /// on both sides (`pthread_atfork`, in `interpose`), so that the child finds them free.
 pub(crate) fn fork_locks(
-    mut rw: impl FnMut(&'static RwLock<HashMap<c_int, Arc<Carried>>>),
+    mut rw: impl FnMut(&'static RwLock<FxHashMap<c_int, Arc<Carried>>>),
     mut remote: impl FnMut(&'static Mutex<HashMap<c_int, Arc<Remote>>>),
     mut listeners: impl FnMut(&'static Mutex<HashMap<c_int, Arc<ListenEntry>>>),
     mut epolls: impl FnMut(&'static Mutex<HashMap<c_int, Arc<Mutex<EpollInfo>>>>),

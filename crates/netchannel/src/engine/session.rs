@@ -119,7 +119,8 @@ pub(crate) type Core = Session<StreamUser>;
 pub(crate) struct CoreGuard<'a> {
     rt: &'a Arc<SessionRt>,
     core: Option<MutexGuard<'a, Core>>,
-    wakes: Wakes,
+    /// Empty, with no lists, once fired: nothing left to drop.
+    wakes: std::mem::ManuallyDrop<Wakes>,
 }
 
 impl CoreGuard<'_> {
@@ -149,7 +150,6 @@ impl Drop for CoreGuard<'_> {
         self.settle();
         drop(self.core.take());
         self.wakes.fire();
-        std::mem::take(&mut self.wakes).recycle();
     }
 }
 
@@ -335,7 +335,11 @@ impl SessionRt {
 
     /// The core, locked (see [`CoreGuard`]).
     pub fn core(self: &Arc<Self>) -> CoreGuard<'_> {
-        CoreGuard { rt: self, core: Some(self.core.lock()), wakes: Wakes::reuse() }
+        CoreGuard {
+            rt: self,
+            core: Some(self.core.lock()),
+            wakes: std::mem::ManuallyDrop::new(Wakes::new()),
+        }
     }
 
     /// Runs `f` on the core; its events are settled and the wake-ups fired after the lock.
@@ -487,7 +491,7 @@ impl SessionRt {
                     match l.offer(self.clone(), id) {
                         Offer::Queued => {
                             l.answer(core, id, window);
-                            wakes.listeners.push(l);
+                            wakes.listener(l);
                         }
                         Offer::Waiting => {}
                         Offer::Refused => core.handle(id).refuse(RstReason::Refused),

@@ -16,7 +16,6 @@
 //! return at once.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -24,6 +23,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use super::session::SessionRt;
 use crate::driver::Channel;
@@ -49,12 +49,12 @@ pub(crate) struct ChannelEvent {
 struct Watched {
     /// Token (index + 1) to channel.
     slots: Vec<Option<(Weak<Channel>, Weak<SessionRt>)>>,
-    by_uid: HashMap<u64, u64>,
+    by_uid: FxHashMap<u64, u64>,
     free: Vec<u64>,
     /// Per session (its address; the `Weak` keeps the address from being reused) and class:
     /// the channel set last registered (`SessionRt::channels_generation`) and the class whose
     /// channels serve it.
-    seen: HashMap<(usize, usize), (Weak<SessionRt>, u64, Class)>,
+    seen: FxHashMap<(usize, usize), (Weak<SessionRt>, u64, Class)>,
     /// `watch` calls since the last sweep of what is gone: a sweep every `slots` calls keeps
     /// its cost per call constant however many channels the thread watches.
     since_sweep: usize,
