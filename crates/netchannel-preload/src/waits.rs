@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use netchannel::sys::SignalPolicy;
 use netchannel::ServeSet;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::carried::{Carried, Registration};
 use crate::interpose::{signals, with_fd};
@@ -266,9 +267,10 @@ pub(crate) fn poll(
     let mut ours = false;
     // The served connections, in the order of their fds; whether every fd is one of them
     // (`poll_carried`).
-    let mut found: Vec<Arc<Carried>> = Vec::new();
+    // Inline for the usual few fds: no allocation per call.
+    let mut found: SmallVec<[Arc<Carried>; 4]> = SmallVec::new();
     // Their fds, in the same order (a mixed set has other fds between them).
-    let mut found_fds: Vec<c_int> = Vec::new();
+    let mut found_fds: SmallVec<[c_int; 4]> = SmallVec::new();
     let mut carried = true;
     for p in fds.iter() {
         if p.fd < 0 {

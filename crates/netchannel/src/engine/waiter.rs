@@ -543,7 +543,7 @@ pub(crate) fn defer_control(session: &Arc<SessionRt>, class: Class) {
 /// Writes now the sends this thread deferred, without waiting (`VSocket`'s `Write::flush`):
 /// for a loop that sleeps somewhere the engine does not see, such as its own epoll set.
 pub(crate) fn flush_deferred() {
-    let dirty = THREAD.with(|t| {
+    let mut dirty = THREAD.with(|t| {
         let mut t = t.borrow_mut();
         t.waited = true;
         t.deferred = 0;
@@ -551,9 +551,16 @@ pub(crate) fn flush_deferred() {
         t.several_streams = false;
         std::mem::take(&mut t.dirty)
     });
-    for (s, classes) in dirty {
+    for (s, classes) in dirty.drain(..) {
         s.transmit_classes(classes);
     }
+    // The list's memory back for the next burst, unless the writes marked new work meanwhile.
+    let _exiting = THREAD.try_with(|t| {
+        let mut t = t.borrow_mut();
+        if t.dirty.is_empty() {
+            t.dirty = dirty;
+        }
+    });
 }
 
 /// Writes the sends this thread deferred; called before it sleeps. `event_loop`: the wait is a

@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use super::ids::ChannelId;
 
@@ -211,7 +212,8 @@ impl RecvBuf {
             offset = self.contig;
         }
         // The parts of offset..end that no out-of-order segment covers.
-        let mut pieces: Vec<(u64, Bytes)> = Vec::new();
+        // Inline: in order, a payload is one piece (no allocation per frame).
+        let mut pieces: SmallVec<[(u64, Bytes); 2]> = SmallVec::new();
         match &self.ooo {
             None => pieces.push((offset, data)),
             Some(o) => {

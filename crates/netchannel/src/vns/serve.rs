@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use smallvec::SmallVec;
+
 use super::socket::VSocket;
 use crate::engine::readiness::SERVING_OBSERVED;
 use crate::engine::session::SessionRt;
@@ -23,7 +25,8 @@ use crate::wire::Class;
 /// The sessions (and how many of the set's sockets use each) whose channels a wait serves.
 #[derive(Clone)]
 pub struct ServeSet {
-    sessions: Vec<(Weak<SessionRt>, usize)>,
+    /// Inline: a `poll` makes a set per call, most over one or two sessions.
+    sessions: SmallVec<[(Weak<SessionRt>, usize); 2]>,
     /// Tells this set's companion registration from an older one under a reused fd number.
     key: u64,
 }
@@ -38,7 +41,7 @@ impl ServeSet {
     /// An empty set.
     pub fn new() -> ServeSet {
         static KEYS: AtomicU64 = AtomicU64::new(1 << 32);
-        ServeSet { sessions: Vec::new(), key: KEYS.fetch_add(1, Ordering::Relaxed) }
+        ServeSet { sessions: SmallVec::new(), key: KEYS.fetch_add(1, Ordering::Relaxed) }
     }
 
     /// Serves `sock`'s channels during waits (counted: add once per registration).

@@ -557,10 +557,6 @@ impl VSocket {
                     at += s.len();
                 }
                 debug_assert_eq!(at as u64, n);
-                slices.clear();
-                if slices.capacity() <= 256 {
-                    let _exiting = RECV_SLICES.try_with(|c| c.set(slices));
-                }
                 Some(n as usize)
             }
             Recv::Deferred { channel, max } => {
@@ -572,6 +568,12 @@ impl VSocket {
             Recv::Reset(cause) => return Err(reset_error(cause)),
             Recv::Closed => return Err(closed()),
         };
+        // The list goes back to the thread whatever the outcome (a read that finds nothing,
+        // which an event loop makes after each message, used to lose it).
+        slices.clear();
+        if slices.capacity() <= 256 {
+            let _exiting = RECV_SLICES.try_with(|c| c.set(slices));
+        }
         if can_wait {
             // A CREDIT the sender does not wait for: it rides with the next frames out.
             waiter::defer_control(&self.session, class);
