@@ -27,6 +27,7 @@ have node || need_apt+=(nodejs) # libuv's event loop (the node test)
 have javac || need_apt+=(default-jdk-headless) # the java test (source-file launch needs javac's module)
 have python3 || need_apt+=(python3) # scripts/sched-trace.py, the dual-stack listener test
 have socat || need_apt+=(socat) # docs/bench/short-lived/run.sh (a server that forks per connection)
+have valgrind || need_apt+=(valgrind) # docs/bench/guard-wakes/callgrind.sh (instructions per key)
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 
 if ((${#need_apt[@]})); then
