@@ -442,11 +442,11 @@ impl Worker {
             }
             let mut serve: Vec<(u64, u32)> = Vec::new();
             let mut readable = Vec::new();
+            let looked = Instant::now();
             if served_by_apps {
                 // Arrivals no thread read for a whole nap: the program is elsewhere.
-                let now = Instant::now();
                 arrivals.unread(
-                    now,
+                    looked,
                     |uid| channels.get(&uid).map(|(ch, _)| ch.rx_bytes()),
                     &mut serve,
                 );
@@ -461,7 +461,7 @@ impl Worker {
                         && ev & (READABLE | HANGUP) == READABLE
                         && channels.get(&token).is_some_and(|(ch, _)| {
                             let watchers = ch.app_watchers.load(Ordering::Acquire);
-                            arrivals.leave(ch.uid, watchers, ch.rx_bytes(), Instant::now())
+                            arrivals.leave(ch.uid, watchers, ch.rx_bytes(), looked)
                         });
                     if !left {
                         serve.push((token, ev));
@@ -622,11 +622,8 @@ impl ArrivalsLeft {
     }
 
     /// Every channel listed, for the worker to read now.
-    fn take_all(&mut self) -> Vec<u64> {
-        if self.left.is_empty() {
-            return Vec::new();
-        }
-        self.left.drain().map(|(uid, _)| uid).collect()
+    fn take_all(&mut self) -> impl Iterator<Item = u64> + '_ {
+        self.left.drain().map(|(uid, _)| uid)
     }
 }
 
@@ -798,9 +795,9 @@ mod tests {
         // handed back at once.
         assert!(a.leave(2, 1, 0, t0));
         a.unread(t0 + TICK * 9, |_| None, &mut serve);
-        assert!(serve.is_empty() && a.take_all().is_empty());
+        assert!(serve.is_empty() && a.take_all().next().is_none());
         assert!(a.leave(3, 2, 0, t0));
-        assert_eq!(a.take_all(), vec![3]);
-        assert!(a.take_all().is_empty());
+        assert_eq!(a.take_all().collect::<Vec<_>>(), vec![3]);
+        assert!(a.take_all().next().is_none());
     }
 }
