@@ -255,11 +255,16 @@ fn throughput_worker_policy(e: &Engine) -> String {
     w.iter().find(|w| w.class == Class::Throughput).map(|w| w.policy.clone()).unwrap_or_default()
 }
 
+/// Waits until the throughput workers show `want`, and checks the kernel's policy agrees.
 fn wait_for_policy(e: &Engine, want: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while throughput_worker_policy(e) != want {
         assert!(Instant::now() < deadline, "worker policy {:?}", throughput_worker_policy(e));
         std::thread::sleep(Duration::from_millis(2));
+    }
+    let kernel = if want == "SCHED_IDLE" { "5" } else { "0" };
+    for w in e.stats().workers.iter().filter(|w| w.class == Class::Throughput) {
+        assert_eq!(policy_of(w.tid), kernel, "{w:?}: /proc disagrees with {want}");
     }
 }
 

@@ -517,6 +517,14 @@ mod tests {
             restore_thread_schedule(before).unwrap();
             assert_eq!(policy_and_nice(), found);
 
+            // A worker put back from SCHED_IDLE to a nice value is SCHED_OTHER again.
+            demote_thread(ThreadPolicy::Idle).unwrap().expect("demoted");
+            set_thread_policy(ThreadPolicy::Nice(5), None).unwrap();
+            assert_eq!(policy_and_nice(), (libc::SCHED_OTHER, 5));
+            demote_thread(ThreadPolicy::Idle).unwrap().expect("demoted");
+            set_thread_policy(ThreadPolicy::Normal, None).unwrap();
+            assert_eq!(policy_and_nice(), (libc::SCHED_OTHER, 0));
+
             // An idle thread is left as it is.
             // SAFETY: as above.
             assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) }, 0);
@@ -619,12 +627,27 @@ impl std::fmt::Display for ThreadPolicy {
     }
 }
 
-/// Applies `policy`, and the CPU set if given, to the calling thread.
+/// Applies `policy`, and the CPU set if given, to the calling thread. A nice value
+/// (`Normal`, `Nice`) on a SCHED_IDLE thread first puts it back to SCHED_OTHER: a nice value
+/// alone leaves the policy as it is, and a worker put back after isolation stayed SCHED_IDLE.
 pub fn set_thread_policy(policy: ThreadPolicy, cpus: Option<&[usize]>) -> io::Result<()> {
     let tid = rustix::thread::gettid();
     match policy {
-        ThreadPolicy::Normal => rustix::process::setpriority_process(Some(tid), 0)?,
-        ThreadPolicy::Nice(n) => rustix::process::setpriority_process(Some(tid), n as i32)?,
+        ThreadPolicy::Normal | ThreadPolicy::Nice(_) => {
+            // SAFETY: sched_getscheduler(0) reads the calling thread's policy; no memory is
+            // passed.
+            let found = unsafe { libc::sched_getscheduler(0) };
+            if found >= 0 && found & !libc::SCHED_RESET_ON_FORK == libc::SCHED_IDLE {
+                let param = libc::sched_param { sched_priority: 0 };
+                // SAFETY: pid 0 is the calling thread; `param` is a live, initialised
+                // sched_param (SCHED_OTHER requires priority 0). No memory is retained.
+                if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            let nice = if let ThreadPolicy::Nice(n) = policy { n as i32 } else { 0 };
+            rustix::process::setpriority_process(Some(tid), nice)?;
+        }
         ThreadPolicy::Idle => {
             let param = libc::sched_param { sched_priority: 0 };
             // SAFETY: pid 0 is the calling thread; `param` is a live, initialised sched_param
