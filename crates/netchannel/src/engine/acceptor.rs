@@ -41,7 +41,7 @@ pub(crate) fn run(
     control_dir: Option<std::path::PathBuf>,
 ) {
     if let Err(e) = serve(&ctx, &listener, &stop, control_dir) {
-        eprintln!("netchannel: channel listener stopped: {e}");
+        crate::sys::warn(format_args!("netchannel: channel listener stopped: {e}"));
     }
 }
 

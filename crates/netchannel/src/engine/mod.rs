@@ -248,7 +248,10 @@ impl Engine {
                 Ok(e) => (Some(e), Some(dir)),
                 Err(e) => {
                     // The engine works without it; only `netchannel stat` will not list it.
-                    eprintln!("netchannel: no control endpoint in {}: {e}", dir.display());
+                    crate::sys::warn(format_args!(
+                        "netchannel: no control endpoint in {}: {e}",
+                        dir.display()
+                    ));
                     (None, None)
                 }
             }
@@ -267,7 +270,7 @@ impl Engine {
         let handle = std::thread::Builder::new().name("nc-accept".into()).spawn(move || {
             if let Some(ns) = &netns {
                 if let Err(e) = crate::sys::enter_netns(ns) {
-                    eprintln!("netchannel: {e}");
+                    crate::sys::warn(format_args!("netchannel: {e}"));
                     return;
                 }
             }

@@ -627,6 +627,15 @@ impl std::fmt::Display for ThreadPolicy {
     }
 }
 
+/// Writes a warning line to stderr, ignoring failures: `eprintln!` panics when the write
+/// fails (a closed pipe with SIGPIPE ignored, as many servers run), and a warning must not
+/// take down the thread that gives it (an engine worker, or a program's thread inside an
+/// interposed call).
+pub fn warn(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{args}");
+}
+
 /// Applies `policy`, and the CPU set if given, to the calling thread. A nice value
 /// (`Normal`, `Nice`) on a SCHED_IDLE thread first puts it back to SCHED_OTHER: a nice value
 /// alone leaves the policy as it is, and a worker put back after isolation stayed SCHED_IDLE.
