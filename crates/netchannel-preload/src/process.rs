@@ -2,6 +2,11 @@
 //! counters behind `--stats`, which process owns what after `fork`, and where the library's own
 //! fds live.
 
+/// A warning on stderr that never panics (`netchannel::sys::warn`).
+macro_rules! warn {
+    ($($t:tt)*) => { netchannel::sys::warn(format_args!($($t)*)) };
+}
+
 use std::cell::Cell;
 use std::ffi::c_int;
 use std::io::{self, Write};
@@ -424,7 +429,7 @@ pub(crate) fn server_engine() -> Option<&'static Engine> {
                 if e.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::AddrInUse) {
                     // One process per host owns the channel port: say so once, rather than
                     // leave the user to find "listeners without engine" in the stats.
-                    eprintln!(
+                    warn!(
                         "netchannel: pid {}: channel port {port} is taken (another program under \
                          netchannel run on this host owns it; `netchannel stat` lists the \
                          engines): this program's listeners stay on kernel TCP",
@@ -484,7 +489,7 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
         if let Some(v) = std::env::var_os(name) {
             match v.to_str().and_then(|v| v.parse().ok()) {
                 Some(n) => *into = n,
-                None => eprintln!("netchannel: ignoring {name}={v:?}: not a number"),
+                None => warn!("netchannel: ignoring {name}={v:?}: not a number"),
             }
         }
     }
@@ -510,9 +515,16 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
             Some("sticky") => c.app_demotion = netchannel::AppDemotion::Sticky,
             Some("per-call") => c.app_demotion = netchannel::AppDemotion::PerCall,
             Some("off") => c.app_demotion = netchannel::AppDemotion::Off,
-            _ => eprintln!(
-                "netchannel: ignoring NETCHANNEL_APP_DEMOTION={v:?}: sticky, per-call or off"
-            ),
+            _ => {
+                warn!("netchannel: ignoring NETCHANNEL_APP_DEMOTION={v:?}: sticky, per-call or off")
+            }
+        }
+    }
+    if let Some(v) = std::env::var_os("NETCHANNEL_WORKERS_YIELD") {
+        match v.to_str() {
+            Some("1") => c.workers_yield = true,
+            Some("0") => c.workers_yield = false,
+            _ => warn!("netchannel: ignoring NETCHANNEL_WORKERS_YIELD={v:?}: 0 or 1"),
         }
     }
     c.max_channels = c.max_channels.max(c.channels);
@@ -520,7 +532,7 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
         match std::fs::read(&path) {
             Ok(key) => c.psk = Some(key),
             Err(e) => {
-                eprintln!(
+                warn!(
                     "netchannel: cannot read the key file {}: {e}; connections stay kernel TCP",
                     Path::new(&path).display()
                 );

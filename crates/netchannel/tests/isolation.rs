@@ -288,6 +288,31 @@ fn isolation_follows_latency_sockets_by_default() {
     assert!(!a.stats().isolating, "closing the last latency socket ends isolation");
 }
 
+/// `Config::workers_yield`: outside isolation, a throughput worker without a send backlog runs
+/// at `throughput_policy` (SCHED_IDLE), traffic or not; without it (the default), SCHED_OTHER.
+#[test]
+fn yielding_workers_leave_the_cores_to_the_program() {
+    let tb = Testbed::loopback();
+    let (a, b) = tb.engines(|c| c.workers_yield = true);
+    assert!(!a.stats().isolating);
+    wait_for_policy(&a, "SCHED_IDLE");
+    let l = b.listen(6).unwrap();
+    let s = a.connect(b.local_addr(), 6).unwrap();
+    let p = l.accept().unwrap();
+    // Traffic both ways leaves it yielding: no backlog waits for room in a socket.
+    for _ in 0..100 {
+        s.send(&[7u8; 4096]).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut got = 0;
+        while got < buf.len() {
+            got += p.recv(&mut buf[got..]).unwrap();
+        }
+    }
+    wait_for_policy(&a, "SCHED_IDLE");
+    let (c, _d) = tb.engines(|_| {});
+    wait_for_policy(&c, "SCHED_OTHER nice 0");
+}
+
 /// `AppDemotion::Off`: while isolating, the workers are demoted and an
 /// application thread blocked in a throughput `recv` is not (an open-loop L-app's threads then
 /// never wait behind application threads' demotions).

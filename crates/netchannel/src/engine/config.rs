@@ -220,6 +220,12 @@ pub struct Config {
     /// always are). See `AppDemotion` and docs/BENCHMARKS.md, "Cores: 1 to 16 application
     /// threads, and session shards".
     pub app_demotion: AppDemotion,
+    /// Throughput workers leave the cores to application threads while they have no send
+    /// backlog: outside isolation too they run at `throughput_policy` unless a channel of
+    /// theirs waited for room in its socket lately (docs/ARCHITECTURE.md, "Workers that
+    /// yield"; `netchannel run --workers-yield`). Off by default: request-response programs
+    /// gained and a bulk receiver lost on a 2-core host.
+    pub workers_yield: bool,
     /// Scheduling of the worker that serves latency-class channels.
     pub latency_policy: ThreadPolicy,
     /// Cores the throughput workers may run on (`None`: any).
@@ -348,6 +354,7 @@ impl Default for Config {
             isolation: Isolation::Auto,
             throughput_policy: ThreadPolicy::Idle,
             app_demotion: AppDemotion::Sticky,
+            workers_yield: false,
             latency_policy: ThreadPolicy::Normal,
             throughput_cpus: None,
             latency_cpus: None,

@@ -35,6 +35,10 @@ pub(crate) const TICK: Duration = Duration::from_millis(1);
 /// Short, because each tick is a wake-up too: at 2 ms a quiet peer's message costs at most a
 /// few (20 ms cost 20, which with a thousand engines on one machine took more than a core).
 const TICK_LINGER: Duration = Duration::from_millis(2);
+/// How long a yielding worker stays at normal priority after a channel of its last waited
+/// for room (`Config::workers_yield`): a bulk sender's backlog comes and goes many times a
+/// second, and each change of policy is a system call or two.
+const YIELD_HOLD: Duration = Duration::from_millis(100);
 /// Acknowledgements not carried by other traffic go alone after this long.
 const ACK_DELAY: Duration = Duration::from_millis(5);
 /// How soon after `timers_changed` (a stream's connect or linger deadline was set) the worker
@@ -338,12 +342,12 @@ impl Worker {
     }
 
     /// Applies the scheduling this worker's class gets now (throughput workers follow the
-    /// engine's isolation state); recorded for `stats()`.
-    fn schedule(&self, ctx: &EngineCtx, applied: &mut Option<ThreadPolicy>) {
+    /// engine's isolation state, and yield while `yielding`); recorded for `stats()`.
+    fn schedule(&self, ctx: &EngineCtx, applied: &mut Option<ThreadPolicy>, yielding: bool) {
         let c = &ctx.config;
         let want = match self.class {
             Class::Latency => c.latency_policy,
-            Class::Throughput if ctx.isolating() => c.throughput_policy,
+            Class::Throughput if ctx.isolating() || yielding => c.throughput_policy,
             Class::Throughput => ThreadPolicy::Normal,
         };
         if *applied == Some(want) {
@@ -373,9 +377,21 @@ impl Worker {
         let mut watched: HashMap<u64, (OwnedFd, WhenReadable)> = HashMap::new();
         let mut next_watch = 0;
         let mut arrivals = ArrivalsLeft::default();
+        // When a channel of this worker last waited for room in its socket (`workers_yield`).
+        let mut backlog_at: Option<Instant> = None;
         loop {
             let Some(ctx) = ctx.upgrade() else { return };
-            self.schedule(&ctx, &mut applied);
+            // A send backlog is the worker's to push (the program's thread left it): it keeps
+            // the worker at normal priority for `YIELD_HOLD` after it was last seen.
+            let yielding = ctx.config.workers_yield
+                && self.class == Class::Throughput
+                && if channels.values().any(|(ch, _)| ch.tx_blocked.load(Ordering::Acquire)) {
+                    backlog_at = Some(Instant::now());
+                    false
+                } else {
+                    backlog_at.is_none_or(|t| t.elapsed() >= YIELD_HOLD)
+                };
+            self.schedule(&ctx, &mut applied, yielding);
             let mut timeout = None;
             let ticking = !ticked.is_empty() || Instant::now() < linger_until;
             if ticking {
