@@ -256,6 +256,17 @@ pub(crate) fn drain_engines() {
         return;
     }
     EXITING.store(rustix::thread::gettid().as_raw_nonzero().get(), Ordering::Release);
+    let taken = crate::relay::taken_over();
+    if taken > 0 {
+        // Kernel TCP would leave them to the other process; here the engine and the relay
+        // that carry them are this process's. Said, so that the other process's reset is
+        // not a mystery.
+        warn!(
+            "netchannel: pid {me} exits while another process uses {taken} connection(s) it \
+             carries (taken over after fork, exec or SCM_RIGHTS): they end with it, where \
+             kernel TCP would keep them (docs/ARCHITECTURE.md, limits)"
+        );
+    }
     crate::carried::end_all_at_exit();
     for e in engines() {
         if e.pid == me {

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -86,7 +86,6 @@ fn start() -> Option<Arc<Loop>> {
 
 /// Hands a connection to a relay loop (round robin).
 pub(crate) fn relay(app: TcpStream, vs: Held) {
-    use std::sync::atomic::AtomicUsize;
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let all = crate::process::fds_high(loops);
     if all.is_empty() {
@@ -99,6 +98,15 @@ pub(crate) fn relay(app: TcpStream, vs: Held) {
     lp.wake.notify();
 }
 
+/// Connections of this process another process took over, which its relay loops serve
+/// (`Held::Shared`): this process's exit ends them (docs/ARCHITECTURE.md, "Limits").
+static TAKEN_OVER: AtomicUsize = AtomicUsize::new(0);
+
+/// How many connections this process carries for other processes now.
+pub(crate) fn taken_over() -> usize {
+    TAKEN_OVER.load(Ordering::Acquire)
+}
+
 struct Conn {
     app: TcpStream,
     vs: Held,
@@ -108,6 +116,14 @@ struct Conn {
     down: Vec<u8>,
     up_done: bool,
     down_done: bool,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if matches!(self.vs, Held::Shared(_)) {
+            TAKEN_OVER.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// Kernel events the loop takes per round.
@@ -163,6 +179,9 @@ fn run(lp: &Loop, ep: Epoll, poller: Poller) {
                     Held::Shared(c) => c.take_all_returned(),
                     _ => Vec::new(),
                 };
+                if matches!(vs, Held::Shared(_)) {
+                    TAKEN_OVER.fetch_add(1, Ordering::AcqRel);
+                }
                 let c = Conn { app, vs, up: Vec::new(), down, up_done: false, down_done: false };
                 conns.insert(id, c);
                 due.push(id);

@@ -1748,6 +1748,62 @@ fn a_silent_host_costs_one_dial_per_host(hosts: Hosts) {
     assert!(stat(&p.client.stats, "kernel tcp") >= 4, "{}", stats_text(&p.client.stats));
 }
 
+/// A server accepts, forks, and closes its copy; the child takes the connection over, and the
+/// parent exits while the child still uses it. Kernel TCP keeps the connection for the child;
+/// under netchannel it ends with the parent, whose engine and relay carried it
+/// (docs/ARCHITECTURE.md, "Limits"), and the parent says so on stderr. (The server takes the
+/// connection that says "g": `wait_listening` connects too.)
+fn owner_exit_under_a_child_is_reported(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("owner-exit-{hosts:?}"), true, true);
+    let port = ports(1);
+    let server_py = "import os, socket, sys, time\n\
+         l = socket.create_server(('0.0.0.0', int(sys.argv[1])))\n\
+         while True:\n\
+         \x20   c, _ = l.accept()\n\
+         \x20   if c.recv(1) == b'g': break\n\
+         \x20   c.close()\n\
+         if os.fork() == 0:\n\
+         \x20   l.close()\n\
+         \x20   c.sendall(b'from the child')\n\
+         \x20   time.sleep(2)\n\
+         \x20   os._exit(0)\n\
+         c.close()\n\
+         time.sleep(1)\n";
+    let server = p
+        .server
+        .command("python3", &["-c", server_py, &port.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    p.server.wait_listening(port);
+    let client = format!(
+        "import socket\n\
+         s = socket.create_connection(('{}', {port}), timeout=10)\n\
+         s.sendall(b'g')\n\
+         got = b''\n\
+         while len(got) < 14:\n\
+         \x20   got += s.recv(14 - len(got))\n\
+         print(got.decode())\n",
+        p.server.addr
+    );
+    let out = p.client.run("python3", &["-c", &client], T);
+    assert_eq!(out, "from the child\n");
+    let server = server.wait_with_output().expect("server output");
+    let stderr = String::from_utf8_lossy(&server.stderr);
+    assert!(
+        stderr.contains("exits while another process uses 1 connection(s) it carries"),
+        "stderr: {stderr}\n{}",
+        stats_text(&p.server.stats)
+    );
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -1774,7 +1830,8 @@ crate::both_testbeds!(
     peer_killed,
     stopped_peer,
     small_backlog_burst,
-    bound_listener
+    bound_listener,
+    owner_exit_under_a_child_is_reported
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.
