@@ -1748,6 +1748,79 @@ fn a_silent_host_costs_one_dial_per_host(hosts: Hosts) {
     assert!(stat(&p.client.stats, "kernel tcp") >= 4, "{}", stats_text(&p.client.stats));
 }
 
+/// Redis replication, both servers carried: a master in host B holding 20,000 keys, a replica
+/// in host A that syncs them (diskless: the master's forked child streams the snapshot through
+/// a pipe to the parent, which writes it to the replica's connection), then 5,000 writes more
+/// over the replication stream. The replica ends with the master's keys and digest, as on
+/// kernel TCP.
+fn redis_replication(hosts: Hosts) {
+    if !have("redis-server") || !have("redis-benchmark") {
+        return;
+    }
+    let Some(outputs) = kernel_then_carried(hosts, "redis-replication", |p, _| {
+        let (mport, rport) = (ports(1).to_string(), ports(1).to_string());
+        let (mh, rh) = (p.server.addr.clone(), p.client.addr.clone());
+        let dir = p.dir.display().to_string();
+        let common = ["--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir", &dir];
+        let common = common.into_iter().chain(["--enable-debug-command", "yes"]);
+        let master = p.server.spawn(
+            "redis-server",
+            &["--port", &mport, "--bind", &mh, "--repl-diskless-sync", "yes"]
+                .into_iter()
+                .chain(["--repl-diskless-sync-delay", "0", "--dbfilename", "m.rdb"])
+                .chain(common.clone())
+                .collect::<Vec<_>>(),
+        );
+        p.server.wait_listening(mport.parse().unwrap());
+        let on = |side: &Side, h: &str, port: &str, args: &[&str]| {
+            let mut a = vec!["-h", h, "-p", port, "--raw"];
+            a.extend_from_slice(args);
+            side.run("redis-cli", &a, T)
+        };
+        on(&p.server, &mh, &mport, &["debug", "populate", "20000", "key", "100"]);
+        let replica = p.client.spawn(
+            "redis-server",
+            &["--port", &rport, "--bind", &rh, "--replicaof", &mh, &mport]
+                .into_iter()
+                .chain(["--dbfilename", "r.rdb"])
+                .chain(common)
+                .collect::<Vec<_>>(),
+        );
+        p.client.wait_listening(rport.parse().unwrap());
+        let synced = |want: &str| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let info = on(&p.client, &rh, &rport, &["info", "replication"]);
+                if info.contains("master_link_status:up")
+                    && on(&p.client, &rh, &rport, &["dbsize"]).trim() == want
+                {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "replica not in sync: {info}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
+        synced("20000");
+        let out = p.client.run(
+            "redis-benchmark",
+            &["-h", &mh, "-p", &mport, "-t", "set", "-n", "5000", "-r", "1000000", "-q"],
+            T,
+        );
+        assert!(out.contains("SET"), "{out}");
+        let keys = on(&p.server, &mh, &mport, &["dbsize"]).trim().to_string();
+        synced(&keys);
+        let digest = on(&p.server, &mh, &mport, &["debug", "digest"]);
+        assert_eq!(on(&p.client, &rh, &rport, &["debug", "digest"]), digest, "digests");
+        replica.stop();
+        master.stop();
+        format!("replica holds the master's {} keys\n", keys.parse::<u64>().unwrap() > 20000)
+    }) else {
+        return;
+    };
+    assert_eq!(outputs[0], "replica holds the master's true keys\n", "kernel TCP");
+    assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
+}
+
 /// A server accepts, forks, and closes its copy; the child takes the connection over, and the
 /// parent exits while the child still uses it. Kernel TCP keeps the connection for the child;
 /// under netchannel it ends with the parent, whose engine and relay carried it
@@ -1831,7 +1904,8 @@ crate::both_testbeds!(
     stopped_peer,
     small_backlog_burst,
     bound_listener,
-    owner_exit_under_a_child_is_reported
+    owner_exit_under_a_child_is_reported,
+    redis_replication
 );
 
 /// The launcher names what it cannot carry instead of running it on kernel TCP.
