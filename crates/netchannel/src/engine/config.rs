@@ -224,7 +224,7 @@ pub struct Config {
     /// backlog: outside isolation too they run at `throughput_policy` unless a channel of
     /// theirs waited for room in its socket lately (docs/ARCHITECTURE.md, "Workers that
     /// yield"; `netchannel run --workers-yield`). Off by default: request-response programs
-    /// gained and a bulk receiver lost on a 2-core host.
+    /// gained and a bulk transfer lost on a 2-core host.
     pub workers_yield: bool,
     /// Scheduling of the worker that serves latency-class channels.
     pub latency_policy: ThreadPolicy,
