@@ -299,7 +299,7 @@ fn yielding_workers_leave_the_cores_to_the_program() {
     let l = b.listen(6).unwrap();
     let s = a.connect(b.local_addr(), 6).unwrap();
     let p = l.accept().unwrap();
-    // Traffic both ways leaves it yielding: no backlog waits for room in a socket.
+    // Traffic leaves it yielding: no backlog waits for room in a socket.
     for _ in 0..100 {
         s.send(&[7u8; 4096]).unwrap();
         let mut buf = [0u8; 4096];
