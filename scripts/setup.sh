@@ -28,6 +28,12 @@ have javac || need_apt+=(default-jdk-headless) # the java test (source-file laun
 have python3 || need_apt+=(python3) # scripts/sched-trace.py, the dual-stack listener test
 have socat || need_apt+=(socat) # docs/bench/short-lived/run.sh (a server that forks per connection)
 have valgrind || need_apt+=(valgrind) # docs/bench/guard-wakes/callgrind.sh (instructions per key)
+# docs/bench/probing-11-29: programs tried as a user would (rsync daemon, netcat, iperf 2, lighttpd + ab).
+have rsync || need_apt+=(rsync)
+have nc || need_apt+=(netcat-openbsd)
+have iperf || need_apt+=(iperf)
+have lighttpd || need_apt+=(lighttpd)
+have ab || need_apt+=(apache2-utils)
 [[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need_apt+=(fonts-dejavu-core)
 
 if ((${#need_apt[@]})); then
