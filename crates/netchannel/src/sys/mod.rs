@@ -654,8 +654,7 @@ pub fn set_thread_policy(policy: ThreadPolicy, cpus: Option<&[usize]>) -> io::Re
                     return Err(io::Error::last_os_error());
                 }
             }
-            let nice = if let ThreadPolicy::Nice(n) = policy { n as i32 } else { 0 };
-            rustix::process::setpriority_process(Some(tid), nice)?;
+            set_nice(tid, policy)?;
         }
         ThreadPolicy::Idle => {
             let param = libc::sched_param { sched_priority: 0 };
@@ -674,6 +673,12 @@ pub fn set_thread_policy(policy: ThreadPolicy, cpus: Option<&[usize]>) -> io::Re
         rustix::thread::sched_setaffinity(None, &set)?;
     }
     Ok(())
+}
+
+/// Sets the nice value `policy` names (`Normal`: 0) on thread `tid`, its policy as it is.
+fn set_nice(tid: rustix::thread::Pid, policy: ThreadPolicy) -> io::Result<()> {
+    let nice = if let ThreadPolicy::Nice(n) = policy { n as i32 } else { 0 };
+    Ok(rustix::process::setpriority_process(Some(tid), nice)?)
 }
 
 /// An fd kept in reserve (on /dev/null) to be closed when the process runs out of fds: room
@@ -727,13 +732,19 @@ pub fn demote_thread(policy: ThreadPolicy) -> io::Result<Option<Schedule>> {
     if base != libc::SCHED_OTHER && base != libc::SCHED_BATCH {
         return Ok(None);
     }
+    let tid = rustix::thread::gettid();
     let nice = match policy {
+        // SCHED_OTHER or SCHED_BATCH (above): the nice value alone, the policy not read again.
         ThreadPolicy::Normal | ThreadPolicy::Nice(_) => {
-            Some(rustix::process::getpriority_process(Some(rustix::thread::gettid()))?)
+            let before = rustix::process::getpriority_process(Some(tid))?;
+            set_nice(tid, policy)?;
+            Some(before)
         }
-        ThreadPolicy::Idle => None,
+        ThreadPolicy::Idle => {
+            set_thread_policy(policy, None)?;
+            None
+        }
     };
-    set_thread_policy(policy, None)?;
     Ok(Some(Schedule { policy: found, nice }))
 }
 
