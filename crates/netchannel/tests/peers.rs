@@ -254,22 +254,36 @@ fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(ho
         c.channel_retire_after = std::time::Duration::from_millis(300);
         // Idle, it would give back channels down to one (the test after this one).
         c.rest_channels_rate = 0;
+        // Busy at any speed the machine allows: what is tested is the count, not the rate.
+        c.busy_thread_rate = 1 << 20;
     });
     let l = b.listen(9).unwrap();
     // Four threads each send on a socket of their own, until the session has a channel for
-    // each (the accepting side sees them too).
-    let round = |seed: u64| {
+    // each (the accepting side sees them too). The counts are taken while all four still send:
+    // once one stops, the session may rightly begin to give channels back.
+    let round = |seed: u64| -> (usize, usize) {
+        let ready = std::sync::atomic::AtomicUsize::new(0);
+        let seen = std::sync::Mutex::new((0, 0));
         std::thread::scope(|scope| {
             for t in 0..4u64 {
                 let s = a.connect(b.local_addr(), 9).unwrap();
                 let p = l.accept().unwrap();
-                let a = &a;
+                let (a, b, ready, seen) = (&a, &b, &ready, &seen);
                 scope.spawn(move || {
                     let reader = std::thread::spawn(move || recv_pattern(&p, seed + t, 64 << 10));
                     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
                     let (mut sent, mut buf) = (0u64, vec![0u8; 64 << 10]);
-                    while throughput(a) < 4 || sent < 4 << 20 {
-                        assert!(std::time::Instant::now() < deadline, "{} channels", throughput(a));
+                    let mut counted = false;
+                    while ready.load(std::sync::atomic::Ordering::SeqCst) < 4 {
+                        let now = (throughput(a), throughput(b));
+                        assert!(std::time::Instant::now() < deadline, "{now:?} channels");
+                        if !counted && now.0 >= 4 && now.1 >= 4 && sent >= 4 << 20 {
+                            counted = true;
+                            if ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 3 {
+                                // The last to get there: every thread is still sending.
+                                *seen.lock().unwrap() = (throughput(a), throughput(b));
+                            }
+                        }
                         pattern(seed + t, sent, &mut buf);
                         (&s).write_all(&buf).unwrap();
                         sent += buf.len() as u64;
@@ -279,18 +293,16 @@ fn channels_grow_with_the_threads_that_send_and_are_given_back_when_they_stop(ho
                 });
             }
         });
+        seen.into_inner().unwrap()
     };
-    round(10);
-    assert_eq!(throughput(&a), 4, "a channel per thread, max_channels 4");
-    wait_for_throughput(&b, 4, "the accepting side");
+    assert_eq!(round(10), (4, 4), "a channel per thread, max_channels 4, on both sides");
     // The threads stopped: within a few retire_after, back to `channels`, on both sides, and
     // nothing dialed again.
     wait_for_throughput(&a, 2, "given back");
     wait_for_throughput(&b, 2, "the accepting side, given back");
     assert_given_back(&a, 2);
     // They come back when the threads do (the indexes given back are taken again).
-    round(20);
-    assert_eq!(throughput(&a), 4);
+    assert_eq!(round(20), (4, 4));
     let mut indexes: Vec<u16> = a.stats().channels.iter().map(|c| c.channel.index).collect();
     indexes.sort();
     assert!(indexes.iter().all(|&i| i <= 4), "no new indexes: {indexes:?}");

@@ -87,9 +87,13 @@ pub struct Config {
     pub rest_channels_rate: u64,
     /// Most throughput-class channels per peer. While senders find every channel of the class
     /// holding its share of unsent bytes, or more application threads are busy sending to the
-    /// peer (64 MiB or more in a second) than it has channels (each thread's streams keep
+    /// peer (`busy_thread_rate`) than it has channels (each thread's streams keep
     /// to a channel of their own), the dialing engine adds one, up to this.
     pub max_channels: usize,
+    /// Bytes a second an application thread must send to a peer to be busy on it and want a
+    /// throughput channel of its own (`max_channels`). A channel of its own pays for a thread
+    /// that moves many bytes; threads of small messages are better off sharing one.
+    pub busy_thread_rate: u64,
     /// A session of this engine's dialing with more throughput channels than `channels` (than
     /// one when it has been idle this long: `rest_channels_rate`) and than the application
     /// threads busy on it (see `max_channels`), for this long, closes one (then waits as long
@@ -294,6 +298,7 @@ impl std::fmt::Debug for Config {
             .field("netns", &self.netns)
             .field("channels", &self.channels)
             .field("max_channels", &self.max_channels)
+            .field("busy_thread_rate", &self.busy_thread_rate)
             .field("latency_channels", &self.latency_channels)
             .field("policy", &self.policy)
             .field("workers", &self.workers)
@@ -319,6 +324,7 @@ impl Default for Config {
             rest_channels_after: Duration::from_millis(50),
             rest_channels_rate: 16 << 20,
             max_channels: 8,
+            busy_thread_rate: 64 << 20,
             channel_retire_after: Duration::from_secs(10),
             latency_channels: 1,
             session_shards: cores().clamp(1, 16),
@@ -407,6 +413,9 @@ impl Config {
         }
         if self.session_shards == 0 || self.session_shards > MAX_SHARDS {
             return bad(format!("session_shards must be in 1..={MAX_SHARDS}"));
+        }
+        if self.busy_thread_rate == 0 {
+            return bad("busy_thread_rate must be > 0".into());
         }
         if self.channel_retire_after < Duration::from_millis(10) {
             return bad("channel_retire_after must be at least 10 ms".into());

@@ -539,6 +539,7 @@ impl EngineCtx {
             min_channels: c.channels,
             idle_rate: c.rest_channels_rate,
             retire_after: c.channel_retire_after,
+            busy_thread_rate: c.busy_thread_rate,
         }
     }
 

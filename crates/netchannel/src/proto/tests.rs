@@ -832,7 +832,7 @@ fn open_as(p: &mut Pair, thread: u16) -> (StreamId, StreamId) {
 }
 
 /// Side 0's application thread `thread` sends enough on stream `a` to count as busy (more than
-/// `BUSY_BYTES` in a window).
+/// `busy_thread_rate` in a window).
 fn busy(p: &mut Pair, a: StreamId, thread: u16) {
     for _ in 0..100 {
         p.sides[0].set_thread(a, thread, p.now, 1 << 20);

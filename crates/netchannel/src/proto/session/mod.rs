@@ -89,6 +89,9 @@ pub struct CoreConfig {
     /// A session that has had more throughput channels than busy threads (and than
     /// `min_channels`) for this long gives one back (`surplus_channel`).
     pub retire_after: Duration,
+    /// Bytes a second an application thread sends on the session's streams to count as busy
+    /// (it wants a channel of its own: `wants_channel`).
+    pub busy_thread_rate: u64,
 }
 
 impl Default for CoreConfig {
@@ -114,6 +117,7 @@ impl Default for CoreConfig {
             min_channels: 4,
             idle_rate: 0,
             retire_after: Duration::from_secs(10),
+            busy_thread_rate: 64 << 20,
         }
     }
 }
@@ -285,6 +289,7 @@ const RST_WAIT: Duration = Duration::from_secs(1);
 
 impl<U: Default> Session<U> {
     pub fn new(cfg: CoreConfig) -> Self {
+        let busy_thread_rate = cfg.busy_thread_rate;
         Session {
             streams: Table::new(cfg.max_streams),
             active: ActiveQueues::new(cfg.policy, MAX_CHANNEL_INDEX as usize + 1),
@@ -313,7 +318,7 @@ impl<U: Default> Session<U> {
             spares: SpareChunks::default(),
             acked_streams: Vec::new(),
             kicked: 0,
-            thread_turns: ThreadTurns::default(),
+            thread_turns: ThreadTurns::new(busy_thread_rate),
             surplus_since: None,
             surplus_checked: None,
             traffic_looked: None,

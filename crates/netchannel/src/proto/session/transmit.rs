@@ -13,8 +13,8 @@ const SPACE_WAKE_QUANTUM: u64 = 64 * 1024;
 /// Application threads a session tells apart for homes (`Session::thread_turn`).
 const MAX_THREAD_TURNS: usize = 256;
 
-/// A thread that sent at least `BUSY_BYTES` on the session's streams within one of the last two
-/// windows of this many nanoseconds is busy (opening a stream does not count: the opener may
+/// A thread that sent at least `CoreConfig::busy_thread_rate` bytes (64 MiB by default) on the
+/// session's streams within one of the last two windows of this many nanoseconds is busy (opening a stream does not count: the opener may
 /// hand it to another thread): the session wants a throughput channel for each
 /// (`wants_channel`), and a backlog keeps to its thread's channel while more than one is
 /// (`data_home`). A channel of its own pays for a thread that moves many bytes (the staging
@@ -23,9 +23,8 @@ const MAX_THREAD_TURNS: usize = 256;
 /// threads' messages in each read and write (memcslap's 16 threads of small requests took 11%
 /// longer on 8 channels than on 4; docs/BENCHMARKS.md, "Channels per thread").
 const ACTIVE_WINDOW_NS: u64 = 1_000_000_000;
-const BUSY_BYTES: u64 = 64 << 20;
 
-/// What one send counts toward `BUSY_BYTES` at most (a large write is sent in several calls,
+/// What one send counts toward being busy at most (a large write is sent in several calls,
 /// each with all that is left of it).
 const MAX_COUNTED_SEND: u64 = 4 << 20;
 
@@ -48,8 +47,8 @@ struct ThreadUse {
 }
 
 impl ThreadUse {
-    fn busy(&self) -> bool {
-        self.bytes.max(self.bytes_before) >= BUSY_BYTES
+    fn busy(&self, busy_bytes: u64) -> bool {
+        self.bytes.max(self.bytes_before) >= busy_bytes
     }
 }
 
@@ -63,9 +62,15 @@ pub(super) struct ThreadTurns {
     window: u64,
     active: usize,
     counted_at: u64,
+    /// Bytes in a window that make a thread busy (`CoreConfig::busy_thread_rate`).
+    busy_bytes: u64,
 }
 
 impl ThreadTurns {
+    pub(super) fn new(busy_bytes: u64) -> Self {
+        ThreadTurns { busy_bytes: busy_bytes.max(1), ..ThreadTurns::default() }
+    }
+
     /// Thread `turn` sends `bytes` on a stream at `now`. One that becomes busy counts at once;
     /// those that stop are found by the next count.
     fn used(&mut self, turn: u16, now: u64, bytes: u64) {
@@ -73,9 +78,9 @@ impl ThreadTurns {
             self.recount(now);
         }
         if let Some(t) = self.threads.get_mut(turn as usize) {
-            let was = t.busy();
+            let was = t.busy(self.busy_bytes);
             t.bytes = t.bytes.saturating_add(bytes.min(MAX_COUNTED_SEND));
-            if !was && t.busy() {
+            if !was && t.busy(self.busy_bytes) {
                 self.active += 1;
             }
         }
@@ -93,7 +98,8 @@ impl ThreadTurns {
             }
             self.window = now;
         }
-        self.active = self.threads.iter().filter(|t| t.busy()).count();
+        let busy_bytes = self.busy_bytes;
+        self.active = self.threads.iter().filter(|t| t.busy(busy_bytes)).count();
         self.counted_at = now;
     }
 
