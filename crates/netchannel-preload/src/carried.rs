@@ -728,8 +728,12 @@ impl Carried {
                         }
                         break if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                     }
-                    if let Err(outcome) = self.block(true, deadline, seen, timeout.is_some(), got) {
+                    let relayed = self.handed_over.load(Ordering::Acquire);
+                    if let Err(outcome) = self.block_read(deadline, seen, timeout.is_some(), got) {
                         break outcome;
+                    }
+                    if relayed {
+                        got += self.take_returned_at(bufs, got);
                     }
                 }
                 Err(e) => {
@@ -886,8 +890,19 @@ impl Carried {
         has_timeout: bool,
         done: usize,
     ) -> Result<(), Result<usize, i32>> {
+        let woke = self.vs.wait_ready(read, !read, deadline, interruptible());
+        Self::wait_outcome(woke, seen, has_timeout, done)
+    }
+
+    /// What a blocking call does after its wait: goes on (`Ok`), or returns what it has.
+    fn wait_outcome(
+        woke: io::Result<()>,
+        seen: signals::Snapshot,
+        has_timeout: bool,
+        done: usize,
+    ) -> Result<(), Result<usize, i32>> {
         let so_far = || if done > 0 { Ok(done) } else { Err(libc::EAGAIN) };
-        match self.vs.wait_ready(read, !read, deadline, interruptible()) {
+        match woke {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(so_far()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {
@@ -1266,24 +1281,69 @@ impl Carried {
 
     /// A read on a handed-over connection: if the taker has closed its end (the relay may not
     /// have seen it yet), waits for the relay to give the connection back, so that bytes it
-    /// would otherwise pass to the closed end stay in order for this read. Bounded: the relay
-    /// sees the close within its next round.
+    /// would otherwise pass to the closed end stay in order for this read. The relay sees the
+    /// close within its next round, however long a loaded machine keeps it from running (a
+    /// bound of 200 ms let a read go on beside it: the relay then took the reply, gave it
+    /// back, and the read slept on the stream for good); `GIVE_BACK_WAIT` only keeps a broken
+    /// relay from hanging the program.
     fn await_retired(&self) {
-        let closed = {
-            let sh = self.share.lock();
-            let Some(link) = &sh.link else { return };
-            let mut p = [PollFd::new(link, PollFlags::RDHUP)];
-            let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-            rustix::event::poll(&mut p, Some(&zero)).is_ok()
-                && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP)
-        };
-        if !closed {
+        if !self.taker_closed() {
             return;
         }
-        let until = Instant::now() + std::time::Duration::from_millis(200);
-        while self.handed_over.load(Ordering::Acquire) && Instant::now() < until {
-            std::thread::sleep(std::time::Duration::from_micros(50));
+        let start = Instant::now();
+        while self.handed_over.load(Ordering::Acquire) && start.elapsed() < GIVE_BACK_WAIT {
+            let waited = start.elapsed();
+            let nap = if waited < std::time::Duration::from_millis(5) { 50 } else { 1000 };
+            std::thread::sleep(std::time::Duration::from_micros(nap));
         }
+    }
+
+    /// Whether the process that took this connection over has closed its end (the relay may
+    /// not have seen it yet); false while no relay serves a taker.
+    pub(crate) fn taker_closed(&self) -> bool {
+        let sh = self.share.lock();
+        let Some(link) = &sh.link else { return false };
+        let mut p = [PollFd::new(link, PollFlags::RDHUP)];
+        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+        rustix::event::poll(&mut p, Some(&zero)).is_ok()
+            && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP)
+    }
+
+    /// A blocking read's wait. On a connection another process took over, the relay may give
+    /// it back while the thread waits, and the bytes it read for the taker then come back as
+    /// given-back bytes, not through the stream: that wait is cut into `GIVE_BACK_SLICE`s,
+    /// each followed by a look at them (`Ok` without data, and the caller's loop reads them).
+    fn block_read(
+        &self,
+        deadline: Option<Instant>,
+        seen: signals::Snapshot,
+        has_timeout: bool,
+        done: usize,
+    ) -> Result<(), Result<usize, i32>> {
+        if !self.handed_over.load(Ordering::Acquire) {
+            return self.block(true, deadline, seen, has_timeout, done);
+        }
+        let slice = Instant::now() + GIVE_BACK_SLICE;
+        let until = deadline.map_or(slice, |d| d.min(slice));
+        match self.vs.wait_ready(true, false, Some(until), interruptible()) {
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && until == slice => Ok(()),
+            woke => Self::wait_outcome(woke, seen, has_timeout, done),
+        }
+    }
+
+    /// Bytes given back into `bufs` after their first `skip` bytes (already filled).
+    fn take_returned_at(&self, bufs: &mut [IoSliceMut<'_>], skip: usize) -> usize {
+        let mut sh = self.share.lock();
+        let (mut at, mut copied) = (0, 0);
+        for b in bufs.iter_mut() {
+            let from = skip.saturating_sub(at).min(b.len());
+            at += b.len();
+            let n = (b.len() - from).min(sh.returned.len() - copied);
+            netchannel::copy::copy(&mut b[from..from + n], &sh.returned[copied..copied + n]);
+            copied += n;
+        }
+        sh.returned.drain(..copied);
+        copied
     }
 
     /// P shows readable (a token is in it, or the peer's FIN is mirrored), or its wait reports
@@ -1546,6 +1606,14 @@ fn scatter(mut data: &[u8], bufs: &mut [IoSliceMut<'_>]) -> usize {
 
 /// How long a non-blocking read that P told "readable" waits for the stream to settle.
 const SETTLE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The longest a read waits for the relay to give back a connection whose taker closed its end
+/// (`Carried::await_retired`).
+const GIVE_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a blocked read on a handed-over connection sleeps before it looks for bytes given
+/// back (`Carried::block_read`).
+const GIVE_BACK_SLICE: std::time::Duration = std::time::Duration::from_millis(20);
 
 fn uninterruptible() -> SignalPolicy<'static> {
     SignalPolicy { interruptible: false, mask: None }

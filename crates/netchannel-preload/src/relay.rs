@@ -100,11 +100,13 @@ pub(crate) fn relay(app: TcpStream, vs: Held) {
 
 /// Connections of this process another process took over, which its relay loops serve
 /// (`Held::Shared`): this process's exit ends them (docs/ARCHITECTURE.md, "Limits").
-static TAKEN_OVER: AtomicUsize = AtomicUsize::new(0);
+static TAKEN_OVER: Mutex<Vec<Arc<Carried>>> = Mutex::new(Vec::new());
 
-/// How many connections this process carries for other processes now.
+/// How many connections this process carries for other processes that still hold them: a
+/// taker that closed its end is not counted, whether or not a relay loop has seen it yet (on
+/// a loaded machine it may not have when this process exits).
 pub(crate) fn taken_over() -> usize {
-    TAKEN_OVER.load(Ordering::Acquire)
+    TAKEN_OVER.lock().iter().filter(|c| !c.taker_closed()).count()
 }
 
 struct Conn {
@@ -120,8 +122,8 @@ struct Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if matches!(self.vs, Held::Shared(_)) {
-            TAKEN_OVER.fetch_sub(1, Ordering::AcqRel);
+        if let Held::Shared(c) = &self.vs {
+            TAKEN_OVER.lock().retain(|t| !Arc::ptr_eq(t, c));
         }
     }
 }
@@ -179,8 +181,8 @@ fn run(lp: &Loop, ep: Epoll, poller: Poller) {
                     Held::Shared(c) => c.take_all_returned(),
                     _ => Vec::new(),
                 };
-                if matches!(vs, Held::Shared(_)) {
-                    TAKEN_OVER.fetch_add(1, Ordering::AcqRel);
+                if let Held::Shared(c) = &vs {
+                    TAKEN_OVER.lock().push(c.clone());
                 }
                 let c = Conn { app, vs, up: Vec::new(), down, up_done: false, down_done: false };
                 conns.insert(id, c);
