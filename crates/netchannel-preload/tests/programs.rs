@@ -146,7 +146,7 @@ fn iperf3(hosts: Hosts) {
     let port = ports(1).to_string();
     let h = p.server.addr.clone();
     let server = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
-    p.server.wait_listening(port.parse().unwrap());
+    p.server.wait_listening_quietly(port.parse().unwrap());
     let base = ["-c", &h, "-p", &port, "-t", "1", "--json"];
     let run = |extra: &[&str]| {
         let mut a = base.to_vec();
@@ -183,7 +183,7 @@ fn fallback(hosts: Hosts) {
     let port = ports(1).to_string();
     let h = p.server.addr.clone();
     let server = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
-    p.server.wait_listening(port.parse().unwrap());
+    p.server.wait_listening_quietly(port.parse().unwrap());
     let out = p.client.run("iperf3", &["-c", &h, "-p", &port, "-t", "1", "--json"], T);
     assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
     assert_eq!(stat(&p.client.stats, "virtual sockets"), 0);
@@ -192,7 +192,7 @@ fn fallback(hosts: Hosts) {
 
     let p = Pair::new(p.tb, &format!("fallback2-{hosts:?}"), false, true);
     let server = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
-    p.server.wait_listening(port.parse().unwrap());
+    p.server.wait_listening_quietly(port.parse().unwrap());
     let out = p.client.run("iperf3", &["-c", &h, "-p", &port, "-t", "1", "--json", "-R"], T);
     assert!(iperf_bps(&out, "sum_received") > 1e6, "{out}");
     server.stop();
@@ -202,7 +202,7 @@ fn fallback(hosts: Hosts) {
     // stays on kernel TCP, works, and the program is told so on stderr.
     let p = Pair::new(p.tb, &format!("fallback3-{hosts:?}"), false, true);
     let owner = p.server.spawn("iperf3", &["-s", "-p", &port, "-B", &h]);
-    p.server.wait_listening(port.parse().unwrap());
+    p.server.wait_listening_quietly(port.parse().unwrap());
     let port2 = ports(1).to_string();
     let second = {
         let (server, h, port2) = (p.server.clone(), h.clone(), port2.clone());

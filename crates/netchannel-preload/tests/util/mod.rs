@@ -146,6 +146,30 @@ impl Side {
     }
 
     /// Waits until something accepts TCP connections at `port` on this side's address.
+    /// Waits (up to 10 s) until a socket listens on `port`, without connecting to it: a server
+    /// that takes each connection for a client of its own (iperf3 runs a test on it, fails it
+    /// when it closes, and resets what arrives meanwhile) must not be probed.
+    pub fn wait_listening_quietly(&self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let filter = format!("sport = :{port}");
+        loop {
+            let mut c = match &self.netns {
+                Some(ns) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", ns, "ss"]);
+                    c
+                }
+                None => Command::new("ss"),
+            };
+            let out = c.args(["-Hltn", &filter]).output().expect("ss");
+            if !out.stdout.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nothing listens on {}:{port}", self.addr);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn wait_listening(&self, port: u16) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let probe = format!("exec 3<>/dev/tcp/{}/{port}", self.addr);
