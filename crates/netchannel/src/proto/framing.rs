@@ -191,6 +191,8 @@ impl<B: Buffers> FrameReader<B> {
             // the first pages of its 256 KiB (measured: about 200 KB resident per channel of
             // 4 KiB RPCs without this), and a busy one reuses warm memory.
             let _whole = super::reclaim_whole(&mut self.buf);
+            // And away from the start of a page, where the kernel's copies are slow.
+            crate::copy::clear_of_page_start(&mut self.buf);
         }
         let room = self.buf.capacity() - self.buf.len();
         if room < want.min(MIN_ROOM) && !self.buf.try_reclaim(want) {
