@@ -248,7 +248,12 @@ mod tests {
         Buffers::retire(&pool, again);
         drop(held);
         let reused = Buffers::staging(&pool, READ_SIZE);
-        assert_eq!(reused.as_ptr(), first, "the first buffer's memory, taken up again");
+        // (The reader's reads started up to 63 bytes into it: `copy::clear_of_page_start`.)
+        let reused_at = reused.as_ptr().addr();
+        assert!(
+            (reused_at..reused_at + 64).contains(&first.addr()),
+            "the first buffer's memory, taken up again"
+        );
         assert!(reused.capacity() >= READ_SIZE && reused.is_empty());
         drop((out, second));
         // Bounded: at most twice `max` retired buffers are kept.
