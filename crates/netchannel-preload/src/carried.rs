@@ -793,7 +793,8 @@ impl Carried {
                         }
                         break;
                     }
-                    match self.block(true, deadline, seen, timeout.is_some(), have) {
+                    // Bytes given back meanwhile join `returned`, which the next round counts.
+                    match self.block_read(deadline, seen, timeout.is_some(), have) {
                         Ok(()) => {}
                         Err(Ok(_)) => break, // the timeout or a signal, with bytes to peek
                         Err(Err(errno)) => return Err(errno),
@@ -828,7 +829,7 @@ impl Carried {
             if let Some(outcome) = self.read_at_once(fd, flags, Err(libc::EFAULT)) {
                 return outcome;
             }
-            if let Err(outcome) = self.block(true, deadline, seen, timeout.is_some(), 0) {
+            if let Err(outcome) = self.block_read(deadline, seen, timeout.is_some(), 0) {
                 return outcome;
             }
         }
