@@ -90,7 +90,7 @@ pub fn extend<B: Append>(buf: &mut B, data: &[u8]) {
 /// writes each message from the start of a page of its socket memory (the kernel starts its
 /// page over once the reader has emptied it), and a read buffer from `malloc` starts 16 bytes
 /// into a page: every read at the buffer's front was in the slow case. Measured with memcached
-/// as the server: its `_copy_to_iter` took 1.0 us a key, 0.2-0.34 with this, 0.27 on kernel
+/// as the server: its `_copy_to_iter` took 1.0 us a key, 0.2-0.34 with this, 0.18-0.27 on kernel
 /// TCP (docs/BENCHMARKS.md, "The kernel's copies are slow at the same distance"). At most
 /// `NEAR - 1` bytes of the buffer are given up.
 pub fn clear_of_page_start(buf: &mut BytesMut) {
