@@ -450,11 +450,7 @@ impl Carried {
                 break;
             }
             m.ballast += 1;
-            let mut p = [PollFd::new(&fd, PollFlags::OUT)];
-            let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-            if rustix::event::poll(&mut p, Some(&zero)).is_ok()
-                && !p[0].revents().contains(PollFlags::OUT)
-            {
+            if revents_now(fd, PollFlags::OUT).is_some_and(|r| !r.contains(PollFlags::OUT)) {
                 break;
             }
         }
@@ -1166,10 +1162,7 @@ impl Carried {
             match &m.l {
                 None => true,
                 Some(l) => {
-                    let mut p = [PollFd::new(l, PollFlags::empty())];
-                    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-                    rustix::event::poll(&mut p, Some(&zero)).is_ok()
-                        && p[0].revents().contains(PollFlags::HUP)
+                    revents_now(l, PollFlags::empty()).is_some_and(|r| r.contains(PollFlags::HUP))
                 }
             }
         };
@@ -1304,10 +1297,8 @@ impl Carried {
     pub(crate) fn taker_closed(&self) -> bool {
         let sh = self.share.lock();
         let Some(link) = &sh.link else { return false };
-        let mut p = [PollFd::new(link, PollFlags::RDHUP)];
-        let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-        rustix::event::poll(&mut p, Some(&zero)).is_ok()
-            && p[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP)
+        revents_now(link, PollFlags::RDHUP)
+            .is_some_and(|r| r.intersects(PollFlags::RDHUP | PollFlags::HUP))
     }
 
     /// A blocking read's wait. On a connection another process took over, the relay may give
@@ -1615,6 +1606,14 @@ const GIVE_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a blocked read on a handed-over connection sleeps before it looks for bytes given
 /// back (`Carried::block_read`).
 const GIVE_BACK_SLICE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What `fd` reports for `events` now (a poll that does not wait); `None` if the poll failed.
+fn revents_now(fd: impl AsFd, events: PollFlags) -> Option<PollFlags> {
+    let mut p = [PollFd::new(&fd, events)];
+    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    rustix::event::poll(&mut p, Some(&zero)).ok()?;
+    Some(p[0].revents())
+}
 
 fn uninterruptible() -> SignalPolicy<'static> {
     SignalPolicy { interruptible: false, mask: None }

@@ -145,7 +145,18 @@ impl Side {
         Server(child)
     }
 
-    /// Waits until something accepts TCP connections at `port` on this side's address.
+    /// `prog` in this side's namespace, never under `netchannel run` (the harness's own tools).
+    fn plain(&self, prog: &str) -> Command {
+        match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, prog]);
+                c
+            }
+            None => Command::new(prog),
+        }
+    }
+
     /// Waits (up to 10 s) until a socket listens on `port`, without connecting to it: a server
     /// that takes each connection for a client of its own (iperf3 runs a test on it, fails it
     /// when it closes, and resets what arrives meanwhile) must not be probed.
@@ -153,15 +164,7 @@ impl Side {
         let deadline = Instant::now() + Duration::from_secs(10);
         let filter = format!("sport = :{port}");
         loop {
-            let mut c = match &self.netns {
-                Some(ns) => {
-                    let mut c = Command::new("ip");
-                    c.args(["netns", "exec", ns, "ss"]);
-                    c
-                }
-                None => Command::new("ss"),
-            };
-            let out = c.args(["-Hltn", &filter]).output().expect("ss");
+            let out = self.plain("ss").args(["-Hltn", &filter]).output().expect("ss");
             if !out.stdout.is_empty() {
                 return;
             }
@@ -170,22 +173,13 @@ impl Side {
         }
     }
 
+    /// Waits until something accepts TCP connections at `port` on this side's address.
     pub fn wait_listening(&self, port: u16) {
         let deadline = Instant::now() + Duration::from_secs(10);
         let probe = format!("exec 3<>/dev/tcp/{}/{port}", self.addr);
         loop {
-            let mut c = match &self.netns {
-                Some(ns) => {
-                    let mut c = Command::new("ip");
-                    c.args(["netns", "exec", ns, "bash", "-c", &probe]);
-                    c
-                }
-                None => {
-                    let mut c = Command::new("bash");
-                    c.args(["-c", &probe]);
-                    c
-                }
-            };
+            let mut c = self.plain("bash");
+            c.args(["-c", &probe]);
             if c.stderr(Stdio::null()).status().is_ok_and(|s| s.success()) {
                 return;
             }
