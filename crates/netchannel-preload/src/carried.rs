@@ -41,13 +41,14 @@ use parking_lot::Mutex;
 use rustix::event::{PollFd, PollFlags};
 use rustix::net::{RecvFlags, SendFlags};
 
+use crate::forklock::ForkMutex;
 use crate::interpose::{raise_sigpipe, signals};
 use crate::process::{pid, relocate, COUNTERS};
 
 /// Carried connections by id: how a process that inherited a placeholder (fork, exec,
 /// `SCM_RIGHTS`) finds the connection through the relay, and who holds it while the owner's
 /// own fds are closed but a copy of P lives elsewhere.
-static REGISTRY: Mutex<Option<HashMap<u64, Arc<Carried>>>> = Mutex::new(None);
+static REGISTRY: ForkMutex<Option<HashMap<u64, Arc<Carried>>>> = ForkMutex::new(None);
 
 /// `TCP_INFO`'s state of a closed connection (`Carried::tcp_state`).
 pub(crate) const TCP_CLOSE: u8 = 7;
@@ -724,12 +725,14 @@ impl Carried {
                         }
                         break if got > 0 { Ok(got) } else { Err(libc::EAGAIN) };
                     }
-                    let relayed = self.handed_over.load(Ordering::Acquire);
-                    if let Err(outcome) = self.block_read(deadline, seen, timeout.is_some(), got) {
-                        break outcome;
-                    }
-                    if relayed {
-                        got += self.take_returned_at(bufs, got);
+                    match self.block_read(deadline, seen, timeout.is_some(), got) {
+                        Err(outcome) => break outcome,
+                        // A peek copies them and leaves them first in line.
+                        Ok(true) if peek && self.has_returned() => {
+                            break Ok(self.take_returned(bufs, true).unwrap_or(0));
+                        }
+                        Ok(true) if !peek => got += self.take_returned_at(bufs, got),
+                        Ok(_) => {}
                     }
                 }
                 Err(e) => {
@@ -791,7 +794,7 @@ impl Carried {
                     }
                     // Bytes given back meanwhile join `returned`, which the next round counts.
                     match self.block_read(deadline, seen, timeout.is_some(), have) {
-                        Ok(()) => {}
+                        Ok(_) => {}
                         Err(Ok(_)) => break, // the timeout or a signal, with bytes to peek
                         Err(Err(errno)) => return Err(errno),
                     }
@@ -1301,25 +1304,32 @@ impl Carried {
             .is_some_and(|r| r.intersects(PollFlags::RDHUP | PollFlags::HUP))
     }
 
-    /// A blocking read's wait. On a connection another process took over, the relay may give
-    /// it back while the thread waits, and the bytes it read for the taker then come back as
-    /// given-back bytes, not through the stream: that wait is cut into `GIVE_BACK_SLICE`s,
-    /// each followed by a look at them (`Ok` without data, and the caller's loop reads them).
+    /// A blocking read's wait; `Ok(true)` when bytes given back may be there for the caller to
+    /// take. On a connection another process took over, the relay may give it back while the
+    /// thread waits, and the bytes it read for the taker then come back as given-back bytes,
+    /// not through the stream, which never wakes the wait for them: that wait is cut into
+    /// `GIVE_BACK_SLICE`s, each followed by a look at them. A give-back that came between the
+    /// caller's last look and this wait is seen here (the relay stores the bytes before it
+    /// clears `handed_over`): under load, the read of a parent whose spawned child had just
+    /// exited otherwise slept on the stream for good beside its answer.
     fn block_read(
         &self,
         deadline: Option<Instant>,
         seen: signals::Snapshot,
         has_timeout: bool,
         done: usize,
-    ) -> Result<(), Result<usize, i32>> {
+    ) -> Result<bool, Result<usize, i32>> {
         if !self.handed_over.load(Ordering::Acquire) {
-            return self.block(true, deadline, seen, has_timeout, done);
+            if self.has_returned() {
+                return Ok(true);
+            }
+            return self.block(true, deadline, seen, has_timeout, done).map(|()| false);
         }
         let slice = Instant::now() + GIVE_BACK_SLICE;
         let until = deadline.map_or(slice, |d| d.min(slice));
         match self.vs.wait_ready(true, false, Some(until), interruptible()) {
-            Err(e) if e.kind() == io::ErrorKind::TimedOut && until == slice => Ok(()),
-            woke => Self::wait_outcome(woke, seen, has_timeout, done),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut && until == slice => Ok(true),
+            woke => Self::wait_outcome(woke, seen, has_timeout, done).map(|()| true),
         }
     }
 
@@ -1518,9 +1528,9 @@ pub(crate) fn close_forked_copies() {
     }
 }
 
-/// The registry's lock, held across `fork` (`interpose::fork_prepare`).
-pub(crate) fn registry_fork_lock() -> &'static Mutex<Option<HashMap<u64, Arc<Carried>>>> {
-    &REGISTRY
+/// Takes the registry's lock until `forklock::release_held` (`interpose::fork_prepare`).
+pub(crate) fn hold_registry_across_fork() {
+    REGISTRY.hold_across_fork();
 }
 
 /// The registered connection `id` (for a process taking it over through the relay).

@@ -10,9 +10,9 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use netchannel::VSocket;
-use parking_lot::Mutex;
 
 use crate::carried::{errno_of, Carried};
+use crate::forklock::ForkMutex;
 use crate::hints;
 use crate::interpose::{dup_onto, real_connect};
 use crate::process::{bump, client_engine, in_owner, inside, settings, DataPath, COUNTERS};
@@ -28,7 +28,7 @@ use crate::table;
 /// program that reaches millions of kernel-TCP destinations keeps a bounded map, and pays at
 /// worst a dial more. What a process learns here is shared with the host's other processes
 /// (`hints`): a new process starts from it, where each one used to learn it again.
-pub(crate) static NO_ENGINE: Mutex<NoEngineMap> = Mutex::new(NoEngineMap(None));
+pub(crate) static NO_ENGINE: ForkMutex<NoEngineMap> = ForkMutex::new(NoEngineMap(None));
 const NO_ENGINE_TTL: Duration = Duration::from_secs(2);
 const SILENT_MOST: Duration = Duration::from_secs(60);
 const NO_ENGINE_MAX: usize = 4096;
@@ -202,7 +202,7 @@ pub(crate) fn kernel_preferred(dest: SocketAddr) {
 /// mean "a program on kernel TCP", which only an answer can tell for other destinations (their
 /// connect waits for it, `OPEN_WAIT` at most). A destination whose open is refused later
 /// leaves the set (`refused_later`); at most `CARRIED_BEFORE_MAX` are kept (then all go).
-pub(crate) static CARRIED_BEFORE: Mutex<Option<HashSet<SocketAddr>>> = Mutex::new(None);
+pub(crate) static CARRIED_BEFORE: ForkMutex<Option<HashSet<SocketAddr>>> = ForkMutex::new(None);
 const CARRIED_BEFORE_MAX: usize = 4096;
 
 /// How long a connect waits for the peer engine to answer an open before it goes over kernel

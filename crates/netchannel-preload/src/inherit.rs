@@ -184,7 +184,14 @@ fn request(owner: u32, id: u64, placeholder: BorrowedFd<'_>) -> io::Result<Owned
         }
     }
     match (status[0], got) {
-        (1, Some(fd)) => Ok(fd),
+        (1, Some(fd)) => {
+            // Not before the owner has closed its copy (`relay::ATTACH_RELEASED`): ours must be
+            // the only one, so that the relay sees our close as the kernel does. Whatever the
+            // answer (the owner gone, the timeout), the end is ours.
+            let mut released = [0u8; 1];
+            let _ = rustix::net::recv(&s, &mut released, RecvFlags::empty());
+            Ok(fd)
+        }
         _ => Err(io::Error::new(io::ErrorKind::ConnectionReset, "the connection is gone")),
     }
 }

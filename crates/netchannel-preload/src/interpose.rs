@@ -179,73 +179,29 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
 static INIT: extern "C" fn() = init;
 
 // fork: the tables' locks are taken before and released after on both sides, so that a child
-// never inherits one held by a thread it does not have.
-
-/// Takes (`hold`) or releases a lock around `fork`.
-trait ForkLock {
-    fn hold(&self);
-    /// # Safety
-    /// Only after `hold` by the same (forking) thread.
-    unsafe fn release(&self);
-}
-
-impl<T> ForkLock for parking_lot::RwLock<T> {
-    fn hold(&self) {
-        std::mem::forget(self.write());
-    }
-    unsafe fn release(&self) {
-        // SAFETY: the caller took the write lock in `hold` and forgot its guard.
-        unsafe { self.force_unlock_write() }
-    }
-}
-
-impl<T> ForkLock for parking_lot::Mutex<T> {
-    fn hold(&self) {
-        std::mem::forget(self.lock());
-    }
-    unsafe fn release(&self) {
-        // SAFETY: the caller took the lock in `hold` and forgot its guard.
-        unsafe { self.force_unlock() }
-    }
-}
+// never inherits one held by a thread it does not have (`forklock`).
 
 extern "C" fn fork_prepare() {
     // Before the locks: ending elision writes tokens (and takes the registry's lock).
     let _ = caught(crate::elide::before_fork);
     // The connect path's memories first: nothing takes them while holding a table's lock.
-    crate::connect::NO_ENGINE.hold();
-    crate::connect::CARRIED_BEFORE.hold();
-    table::fork_locks(|l| l.hold(), |l| l.hold(), |l| l.hold(), |l| l.hold());
-    crate::carried::registry_fork_lock().hold();
-}
-
-fn release_fork_locks() {
-    // SAFETY: `fork_prepare` took every one of these in this thread just before the fork.
-    unsafe { crate::carried::registry_fork_lock().release() };
-    // SAFETY: as above.
-    table::fork_locks(
-        |l| unsafe { l.release() },
-        |l| unsafe { l.release() },
-        |l| unsafe { l.release() },
-        |l| unsafe { l.release() },
-    );
-    // SAFETY: as above.
-    unsafe {
-        crate::connect::CARRIED_BEFORE.release();
-        crate::connect::NO_ENGINE.release();
-    }
+    crate::connect::NO_ENGINE.hold_across_fork();
+    crate::connect::CARRIED_BEFORE.hold_across_fork();
+    table::hold_across_fork();
+    crate::carried::hold_registry_across_fork();
 }
 
 extern "C" fn fork_parent() {
-    release_fork_locks();
+    crate::forklock::release_held();
 }
 
 extern "C" fn fork_child() {
     process::set_pid();
-    release_fork_locks();
+    crate::forklock::release_held();
     table::forget_epolls_after_fork();
     process::release_engines_in_child();
     crate::carried::close_forked_copies();
+    crate::listen::close_queue_copies_in_child();
 }
 
 // ---------------------------------------------------------------------------------------------

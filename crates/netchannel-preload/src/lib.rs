@@ -23,6 +23,7 @@
 mod carried;
 mod connect;
 mod elide;
+mod forklock;
 mod hints;
 mod inherit;
 #[allow(unsafe_code)]

@@ -148,11 +148,11 @@ impl ListenEntry {
     /// The program closed its listening fd: the virtual port is free at once (iperf3 closes
     /// and re-creates its listener on the same port between control and data connections).
     pub(crate) fn close(&self) {
-        // Each process's copy (a forked child's too) goes with its fd.
-        drop(self.queue_of.lock().take());
+        // A forked child's copy went at the fork (`close_queue_copies_in_child`).
         if self.owner != pid() {
             return;
         }
+        drop(self.queue_of.lock().take());
         self.stop.notify();
         drop(self.listener.lock().take());
     }
@@ -556,6 +556,20 @@ fn claim(app: BorrowedFd<'_>, certain: bool) -> bool {
     }
     let _ = rustix::net::recv(app, &mut got, rustix::net::RecvFlags::DONTWAIT);
     rustix::net::send(app, &[CLAIM], rustix::net::SendFlags::NOSIGNAL).is_ok()
+}
+
+/// In a forked child: closes its copies of the owner's `queue_of` sockets, which only the
+/// owner's acceptors read (kept, they would keep a port listening after the program closed
+/// its listener). A copy whose lock an acceptor of the parent held at the fork stays open
+/// while the child lives: that lock stays held here, and waiting for it hung the child.
+pub(crate) fn close_queue_copies_in_child() {
+    for e in table::TABLES.listeners.lock().values() {
+        if e.owner != pid() {
+            if let Some(mut q) = e.queue_of.try_lock() {
+                drop(q.take());
+            }
+        }
+    }
 }
 
 /// The engine listener serving connections that report `local` as their own address (a

@@ -266,32 +266,38 @@ fn forward(
 
 /// Moves what can move in both directions until each would block.
 fn drive(c: &mut Conn, scratch: &mut [u8]) {
+    // A connection taken over while its owner holds P: the taker's close is not the last
+    // close, and the connection goes back to the owner (`give_back`).
+    let shared = match &c.vs {
+        Held::Shared(carried) if carried.held_here() => Some(carried.clone()),
+        _ => None,
+    };
     if !c.up_done {
         let (app, vs) = (&c.app, c.vs.vs());
         match forward(&mut c.up, scratch, &COUNTERS.bytes_out, |b| (&*app).read(b), |b| vs.send(b))
         {
             Stop::Blocked => {}
-            Stop::Ended => {
-                if let Held::Shared(carried) = &c.vs {
-                    if carried.held_here() {
-                        // The taker closed its copy while the owner holds P: not the last
-                        // close. The connection goes back to the owner's direct path, with
-                        // what could not be delivered.
-                        c.vs.vs().deregister();
-                        carried.retire_relay(&mut c.down);
-                        c.up_done = true;
-                        c.down_done = true;
-                        return;
-                    }
+            Stop::Ended => match &shared {
+                // The taker closed its end (its last copy): what it wrote came first.
+                Some(carried) if taker_holds(app) != Some(true) => {
+                    return give_back(c, carried);
                 }
-                let _ = c.vs.vs().shutdown();
-                c.up_done = true;
-            }
+                // A half close: the taker still holds its end and reads on.
+                _ => {
+                    let _ = c.vs.vs().shutdown();
+                    c.up_done = true;
+                }
+            },
             // The virtual connection is gone: what the application writes goes nowhere.
             Stop::WriteFailed => {
                 c.up.clear();
                 let _ = c.app.shutdown(Shutdown::Read);
                 c.up_done = true;
+            }
+            // The taker closed with bytes unread (its kernel reset its end): not the last close
+            // of a shared connection either.
+            Stop::ReadFailed if shared.is_some() => {
+                return give_back(c, shared.as_ref().expect("shared"));
             }
             // The application reset its connection: so does the virtual one (dropped with the
             // connection, its unread bytes make it a reset).
@@ -303,26 +309,34 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
     }
     if !c.down_done {
         let (app, vs) = (&c.app, c.vs.vs());
-        match forward(
-            &mut c.down,
-            scratch,
-            &COUNTERS.bytes_in,
-            |b| vs.recv(b),
-            |b| (&*app).write(b),
-        ) {
+        // To a shared connection's taker, bytes go only while it holds its end. Its close shows
+        // here late on a loaded machine (loopback delivers the FIN in a softirq, which may wait
+        // for ksoftirqd), and bytes written meanwhile were lost with the taker's socket: a
+        // parent that waited for its spawned child to exit, then sent a request, never saw the
+        // answer. The kernel's own answer (the socket orphaned at its last close) is exact.
+        let write = |b: &[u8]| {
+            if shared.is_some() && taker_holds(app) == Some(false) {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            (&*app).write(b)
+        };
+        match forward(&mut c.down, scratch, &COUNTERS.bytes_in, |b| vs.recv(b), write) {
             Stop::Blocked => {}
             Stop::Ended => {
                 let _ = c.app.shutdown(Shutdown::Write);
                 c.down_done = true;
             }
             // The taker is gone. Bytes it did not get are kept for the owner of a shared
-            // connection (given back when the taker's end reads as closed), else dropped.
-            Stop::WriteFailed => {
-                if matches!(c.vs, Held::Own(_)) {
+            // connection, given back once what the taker wrote before its close is read (at its
+            // end of stream or reset, above), else dropped.
+            Stop::WriteFailed => match &shared {
+                Some(carried) if c.up_done => give_back(c, carried),
+                Some(_) => c.down_done = true,
+                None => {
                     c.down.clear();
+                    c.down_done = true;
                 }
-                c.down_done = true;
-            }
+            },
             // The virtual connection was reset: reset the application's too.
             Stop::ReadFailed => {
                 reset(&c.app);
@@ -330,6 +344,91 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
                 c.up_done = true;
             }
         }
+    }
+}
+
+/// The taker closed its end of a shared connection while the owner holds P: the connection goes
+/// back to the owner's direct path, with what could not be delivered.
+fn give_back(c: &mut Conn, carried: &Arc<Carried>) {
+    c.vs.vs().deregister();
+    carried.retire_relay(&mut c.down);
+    c.up_done = true;
+    c.down_done = true;
+}
+
+/// Whether a process still holds the other end of `app` (a TCP connection within this host),
+/// as the kernel's socket diagnostics tell: a socket is orphaned (inode 0) at its last close,
+/// before its FIN leaves, or gone (and `app` closed, when it reset). `None` when the kernel does
+/// not say.
+fn taker_holds(app: &TcpStream) -> Option<bool> {
+    let ours = app.local_addr().ok()?;
+    // No peer: `app` is closed (the other end reset it).
+    let Ok(theirs) = app.peer_addr() else { return Some(false) };
+    let nl = rustix::net::socket_with(
+        rustix::net::AddressFamily::NETLINK,
+        rustix::net::SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        Some(rustix::net::netlink::SOCK_DIAG),
+    )
+    .ok()?;
+    rustix::net::send(&nl, &diag_request(theirs, ours), rustix::net::SendFlags::empty()).ok()?;
+    let mut answer = [0u8; 512];
+    let n = rustix::net::recv(&nl, &mut answer, rustix::net::RecvFlags::empty()).ok()?.0;
+    diag_answer(&answer[..n])
+}
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLMSG_ERROR: u16 = 2;
+const NLM_F_REQUEST: u16 = 1;
+const NLMSG_HEADER: usize = 16;
+/// `inet_diag_msg`'s `idiag_inode`: after family, state, timer, retrans (4 bytes), the socket
+/// id (48) and expires, rqueue, wqueue, uid (16).
+const DIAG_INODE_AT: usize = 68;
+
+/// A `SOCK_DIAG_BY_FAMILY` request for the one TCP socket bound to `local` and connected to
+/// `remote` (`nlmsghdr` and `inet_diag_req_v2`, native byte order but for ports and addresses).
+fn diag_request(local: SocketAddr, remote: SocketAddr) -> Vec<u8> {
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 } as u8;
+    let addr = |a: SocketAddr| -> [u8; 16] {
+        let mut b = [0u8; 16];
+        match a.ip() {
+            IpAddr::V4(v4) => b[..4].copy_from_slice(&v4.octets()),
+            IpAddr::V6(v6) => b = v6.octets(),
+        }
+        b
+    };
+    let mut req = Vec::with_capacity(NLMSG_HEADER + 56);
+    req.extend_from_slice(&((NLMSG_HEADER + 56) as u32).to_ne_bytes());
+    req.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    req.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    req.extend_from_slice(&[0u8; 8]); // sequence, port id
+    req.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
+    req.extend_from_slice(&u32::MAX.to_ne_bytes()); // every state
+    req.extend_from_slice(&local.port().to_be_bytes());
+    req.extend_from_slice(&remote.port().to_be_bytes());
+    req.extend_from_slice(&addr(local));
+    req.extend_from_slice(&addr(remote));
+    req.extend_from_slice(&0u32.to_ne_bytes()); // any interface
+    req.extend_from_slice(&[0xff; 8]); // no cookie
+    req
+}
+
+/// Reads the kernel's answer to `diag_request`: whether the socket has an inode (a process holds
+/// it); `Some(false)` when no such socket exists (`ENOENT`).
+fn diag_answer(answer: &[u8]) -> Option<bool> {
+    let kind = u16::from_ne_bytes(answer.get(4..6)?.try_into().ok()?);
+    let body = answer.get(NLMSG_HEADER..)?;
+    match kind {
+        SOCK_DIAG_BY_FAMILY => {
+            let inode =
+                u32::from_ne_bytes(body.get(DIAG_INODE_AT..DIAG_INODE_AT + 4)?.try_into().ok()?);
+            Some(inode != 0)
+        }
+        NLMSG_ERROR => {
+            let errno = i32::from_ne_bytes(body.get(..4)?.try_into().ok()?);
+            (errno == -libc::ENOENT).then_some(false)
+        }
+        _ => None,
     }
 }
 
@@ -498,25 +597,39 @@ fn attach_server(l: OwnedFd) {
             Some(Duration::from_secs(1)),
         );
         let answer = serve_attach(&conn);
-        let (status, fd) = match &answer {
-            Some(fd) => (1u8, Some(fd.as_fd())),
-            None => (0u8, None),
-        };
-        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        let fds;
-        if let Some(fd) = fd {
-            fds = [fd];
-            control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+        {
+            let (status, fd) = match &answer {
+                Some(fd) => (1u8, Some(fd.as_fd())),
+                None => (0u8, None),
+            };
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+            let fds;
+            if let Some(fd) = fd {
+                fds = [fd];
+                control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+            }
+            let _ = rustix::net::sendmsg(
+                &conn,
+                &[io::IoSlice::new(&[status])],
+                &mut control,
+                rustix::net::SendFlags::NOSIGNAL,
+            );
         }
-        let _ = rustix::net::sendmsg(
-            &conn,
-            &[io::IoSlice::new(&[status])],
-            &mut control,
-            rustix::net::SendFlags::NOSIGNAL,
-        );
+        // The taker uses its end only once this copy is closed (`inherit::request` waits for
+        // the byte after it). Kept open a moment longer (this thread preempted on a loaded
+        // machine), it outlived a taker that was quick to exit, and the relay, which asks the
+        // kernel whether anyone still holds the taker's end (`taker_holds`), wrote the owner's
+        // next answer into it: lost, and the owner's read never returned.
+        if answer.is_some() {
+            drop(answer);
+            let _ = rustix::net::send(&conn, &[ATTACH_RELEASED], rustix::net::SendFlags::NOSIGNAL);
+        }
     }
 }
+
+/// Sent by the owner after an attach answer once it has closed its own copy of the taker's end.
+pub(crate) const ATTACH_RELEASED: u8 = 2;
 
 /// Reads an attach request (connection id and a copy of its placeholder); hands the connection
 /// to a relay loop and returns the program's end, or `None` when the request does not prove it
@@ -573,4 +686,52 @@ pub(crate) fn relayed_peer(fd: std::ffi::c_int) -> Option<SocketAddr> {
 pub(crate) fn forget_relayed(fd: std::ffi::c_int) {
     crate::table::clear_bits(fd, crate::table::RELAYED);
     RELAYED_PEERS.lock().get_or_insert_with(HashMap::new).remove(&fd);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// The kernel tells a held end from one its holder closed at once, whether or not its FIN
+    /// has arrived, and from one that is gone.
+    #[test]
+    fn taker_holds_follows_the_other_end_of_a_loopback_connection() {
+        for local in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(l) = TcpListener::bind(local) else { continue };
+            let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (theirs, _) = l.accept().unwrap();
+            assert_eq!(taker_holds(&ours), Some(true), "{local}");
+            // A copy held elsewhere keeps it held (a child of the taker).
+            let copy = theirs.try_clone().unwrap();
+            drop(theirs);
+            assert_eq!(taker_holds(&ours), Some(true), "{local}");
+            // Bytes it never reads: its close resets, and the socket goes at once.
+            ours.set_nodelay(true).unwrap();
+            (&ours).write_all(b"unread").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            drop(copy);
+            assert_eq!(taker_holds(&ours), Some(false), "{local}");
+        }
+        // A clean close leaves an orphan (FIN_WAIT, then TIME_WAIT), not held either.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (theirs, _) = l.accept().unwrap();
+        drop(theirs);
+        assert_eq!(taker_holds(&ours), Some(false));
+        // A request for a socket that does not exist: gone.
+        let (a, b) = (ours.local_addr().unwrap(), SocketAddr::from(([127, 0, 0, 1], 9)));
+        let mut answer = [0u8; 512];
+        let nl = rustix::net::socket_with(
+            rustix::net::AddressFamily::NETLINK,
+            rustix::net::SocketType::DGRAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            Some(rustix::net::netlink::SOCK_DIAG),
+        )
+        .unwrap();
+        rustix::net::send(&nl, &diag_request(b, a), rustix::net::SendFlags::empty()).unwrap();
+        let n = rustix::net::recv(&nl, &mut answer, rustix::net::RecvFlags::empty()).unwrap().0;
+        assert_eq!(diag_answer(&answer[..n]), Some(false));
+        assert_eq!(diag_answer(&[0u8; 3]), None);
+    }
 }

@@ -9,7 +9,9 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
+
+use crate::forklock::{ForkMutex, ForkRwLock};
 use rustc_hash::FxHashMap;
 
 use crate::carried::Carried;
@@ -70,21 +72,21 @@ const SHARDS: usize = 16;
 
 /// Carried fds by number, sharded so that threads working on different fds rarely meet.
 pub(crate) struct Tables {
-    carried: [RwLock<FxHashMap<c_int, Arc<Carried>>>; SHARDS],
-    pub(crate) remote: Mutex<HashMap<c_int, Arc<Remote>>>,
-    pub(crate) listeners: Mutex<HashMap<c_int, Arc<ListenEntry>>>,
-    pub(crate) epolls: Mutex<HashMap<c_int, Arc<Mutex<EpollInfo>>>>,
+    carried: [ForkRwLock<FxHashMap<c_int, Arc<Carried>>>; SHARDS],
+    pub(crate) remote: ForkMutex<HashMap<c_int, Arc<Remote>>>,
+    pub(crate) listeners: ForkMutex<HashMap<c_int, Arc<ListenEntry>>>,
+    pub(crate) epolls: ForkMutex<HashMap<c_int, Arc<Mutex<EpollInfo>>>>,
 }
 
 /// The tables (only ever touched for fds whose `kind` says they are ours).
 pub(crate) static TABLES: LazyLock<Tables> = LazyLock::new(|| Tables {
-    carried: std::array::from_fn(|_| RwLock::new(FxHashMap::default())),
-    remote: Mutex::new(HashMap::new()),
-    listeners: Mutex::new(HashMap::new()),
-    epolls: Mutex::new(HashMap::new()),
+    carried: std::array::from_fn(|_| ForkRwLock::new(FxHashMap::default())),
+    remote: ForkMutex::new(HashMap::new()),
+    listeners: ForkMutex::new(HashMap::new()),
+    epolls: ForkMutex::new(HashMap::new()),
 });
 
-fn shard(fd: c_int) -> &'static RwLock<FxHashMap<c_int, Arc<Carried>>> {
+fn shard(fd: c_int) -> &'static ForkRwLock<FxHashMap<c_int, Arc<Carried>>> {
     &TABLES.carried[fd as usize % SHARDS]
 }
 
@@ -172,18 +174,13 @@ pub(crate) fn epoll_instances() -> Vec<c_int> {
     (0..MAX_FD as c_int).filter(|&fd| kind(fd) & (EPOLL | EPOLL_INSTANCE) != 0).collect()
 }
 
-/// The locks a forked child must not inherit held: taken before `fork` and released after it
-/// on both sides (`pthread_atfork`, in `interpose`), so that the child finds them free.
-pub(crate) fn fork_locks(
-    mut rw: impl FnMut(&'static RwLock<FxHashMap<c_int, Arc<Carried>>>),
-    mut remote: impl FnMut(&'static Mutex<HashMap<c_int, Arc<Remote>>>),
-    mut listeners: impl FnMut(&'static Mutex<HashMap<c_int, Arc<ListenEntry>>>),
-    mut epolls: impl FnMut(&'static Mutex<HashMap<c_int, Arc<Mutex<EpollInfo>>>>),
-) {
-    TABLES.carried.iter().for_each(&mut rw);
-    remote(&TABLES.remote);
-    listeners(&TABLES.listeners);
-    epolls(&TABLES.epolls);
+/// Takes the tables' locks until `forklock::release_held` (before `fork`, so that a child never
+/// inherits one held by a thread it does not have).
+pub(crate) fn hold_across_fork() {
+    TABLES.carried.iter().for_each(ForkRwLock::hold_across_fork);
+    TABLES.remote.hold_across_fork();
+    TABLES.listeners.hold_across_fork();
+    TABLES.epolls.hold_across_fork();
 }
 
 /// Copies what `old` is to `new` after a `dup` (the new number names the same object).

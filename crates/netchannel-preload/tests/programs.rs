@@ -1887,6 +1887,7 @@ crate::both_testbeds!(
     memcached,
     nginx,
     conformance,
+    process_rounds,
     preshared_key,
     postgres,
     haproxy,
@@ -2107,6 +2108,89 @@ int main(void) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// tests/c/conform.c, compiled into the pair's folder; its path.
+fn build_conform(p: &Pair) -> String {
+    let bin = p.dir.join("conform");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/conform.c");
+    let ok = std::process::Command::new("cc").args(["-O1", "-o"]).arg(&bin).arg(src).status();
+    assert!(ok.is_ok_and(|s| s.success()), "cc conform.c");
+    bin.display().to_string()
+}
+
+/// Many rounds of two ways one connection passes between processes, each beside a CPU hog (the
+/// hangs below showed only on a loaded machine):
+/// - a server whose accepting thread forks a child per connection and closes its copy at once
+///   (PostgreSQL's postmaster, inetd). With `--relay-forked` every round's connections are
+///   carried and each child takes its connection over. Each fork finds the server's other
+///   threads (its other acceptors, the engine's, the attach thread) anywhere, holding or
+///   waiting for any of the library's locks. Before 2026-11-29 a child hung here about once in
+///   ten rounds: a parent thread had waited for a table's lock at the fork, and the child's copy
+///   of that lock went to the waiter, which the child does not have.
+/// - a client that lends its connection to a program started by `posix_spawn` (as stdin and
+///   stdout), waits for it to exit, then sends a request itself. Before 2026-11-29 nearly every
+///   run of 100 rounds beside a hog lost one answer: the owner's attach thread still held a copy
+///   of the child's end after the child's exit, and the relay wrote the answer into it.
+fn process_rounds(hosts: Hosts) {
+    if !have("cc") {
+        return;
+    }
+    const ROUNDS: usize = 40;
+    let Some(outputs) = kernel_then_carried(hosts, "rounds", |mut p, carried| {
+        for side in [&mut p.server, &mut p.client] {
+            side.run_options.push("--relay-forked".into());
+        }
+        let bin = build_conform(&p);
+        let port = ports(4);
+        let _server = p.server.spawn(&bin, &["server", &port.to_string()]);
+        p.server.wait_listening(port);
+        p.server.wait_listening(port + 2);
+        let (port, rounds) = (port.to_string(), ROUNDS.to_string());
+        let mut out = String::new();
+        for kind in ["fork", "spawn"] {
+            let _hog = CpuHog::start();
+            out += &p.client.run(&bin, &["rounds", kind, &p.server.addr, &port, &rounds], T);
+        }
+        if carried {
+            let text = stats_text(&p.client.stats);
+            assert_eq!(stat(&p.client.stats, "virtual sockets"), 3 * ROUNDS as u64, "{text}");
+            assert_eq!(stat(&p.client.stats, "inherited"), ROUNDS as u64, "{text}");
+        }
+        out
+    }) else {
+        return;
+    };
+    assert_eq!(
+        outputs[0],
+        format!(
+            "forkserver: echo one1 two2 eof 0 0\nrounds {ROUNDS}, all alike=1\n\
+             posix_spawn child echoing through stdin/stdout: spawn=0 exit=0\n\
+             \x20 parent after the spawned child: afta\nrounds {ROUNDS}, all alike=1\n"
+        ),
+        "kernel TCP"
+    );
+    assert_eq!(outputs[1], outputs[0], "carried");
+}
+
+/// A process that keeps one core busy until dropped.
+struct CpuHog(std::process::Child);
+
+impl CpuHog {
+    fn start() -> CpuHog {
+        let child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("sh");
+        CpuHog(child)
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// tests/c/conform.c (non-blocking connect and SO_ERROR, FIONREAD, MSG_PEEK, LT/ET/one-shot
 /// and nested epoll, select at fd 1000, fork-then-close, EPOLLRDHUP, partial writes to EAGAIN,
 /// refused connect, UDP and DNS; accept4 flags with a connection accepted in one thread and
@@ -2148,11 +2232,7 @@ fn conformance(hosts: Hosts) {
         let Some(tb) = Testbed::of(hosts) else { return };
         let _one_at_a_time = one_at_a_time();
         let p = Pair::new(tb, &format!("conform-{hosts:?}-{carried}"), carried, carried);
-        let bin = p.dir.join("conform");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/conform.c");
-        let ok = std::process::Command::new("cc").args(["-O1", "-o"]).arg(&bin).arg(src).status();
-        assert!(ok.is_ok_and(|s| s.success()), "cc conform.c");
-        let bin = bin.display().to_string();
+        let bin = build_conform(&p);
         // The server listens on port, port + 2 (forked children) and port + 3 (accepting
         // only when told, so never probed: it listens before port does); port + 1 stays
         // closed.

@@ -11,6 +11,9 @@
  *   conform scm-nolib HOST PORT      SCM_RIGHTS to a process without the library (kernel TCP)
  *   conform elide HOST PORT          one thread's level-triggered epoll loop (see elide())
  *   conform herd HOST PORT           threads polling idle connections beside a busy one
+ *   conform rounds fork|spawn HOST PORT N
+ *                                    N rounds with the forking server (forkserver_round()) or
+ *                                    of a connection lent to a spawned program (spawn_round())
  * Internal modes: exec-child FD, spawn-child, scm-recv UNIXFD. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -1196,6 +1199,57 @@ static void zero_copy_and_vectors(const char *host, int port) {
     close(s);
 }
 
+/* One round with the forking server (PORT+2): two connections, each served by a child forked
+ * for it (the parent closed its copy at once), echo once and end; the round as a line. */
+static void forkserver_round(const char *host, int port, char *line, size_t len) {
+    char b[64], e1[8], e2[8];
+    int c1 = dial(host, port + 2, 0), c2 = dial(host, port + 2, 0);
+    cmd(c1, "eone1");
+    cmd(c2, "etwo2");
+    int n1 = read_full(c1, e1, 4), n2 = read_full(c2, e2, 4);
+    cmd(c1, "x");
+    cmd(c2, "x");
+    const char *eof1 = res(read(c1, b, sizeof b)), *eof2 = res(read(c2, b, sizeof b));
+    snprintf(line, len, "forkserver: echo %.*s %.*s eof %s %s\n", n1, e1, n2, e2, eof1, eof2);
+    close(c1); close(c2);
+}
+
+/* One connection lent to a program started by posix_spawn with it as stdin and stdout, which
+ * echoes once through it and exits; then the parent, which kept its copy, goes on with it. */
+static void spawn_round(const char *host, int port, const char *self, char *line, size_t len) {
+    char b[8];
+    int s = dial(host, port, 0), st = -1;
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, s, 0);
+    posix_spawn_file_actions_adddup2(&fa, s, 1);
+    char *argv[] = {"conform", "spawn-child", NULL};
+    int sr = posix_spawn(&pid, self, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (sr == 0) waitpid(pid, &st, 0);
+    cmd(s, "eafta");
+    int n = read_full(s, b, 4);
+    snprintf(line, len, "posix_spawn child echoing through stdin/stdout: spawn=%d exit=%d\n"
+             "  parent after the spawned child: %.*s\n", sr, WIFEXITED(st) ? WEXITSTATUS(st) : -1, n, b);
+    close(s);
+}
+
+/* N rounds of `forkserver_round` ("fork") or `spawn_round` ("spawn"): each fork may find the
+ * other threads of the process anywhere, holding or waiting for any lock, and each round's
+ * timing differs. */
+static void rounds(const char *kind, const char *host, int port, int n, const char *self) {
+    char line[256], first[256] = "";
+    int same = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(kind, "fork")) forkserver_round(host, port, line, sizeof line);
+        else spawn_round(host, port, self, line, sizeof line);
+        if (i == 0) strcpy(first, line);
+        same += !strcmp(line, first);
+    }
+    printf("%srounds %d, all alike=%d\n", first, n, same == n);
+}
+
 /* Processes: a forked child uses the inherited socket while the parent leaves it alone, then
  * the parent goes on; a per-connection forking server; posix_spawn with the socket as stdin
  * and stdout; SCM_RIGHTS to an exec'd process, the sender closing its copy. */
@@ -1215,33 +1269,13 @@ static void processes(const char *host, int port, const char *self) {
     printf("parent after the child exited: %.*s\n", read_full(s, b, 4), b);
     close(s);
 
-    int c1 = dial(host, port + 2, 0), c2 = dial(host, port + 2, 0);
-    cmd(c1, "eone1");
-    cmd(c2, "etwo2");
-    int n1 = read_full(c1, b, 4);
-    printf("forkserver: echo %.*s", n1, b);
-    printf(" %.*s", read_full(c2, b, 4), b);
-    cmd(c1, "x");
-    cmd(c2, "x");
-    printf(" eof %s", res(read(c1, b, sizeof b)));
-    printf(" %s\n", res(read(c2, b, sizeof b)));
-    close(c1); close(c2);
+    char line[256];
+    forkserver_round(host, port, line, sizeof line);
+    printf("%s", line);
 
-    s = dial(host, port, 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, s, 0);
-    posix_spawn_file_actions_adddup2(&fa, s, 1);
-    char *argv[] = {"conform", "spawn-child", NULL};
     fflush(stdout);
-    int sr = posix_spawn(&pid, self, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    st = -1;
-    if (sr == 0) waitpid(pid, &st, 0);
-    printf("posix_spawn child echoing through stdin/stdout: spawn=%d exit=%d\n", sr, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    cmd(s, "eafta");
-    printf("  parent after the spawned child: %.*s\n", read_full(s, b, 4), b);
-    close(s);
+    spawn_round(host, port, self, line, sizeof line);
+    printf("%s", line);
 
     /* A forked child that holds copies of every fd and touches none (a worker, a BGSAVE):
      * the parent still sees the peer's reset and end of stream at once. */
@@ -1914,6 +1948,7 @@ int main(int argc, char **argv) {
     else if (argc == 4 && !strcmp(argv[1], "scm-nolib")) scm_nolib(argv[2], atoi(argv[3]));
     else if (argc == 4 && !strcmp(argv[1], "elide")) elide(argv[2], atoi(argv[3]));
     else if (argc == 4 && !strcmp(argv[1], "herd")) herd(argv[2], atoi(argv[3]));
+    else if (argc == 6 && !strcmp(argv[1], "rounds")) rounds(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), "/proc/self/exe");
     else if (argc == 3 && !strcmp(argv[1], "scm-recv")) return scm_recv(atoi(argv[2]));
     else if (argc == 2 && !strcmp(argv[1], "spawn-child")) return spawn_child();
     else if (argc == 4 && !strcmp(argv[1], "exit-writer")) return exit_writer(argv[2], atoi(argv[3]));
