@@ -2127,9 +2127,10 @@ fn build_conform(p: &Pair) -> String {
 ///   ten rounds: a parent thread had waited for a table's lock at the fork, and the child's copy
 ///   of that lock went to the waiter, which the child does not have.
 /// - a client that lends its connection to a program started by `posix_spawn` (as stdin and
-///   stdout), waits for it to exit, then sends a request itself. Before 2026-11-29 nearly every
-///   run of 100 rounds beside a hog lost one answer: the owner's attach thread still held a copy
-///   of the child's end after the child's exit, and the relay wrote the answer into it.
+///   stdout), or to a forked child, waits for it to exit, then sends a request itself. Before
+///   2026-11-29 nearly every run of 100 rounds beside a hog lost one answer: the owner's attach
+///   thread still held a copy of the child's end after the child's exit, and the relay wrote
+///   the answer into it.
 fn process_rounds(hosts: Hosts) {
     if !have("cc") {
         return;
@@ -2146,14 +2147,14 @@ fn process_rounds(hosts: Hosts) {
         p.server.wait_listening(port + 2);
         let (port, rounds) = (port.to_string(), ROUNDS.to_string());
         let mut out = String::new();
-        for kind in ["fork", "spawn"] {
+        for kind in ["fork", "spawn", "child"] {
             let _hog = CpuHog::start();
             out += &p.client.run(&bin, &["rounds", kind, &p.server.addr, &port, &rounds], T);
         }
         if carried {
             let text = stats_text(&p.client.stats);
-            assert_eq!(stat(&p.client.stats, "virtual sockets"), 3 * ROUNDS as u64, "{text}");
-            assert_eq!(stat(&p.client.stats, "inherited"), ROUNDS as u64, "{text}");
+            assert_eq!(stat(&p.client.stats, "virtual sockets"), 4 * ROUNDS as u64, "{text}");
+            assert_eq!(stat(&p.client.stats, "inherited"), 2 * ROUNDS as u64, "{text}");
         }
         out
     }) else {
@@ -2164,7 +2165,9 @@ fn process_rounds(hosts: Hosts) {
         format!(
             "forkserver: echo one1 two2 eof 0 0\nrounds {ROUNDS}, all alike=1\n\
              posix_spawn child echoing through stdin/stdout: spawn=0 exit=0\n\
-             \x20 parent after the spawned child: afta\nrounds {ROUNDS}, all alike=1\n"
+             \x20 parent after the spawned child: afta\nrounds {ROUNDS}, all alike=1\n\
+             forked child echoing: exit=0\n\
+             \x20 parent after the child exited: prnt\nrounds {ROUNDS}, all alike=1\n"
         ),
         "kernel TCP"
     );

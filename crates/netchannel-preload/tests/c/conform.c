@@ -11,9 +11,10 @@
  *   conform scm-nolib HOST PORT      SCM_RIGHTS to a process without the library (kernel TCP)
  *   conform elide HOST PORT          one thread's level-triggered epoll loop (see elide())
  *   conform herd HOST PORT           threads polling idle connections beside a busy one
- *   conform rounds fork|spawn HOST PORT N
- *                                    N rounds with the forking server (forkserver_round()) or
- *                                    of a connection lent to a spawned program (spawn_round())
+ *   conform rounds fork|spawn|child HOST PORT N
+ *                                    N rounds with the forking server (forkserver_round()), of
+ *                                    a connection lent to a spawned program (spawn_round()) or
+ *                                    to a forked child (child_round())
  * Internal modes: exec-child FD, spawn-child, scm-recv UNIXFD. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -1235,14 +1236,33 @@ static void spawn_round(const char *host, int port, const char *self, char *line
     close(s);
 }
 
-/* N rounds of `forkserver_round` ("fork") or `spawn_round` ("spawn"): each fork may find the
- * other threads of the process anywhere, holding or waiting for any lock, and each round's
- * timing differs. */
+/* One connection used by a forked child, which echoes once and exits; then the parent, which
+ * left its copy alone meanwhile, goes on with it. */
+static void child_round(const char *host, int port, char *line, size_t len) {
+    char b[8];
+    int s = dial(host, port, 0), st = -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        cmd(s, "echld");
+        _exit(read_full(s, b, 4) == 4 && !memcmp(b, "chld", 4) ? 0 : 1);
+    }
+    waitpid(pid, &st, 0);
+    cmd(s, "eprnt");
+    int n = read_full(s, b, 4);
+    snprintf(line, len, "forked child echoing: exit=%d\n  parent after the child exited: %.*s\n",
+             WIFEXITED(st) ? WEXITSTATUS(st) : -1, n, b);
+    close(s);
+}
+
+/* N rounds of `forkserver_round` ("fork"), `spawn_round` ("spawn") or `child_round`
+ * ("child"): each fork may find the other threads of the process anywhere, holding or waiting
+ * for any lock, and each round's timing differs. */
 static void rounds(const char *kind, const char *host, int port, int n, const char *self) {
     char line[256], first[256] = "";
     int same = 0;
     for (int i = 0; i < n; i++) {
         if (!strcmp(kind, "fork")) forkserver_round(host, port, line, sizeof line);
+        else if (!strcmp(kind, "child")) child_round(host, port, line, sizeof line);
         else spawn_round(host, port, self, line, sizeof line);
         if (i == 0) strcpy(first, line);
         same += !strcmp(line, first);
