@@ -28,6 +28,7 @@ use netchannel::{Poller, VSocket};
 use parking_lot::Mutex;
 
 use crate::carried::Carried;
+use crate::forklock::ForkMutex;
 use crate::process::{fd_base, inside, relocate, COUNTERS};
 
 /// The virtual side of a relayed connection.
@@ -445,7 +446,7 @@ fn reset(s: &TcpStream) {
 /// What waits for a loopback connection from a given address and port. The address counts,
 /// not only the port: any local process may connect to the relay listener, and from another
 /// loopback address (127.0.0.2) it can bind the port a pending connection holds on 127.0.0.1.
-static PENDING: Mutex<Option<HashMap<SocketAddr, Held>>> = Mutex::new(None);
+static PENDING: ForkMutex<Option<HashMap<SocketAddr, Held>>> = ForkMutex::new(None);
 
 /// The form `relay_listener` sees the address in (an IPv4 one, not IPv4-mapped).
 fn canonical(a: SocketAddr) -> SocketAddr {
@@ -454,7 +455,9 @@ fn canonical(a: SocketAddr) -> SocketAddr {
 
 /// A connection from `from` will come for `held`.
 pub(crate) fn expect_held(from: SocketAddr, held: Held) {
-    PENDING.lock().get_or_insert_with(HashMap::new).insert(canonical(from), held);
+    let replaced = PENDING.lock().get_or_insert_with(HashMap::new).insert(canonical(from), held);
+    // Dropped without the lock (a connection's drop may take other locks).
+    drop(replaced);
 }
 
 /// `--path relay`: the program's fd will connect from `from` for `vs`.
@@ -464,7 +467,8 @@ pub(crate) fn expect(from: SocketAddr, vs: VSocket) {
 
 /// The connect from `from` failed: what waited is dropped (the virtual socket closes).
 pub(crate) fn unexpect(from: SocketAddr) {
-    PENDING.lock().get_or_insert_with(HashMap::new).remove(&canonical(from));
+    let gone = PENDING.lock().get_or_insert_with(HashMap::new).remove(&canonical(from));
+    drop(gone);
 }
 
 /// The relay listener's address for one family, started on first use.
@@ -672,7 +676,15 @@ fn serve_attach(conn: &OwnedFd) -> Option<OwnedFd> {
 // `--path relay`: the program's fd is a loopback connection; `getpeername` reports the virtual
 // peer instead of the relay listener.
 
-static RELAYED_PEERS: Mutex<Option<HashMap<std::ffi::c_int, SocketAddr>>> = Mutex::new(None);
+static RELAYED_PEERS: ForkMutex<Option<HashMap<std::ffi::c_int, SocketAddr>>> =
+    ForkMutex::new(None);
+
+/// Takes the relay's address books until `forklock::release_held` (`interpose::fork_prepare`):
+/// a forked child closes and connects through them.
+pub(crate) fn hold_across_fork() {
+    PENDING.hold_across_fork();
+    RELAYED_PEERS.hold_across_fork();
+}
 
 pub(crate) fn note_relayed_peer(fd: std::ffi::c_int, peer: SocketAddr) {
     RELAYED_PEERS.lock().get_or_insert_with(HashMap::new).insert(fd, peer);
