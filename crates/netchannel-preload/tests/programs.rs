@@ -2131,6 +2131,7 @@ fn build_conform(p: &Pair) -> String {
 ///   2026-11-29 nearly every run of 100 rounds beside a hog lost one answer: the owner's attach
 ///   thread still held a copy of the child's end after the child's exit, and the relay wrote
 ///   the answer into it.
+/// - a connection passed by `SCM_RIGHTS` to an exec'd child, the sender's copy closed at once.
 fn process_rounds(hosts: Hosts) {
     if !have("cc") {
         return;
@@ -2147,14 +2148,14 @@ fn process_rounds(hosts: Hosts) {
         p.server.wait_listening(port + 2);
         let (port, rounds) = (port.to_string(), ROUNDS.to_string());
         let mut out = String::new();
-        for kind in ["fork", "spawn", "child"] {
+        for kind in ["fork", "spawn", "child", "scm"] {
             let _hog = CpuHog::start();
             out += &p.client.run(&bin, &["rounds", kind, &p.server.addr, &port, &rounds], T);
         }
         if carried {
             let text = stats_text(&p.client.stats);
-            assert_eq!(stat(&p.client.stats, "virtual sockets"), 4 * ROUNDS as u64, "{text}");
-            assert_eq!(stat(&p.client.stats, "inherited"), 2 * ROUNDS as u64, "{text}");
+            assert_eq!(stat(&p.client.stats, "virtual sockets"), 5 * ROUNDS as u64, "{text}");
+            assert_eq!(stat(&p.client.stats, "inherited"), 3 * ROUNDS as u64, "{text}");
         }
         out
     }) else {
@@ -2167,7 +2168,9 @@ fn process_rounds(hosts: Hosts) {
              posix_spawn child echoing through stdin/stdout: spawn=0 exit=0\n\
              \x20 parent after the spawned child: afta\nrounds {ROUNDS}, all alike=1\n\
              forked child echoing: exit=0\n\
-             \x20 parent after the child exited: prnt\nrounds {ROUNDS}, all alike=1\n"
+             \x20 parent after the child exited: prnt\nrounds {ROUNDS}, all alike=1\n\
+             SCM_RIGHTS to an exec'd child, sender closed its copy: exit=0\n\
+             rounds {ROUNDS}, all alike=1\n"
         ),
         "kernel TCP"
     );

@@ -11,10 +11,11 @@
  *   conform scm-nolib HOST PORT      SCM_RIGHTS to a process without the library (kernel TCP)
  *   conform elide HOST PORT          one thread's level-triggered epoll loop (see elide())
  *   conform herd HOST PORT           threads polling idle connections beside a busy one
- *   conform rounds fork|spawn|child HOST PORT N
+ *   conform rounds fork|spawn|child|scm HOST PORT N
  *                                    N rounds with the forking server (forkserver_round()), of
  *                                    a connection lent to a spawned program (spawn_round()) or
- *                                    to a forked child (child_round())
+ *                                    to a forked child (child_round()), or passed by
+ *                                    SCM_RIGHTS (scm_round())
  * Internal modes: exec-child FD, spawn-child, scm-recv UNIXFD. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -170,6 +171,9 @@ static void server(int port) {
 }
 
 static int dial(const char *host, int port, int nonblock);
+static int pass_fd(int s, char *const argv[]);
+/* Whether `pass_fd`'s receiver writes to /dev/null instead of stdout (its line, in rounds). */
+static int quiet_receiver;
 static void raw_syscalls(const char *host, int port);
 static void connect_in_progress(const char *host, int port);
 
@@ -1254,20 +1258,34 @@ static void child_round(const char *host, int port, char *line, size_t len) {
     close(s);
 }
 
-/* N rounds of `forkserver_round` ("fork"), `spawn_round` ("spawn") or `child_round`
- * ("child"): each fork may find the other threads of the process anywhere, holding or waiting
- * for any lock, and each round's timing differs. */
+/* One connection passed by SCM_RIGHTS to an exec'd child, our copy closed at once: the child
+ * echoes through it and sees its end. */
+static void scm_round(const char *host, int port, const char *self, char *line, size_t len) {
+    int s = dial(host, port, 0);
+    char *argv[] = {(char *)self, "scm-recv", NULL};
+    quiet_receiver = 1;
+    snprintf(line, len, "SCM_RIGHTS to an exec'd child, sender closed its copy: exit=%d\n", pass_fd(s, argv));
+    quiet_receiver = 0;
+}
+
+/* N rounds of `forkserver_round` ("fork"), `spawn_round` ("spawn"), `child_round` ("child")
+ * or `scm_round` ("scm"): each fork may find the other threads of the process anywhere,
+ * holding or waiting for any lock, and each round's timing differs. */
 static void rounds(const char *kind, const char *host, int port, int n, const char *self) {
-    char line[256], first[256] = "";
-    int same = 0;
+    char line[256], first[256] = "", other[256] = "";
+    int same = 0, at = -1;
+    signal(SIGPIPE, SIG_IGN); /* a failed write shows in the round's line */
     for (int i = 0; i < n; i++) {
         if (!strcmp(kind, "fork")) forkserver_round(host, port, line, sizeof line);
         else if (!strcmp(kind, "child")) child_round(host, port, line, sizeof line);
+        else if (!strcmp(kind, "scm")) scm_round(host, port, self, line, sizeof line);
         else spawn_round(host, port, self, line, sizeof line);
         if (i == 0) strcpy(first, line);
+        if (strcmp(line, first) && at < 0) { at = i; strcpy(other, line); }
         same += !strcmp(line, first);
     }
     printf("%srounds %d, all alike=%d\n", first, n, same == n);
+    if (at >= 0) printf("round %d was:\n%s", at, other);
 }
 
 /* Processes: a forked child uses the inherited socket while the parent leaves it alone, then
@@ -1357,6 +1375,7 @@ static int pass_fd(int s, char *const argv[]) {
     pid_t pid = fork();
     if (pid == 0) {
         close(sp[0]);
+        if (quiet_receiver) { int null = open("/dev/null", O_WRONLY); dup2(null, 1); close(null); }
         char *a[8];
         int i = 0;
         for (; argv[i]; i++) a[i] = argv[i];
