@@ -61,9 +61,11 @@ impl Options {
     }
 
     /// The options the program set, to apply to a kernel socket that takes the connection
-    /// over (a relay connection after fork).
+    /// over (a relay connection after fork). Called in a forked child, where the lock is only
+    /// tried: one that a parent thread held at the fork (a `setsockopt` on this connection)
+    /// stays held here for good, and the options are then not copied.
     pub fn all(&self) -> Vec<SetOption> {
-        self.set.lock().clone()
+        self.set.try_lock().map(|set| set.clone()).unwrap_or_default()
     }
 }
 
