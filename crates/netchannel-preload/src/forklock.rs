@@ -6,7 +6,7 @@
 //! for it when its eventual-fairness timer has run out, and in the child that waiting thread
 //! does not exist. A parent thread that waited for a table's lock while another forked left
 //! the child's copy of that lock held for good: conform's fork-server child hung in
-//! `close(listener)` (1 run in about 10 of a loop of that case). std's unlock only wakes a
+//! `close(listener)` (about 1 round in 10 of a loop of that case). std's unlock only wakes a
 //! waiter; it never hands the lock over.
 
 use std::any::Any;
@@ -55,7 +55,8 @@ impl<T: 'static> ForkMutex<T> {
     /// Takes the lock until `release_held` in this thread.
     pub(crate) fn hold_across_fork(&'static self) {
         let guard = self.lock();
-        HELD.with(|h| h.borrow_mut().push(Box::new(guard)));
+        // A fork from a thread's exit (its locals gone) goes without it: the lock is let go.
+        let _ = HELD.try_with(move |h| h.borrow_mut().push(Box::new(guard)));
     }
 }
 
@@ -80,14 +81,14 @@ impl<T: 'static> ForkRwLock<T> {
     /// Takes the write lock until `release_held` in this thread.
     pub(crate) fn hold_across_fork(&'static self) {
         let guard = self.write();
-        HELD.with(|h| h.borrow_mut().push(Box::new(guard)));
+        let _ = HELD.try_with(move |h| h.borrow_mut().push(Box::new(guard)));
     }
 }
 
 /// Releases what `hold_across_fork` took in this thread, last taken first (after the fork, in
 /// the parent and in the child).
 pub(crate) fn release_held() {
-    let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    let held = HELD.try_with(|h| std::mem::take(&mut *h.borrow_mut())).unwrap_or_default();
     for guard in held.into_iter().rev() {
         drop(guard);
     }
