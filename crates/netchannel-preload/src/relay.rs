@@ -600,7 +600,12 @@ fn attach_server(l: OwnedFd) {
             rustix::net::sockopt::Timeout::Recv,
             Some(Duration::from_secs(1)),
         );
-        let answer = serve_attach(&conn);
+        let taker = attach_request(&conn);
+        // From here until this process's copy of the taker's end is closed, no fork: a child
+        // forked meanwhile (a server forking per connection, back to back) kept a copy, and the
+        // taker's close then did not end its connection until that child exited.
+        let no_fork = taker.is_some().then(|| TAKER_END.lock());
+        let answer = taker.and_then(hand_to_relay);
         {
             let (status, fd) = match &answer {
                 Some(fd) => (1u8, Some(fd.as_fd())),
@@ -627,18 +632,21 @@ fn attach_server(l: OwnedFd) {
         // next answer into it: lost, and the owner's read never returned.
         if answer.is_some() {
             drop(answer);
+            drop(no_fork);
             let _ = rustix::net::send(&conn, &[ATTACH_RELEASED], rustix::net::SendFlags::NOSIGNAL);
         }
     }
 }
 
+/// Held while the attach thread holds a copy of a taker's end, and across `fork`.
+static TAKER_END: ForkMutex<()> = ForkMutex::new(());
+
 /// Sent by the owner after an attach answer once it has closed its own copy of the taker's end.
 pub(crate) const ATTACH_RELEASED: u8 = 2;
 
-/// Reads an attach request (connection id and a copy of its placeholder); hands the connection
-/// to a relay loop and returns the program's end, or `None` when the request does not prove it
-/// holds that connection's placeholder.
-fn serve_attach(conn: &OwnedFd) -> Option<OwnedFd> {
+/// Reads an attach request (connection id and a copy of its placeholder): the connection, or
+/// `None` when the request does not prove it holds that connection's placeholder.
+fn attach_request(conn: &OwnedFd) -> Option<Arc<Carried>> {
     let mut id = [0u8; 8];
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
@@ -661,9 +669,11 @@ fn serve_attach(conn: &OwnedFd) -> Option<OwnedFd> {
         return None;
     }
     let c = crate::carried::registered(u64::from_ne_bytes(id))?;
-    if !c.is_placeholder(proof?.as_fd()) {
-        return None;
-    }
+    c.is_placeholder(proof?.as_fd()).then_some(c)
+}
+
+/// Hands a connection a taker proved it holds to a relay loop: the program's end.
+fn hand_to_relay(c: Arc<Carried>) -> Option<OwnedFd> {
     c.hand_over();
     let local = c.local;
     let end = relayed_pair(Held::Shared(c)).ok()?;
@@ -679,9 +689,10 @@ fn serve_attach(conn: &OwnedFd) -> Option<OwnedFd> {
 static RELAYED_PEERS: ForkMutex<Option<HashMap<std::ffi::c_int, SocketAddr>>> =
     ForkMutex::new(None);
 
-/// Takes the relay's address books until `forklock::release_held` (`interpose::fork_prepare`):
-/// a forked child closes and connects through them.
+/// Takes the relay's address books (a forked child closes and connects through them) and the
+/// taker-end lock until `forklock::release_held` (`interpose::fork_prepare`).
 pub(crate) fn hold_across_fork() {
+    TAKER_END.hold_across_fork();
     PENDING.hold_across_fork();
     RELAYED_PEERS.hold_across_fork();
 }

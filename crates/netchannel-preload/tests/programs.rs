@@ -2125,7 +2125,9 @@ fn build_conform(p: &Pair) -> String {
 ///   threads (its other acceptors, the engine's, the attach thread) anywhere, holding or
 ///   waiting for any of the library's locks. Before 2026-11-29 a child hung here about once in
 ///   ten rounds: a parent thread had waited for a table's lock at the fork, and the child's copy
-///   of that lock went to the waiter, which the child does not have.
+///   of that lock went to the waiter, which the child does not have. Each round reads the first
+///   connection's end of stream while the second child still serves: that child, forked while
+///   the attach thread held the first child's end, kept a copy, and the end never came.
 /// - a client that lends its connection to a program started by `posix_spawn` (as stdin and
 ///   stdout), or to a forked child, waits for it to exit, then sends a request itself. Before
 ///   2026-11-29 nearly every run of 100 rounds beside a hog lost one answer: the owner's attach
