@@ -184,8 +184,9 @@ static INIT: extern "C" fn() = init;
 extern "C" fn fork_prepare() {
     // Before the locks: ending elision writes tokens (and takes the registry's lock).
     let _ = caught(crate::elide::before_fork);
-    // The relay's address books and the connect path's memories first: nothing takes them
-    // while holding a table's lock.
+    // The relay's locks first (the taker-end lock, whose holder takes the address books, the
+    // listener table and the registry, then the address books), then the connect path's
+    // memories: nothing takes these while holding a table's lock or the registry's.
     crate::relay::hold_across_fork();
     crate::connect::NO_ENGINE.hold_across_fork();
     crate::connect::CARRIED_BEFORE.hold_across_fork();

@@ -561,7 +561,7 @@ fn claim(app: BorrowedFd<'_>, certain: bool) -> bool {
 /// In a forked child: closes its copies of the owner's `queue_of` sockets, which only the
 /// owner's acceptors read (kept, they would keep a port listening after the program closed
 /// its listener). A copy whose lock an acceptor of the parent held at the fork stays open
-/// while the child lives: that lock stays held here, and waiting for it hung the child.
+/// while the child lives: that lock stays held here, and waiting for it would hang the child.
 pub(crate) fn close_queue_copies_in_child() {
     for e in table::TABLES.listeners.lock().values() {
         if e.owner != pid() {
