@@ -295,17 +295,17 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
                 let _ = c.app.shutdown(Shutdown::Read);
                 c.up_done = true;
             }
-            // The taker closed with bytes unread (its kernel reset its end): not the last close
-            // of a shared connection either.
-            Stop::ReadFailed if shared.is_some() => {
-                return give_back(c, shared.as_ref().expect("shared"));
-            }
-            // The application reset its connection: so does the virtual one (dropped with the
-            // connection, its unread bytes make it a reset).
-            Stop::ReadFailed => {
-                c.up_done = true;
-                c.down_done = true;
-            }
+            Stop::ReadFailed => match &shared {
+                // The taker closed with bytes unread (its kernel reset its end): not the last
+                // close of a shared connection either.
+                Some(carried) => return give_back(c, carried),
+                // The application reset its connection: so does the virtual one (dropped with
+                // the connection, its unread bytes make it a reset).
+                None => {
+                    c.up_done = true;
+                    c.down_done = true;
+                }
+            },
         }
     }
     if !c.down_done {

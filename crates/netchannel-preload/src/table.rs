@@ -10,11 +10,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use parking_lot::Mutex;
-
-use crate::forklock::{ForkMutex, ForkRwLock};
 use rustc_hash::FxHashMap;
 
 use crate::carried::Carried;
+use crate::forklock::{ForkMutex, ForkRwLock};
 use crate::inherit::Remote;
 use crate::listen::ListenEntry;
 use crate::waits::EpollInfo;
