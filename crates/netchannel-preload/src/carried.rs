@@ -102,7 +102,7 @@ pub(crate) struct Registration {
 struct Share {
     /// A copy of the relay's end of the taker's connection: tells the owner that the taker
     /// closed it before the relay has noticed.
-    link: Option<OwnedFd>,
+    link: Option<netchannel::sys::ShedOnFork<OwnedFd>>,
     /// Bytes the relay took from the virtual socket and could not deliver to the taker (it
     /// closed): the owner's next reads return them first.
     returned: Vec<u8>,
@@ -1251,7 +1251,7 @@ impl Carried {
 
     /// The relay serves the taker through `link` (its end of the taker's connection).
     pub(crate) fn relay_link(&self, link: Option<OwnedFd>) {
-        self.share.lock().link = link;
+        self.share.lock().link = link.map(netchannel::sys::ShedOnFork::new);
     }
 
     /// Whether this process still holds P (the relay's taker closing is then not the last

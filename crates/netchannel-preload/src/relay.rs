@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use netchannel::sys::{Epoll, EventFd, EDGE, PEER_SHUTDOWN, READABLE, WRITABLE};
+use netchannel::sys::{Epoll, EventFd, ShedOnFork, EDGE, PEER_SHUTDOWN, READABLE, WRITABLE};
 use netchannel::{Poller, VSocket};
 use parking_lot::Mutex;
 
@@ -55,7 +55,7 @@ const WAKE: u64 = u64::MAX;
 
 pub(crate) struct Loop {
     /// Connections handed over, not yet registered.
-    inbox: Mutex<Vec<(TcpStream, Held)>>,
+    inbox: Mutex<Vec<(ShedOnFork<TcpStream>, Held)>>,
     /// The inbox has something.
     wake: EventFd,
 }
@@ -95,7 +95,9 @@ pub(crate) fn relay(app: TcpStream, vs: Held) {
         return;
     }
     let lp = &all[NEXT.fetch_add(1, Ordering::Relaxed) % all.len()];
-    lp.inbox.lock().push((app, vs));
+    // A forked child keeps no copy of the relay's end: the relay's close (or reset) of it
+    // reaches the taker whatever other processes this one forked.
+    lp.inbox.lock().push((ShedOnFork::new(app), vs));
     lp.wake.notify();
 }
 
@@ -111,7 +113,7 @@ pub(crate) fn taken_over() -> usize {
 }
 
 struct Conn {
-    app: TcpStream,
+    app: ShedOnFork<TcpStream>,
     vs: Held,
     /// Read from the application, not yet taken by the virtual socket.
     up: Vec<u8>,
@@ -274,7 +276,7 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
         _ => None,
     };
     if !c.up_done {
-        let (app, vs) = (&c.app, c.vs.vs());
+        let (app, vs): (&TcpStream, _) = (&c.app, c.vs.vs());
         match forward(&mut c.up, scratch, &COUNTERS.bytes_out, |b| (&*app).read(b), |b| vs.send(b))
         {
             Stop::Blocked => {}
@@ -309,7 +311,7 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
         }
     }
     if !c.down_done {
-        let (app, vs) = (&c.app, c.vs.vs());
+        let (app, vs): (&TcpStream, _) = (&c.app, c.vs.vs());
         // To a shared connection's taker, bytes go only while it holds its end. Its close shows
         // here late on a loaded machine (loopback delivers the FIN in a softirq, which may wait
         // for ksoftirqd), and bytes written meanwhile were lost with the taker's socket: a

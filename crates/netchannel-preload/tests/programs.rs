@@ -1879,6 +1879,139 @@ fn owner_exit_under_a_child_is_reported(hosts: Hosts) {
     );
 }
 
+/// A server answers, forks a child that closes its copies and stays, and is killed (SIGKILL).
+/// On kernel TCP the client reads the end of its connection at once; under netchannel the
+/// killed engine's channels must end too, though the child inherited them (they used to stay
+/// open in the child, and the client waited for the child's exit). The engine cannot send a
+/// FIN for a connection when it is killed: the client reads the end or a reset.
+fn killed_owner_leaves_its_channels_to_no_child(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("killed-owner-{hosts:?}"), true, true);
+    let port = ports(1);
+    // The child stays until 15 s after the parent's death, well past the client's wait.
+    let server_py = "import os, signal, socket, sys, time\n\
+         l = socket.create_server(('0.0.0.0', int(sys.argv[1])))\n\
+         while True:\n\
+         \x20   c, _ = l.accept()\n\
+         \x20   if c.recv(1) == b'g': break\n\
+         \x20   c.close()\n\
+         parent = os.getpid()\n\
+         if os.fork() == 0:\n\
+         \x20   c.close(); l.close()\n\
+         \x20   while os.getppid() == parent: time.sleep(0.1)\n\
+         \x20   time.sleep(15)\n\
+         \x20   os._exit(0)\n\
+         c.sendall(b'hello')\n\
+         c.recv(1)\n\
+         os.kill(parent, signal.SIGKILL)\n";
+    let mut server = p
+        .server
+        .command("python3", &["-c", server_py, &port.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3");
+    p.server.wait_listening(port);
+    let client = format!(
+        "import socket\n\
+         s = socket.create_connection(('{}', {port}), timeout=10)\n\
+         s.sendall(b'g')\n\
+         got = b''\n\
+         while len(got) < 5:\n\
+         \x20   got += s.recv(5 - len(got))\n\
+         s.sendall(b'k')\n\
+         try:\n\
+         \x20   end = 'end' if s.recv(1) == b'' else 'more'\n\
+         except ConnectionResetError:\n\
+         \x20   end = 'end'\n\
+         except TimeoutError:\n\
+         \x20   end = 'still open after 10 s'\n\
+         print(got.decode(), end)\n",
+        p.server.addr
+    );
+    let out = p.client.run("python3", &["-c", &client], T);
+    let _ = server.wait();
+    assert_eq!(out, "hello end\n", "{}", stats_text(&p.server.stats));
+}
+
+/// A server forks a child per connection: the first child waits on its connection while the
+/// second holds its own. The client resets the first (`SO_LINGER` 0): the first child reads
+/// the reset at once on kernel TCP. Under netchannel both children use the relay, and the
+/// second used to inherit the relay's end of the first connection: the relay's reset then
+/// waited for the second child's exit.
+fn reset_reaches_a_forked_child_beside_its_sibling(hosts: Hosts) {
+    if !have("python3") {
+        return;
+    }
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let _one_at_a_time = one_at_a_time();
+    let p = Pair::new(tb, &format!("sibling-reset-{hosts:?}"), true, true);
+    let port = ports(1);
+    let server_py = "import os, signal, socket, sys, time\n\
+         l = socket.create_server(('0.0.0.0', int(sys.argv[1])))\n\
+         def take():\n\
+         \x20   while True:\n\
+         \x20       c, _ = l.accept()\n\
+         \x20       if c.recv(1) == b'g': return c\n\
+         \x20       c.close()\n\
+         a = take()\n\
+         first = os.fork()\n\
+         if first == 0:\n\
+         \x20   l.close(); a.sendall(b'r')\n\
+         \x20   a.recv(1)\n\
+         \x20   t = time.time()\n\
+         \x20   try:\n\
+         \x20       end = 'eof' if a.recv(1) == b'' else 'data'\n\
+         \x20   except ConnectionResetError:\n\
+         \x20       end = 'reset'\n\
+         \x20   print(end, 'late' if time.time() - t > 10 else 'at once', flush=True)\n\
+         \x20   os._exit(0)\n\
+         a.close()\n\
+         b = take()\n\
+         second = os.fork()\n\
+         if second == 0:\n\
+         \x20   l.close(); b.sendall(b'r'); time.sleep(20); os._exit(0)\n\
+         b.close()\n\
+         os.waitpid(first, 0)\n\
+         os.kill(second, signal.SIGKILL)\n\
+         os.waitpid(second, 0)\n";
+    let server = p
+        .server
+        .command("python3", &["-c", server_py, &port.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    p.server.wait_listening(port);
+    let client = format!(
+        "import socket, struct, time\n\
+         a = socket.create_connection(('{0}', {port}), timeout=30)\n\
+         a.sendall(b'g'); a.recv(1)\n\
+         b = socket.create_connection(('{0}', {port}), timeout=30)\n\
+         b.sendall(b'g'); b.recv(1)\n\
+         a.sendall(b't')\n\
+         a.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))\n\
+         a.close()\n\
+         time.sleep(1)\n",
+        p.server.addr
+    );
+    p.client.run("python3", &["-c", &client], T);
+    let server = server.wait_with_output().expect("server output");
+    assert_eq!(
+        String::from_utf8_lossy(&server.stdout),
+        "reset at once\n",
+        "stderr: {}\n{}",
+        String::from_utf8_lossy(&server.stderr),
+        stats_text(&p.server.stats)
+    );
+}
+
 crate::both_testbeds!(
     redis,
     iperf3,
@@ -1908,6 +2041,8 @@ crate::both_testbeds!(
     small_backlog_burst,
     bound_listener,
     owner_exit_under_a_child_is_reported,
+    killed_owner_leaves_its_channels_to_no_child,
+    reset_reaches_a_forked_child_beside_its_sibling,
     redis_replication
 );
 

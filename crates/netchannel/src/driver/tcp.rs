@@ -51,7 +51,9 @@ fn set_congestion(fd: BorrowedFd<'_>, preferred: &[String]) {
     }
 }
 
-pub struct TcpTransport(TcpStream);
+/// A channel's kernel TCP connection. A forked child gets no copy (`sys::ShedOnFork`): the
+/// channel ends when this process's engine does.
+pub struct TcpTransport(sys::ShedOnFork<TcpStream>);
 
 impl Transport for TcpTransport {
     fn fd(&self) -> BorrowedFd<'_> {
@@ -65,7 +67,7 @@ impl Transport for TcpTransport {
 
 impl TcpTransport {
     pub fn new(sock: TcpStream) -> Self {
-        TcpTransport(sock)
+        TcpTransport(sys::ShedOnFork::new(sock))
     }
 }
 

@@ -9,7 +9,7 @@
 #![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -292,6 +292,155 @@ impl ForkedCopy {
     }
 }
 
+/// A socket of this process's own (a channel, a relay's end of a connection) that a forked
+/// child must not keep open. The child has none of the threads that serve it, so its copy
+/// only keeps the connection alive past the parent: a parent killed while a child lives
+/// would otherwise leave its peers waiting on channels nobody reads (they see them close at
+/// the parent's death, as they would see its kernel sockets close), and a relay's close or
+/// reset would not reach the process at the other end.
+///
+/// The number is noted (in a lock-free bitmap) while this owns it; in a forked child
+/// (`pthread_atfork`, registered with the first one) every noted number is pointed at
+/// /dev/null: the socket is released, and the number stays taken, so that the copy of this
+/// object in the child's memory, should it ever be dropped there, closes nothing of the
+/// child's. A fork in the moment between the socket's creation and `new` (or between `drop`
+/// and the close) leaves the child its copy, as before.
+#[derive(Debug)]
+pub struct ShedOnFork<T: AsRawFd>(T);
+
+impl<T: AsRawFd> ShedOnFork<T> {
+    /// Notes `inner`'s fd until this is dropped.
+    pub fn new(inner: T) -> Self {
+        shed::note(inner.as_raw_fd());
+        ShedOnFork(inner)
+    }
+}
+
+impl<T: AsRawFd> std::ops::Deref for ShedOnFork<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: AsRawFd + AsFd> AsFd for ShedOnFork<T> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl<T: AsRawFd> Drop for ShedOnFork<T> {
+    fn drop(&mut self) {
+        // Forgotten before the field closes it: a child never sheds a number that may be
+        // another file's by then.
+        shed::forget(self.0.as_raw_fd());
+    }
+}
+
+mod shed {
+    use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+    use std::sync::Once;
+
+    /// fds per chunk of the bitmap, and chunks: numbers up to 16M (`fd_limit`'s cap).
+    const PER_CHUNK: usize = 1 << 16;
+    const CHUNKS: usize = 256;
+    type Chunk = [AtomicU64; PER_CHUNK / 64];
+
+    static NOTED: [AtomicPtr<Chunk>; CHUNKS] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+    static AT_FORK: Once = Once::new();
+
+    fn place(fd: i32) -> Option<(usize, usize, u64)> {
+        let fd = usize::try_from(fd).ok()?;
+        let chunk = fd / PER_CHUNK;
+        (chunk < CHUNKS).then(|| (chunk, fd % PER_CHUNK / 64, 1u64 << (fd % 64)))
+    }
+
+    pub(super) fn note(fd: i32) {
+        let Some((c, word, bit)) = place(fd) else { return };
+        AT_FORK.call_once(|| {
+            // SAFETY: registers a plain extern "C" function without arguments; glibc calls
+            // it in the child of every later fork.
+            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        });
+        let mut chunk = NOTED[c].load(Ordering::Acquire);
+        if chunk.is_null() {
+            let fresh = Box::into_raw(Box::new([const { AtomicU64::new(0) }; PER_CHUNK / 64]));
+            chunk = match NOTED[c].compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => fresh,
+                Err(theirs) => {
+                    // SAFETY: `fresh` came from Box::into_raw above and was never shared.
+                    drop(unsafe { Box::from_raw(fresh) });
+                    theirs
+                }
+            };
+        }
+        // SAFETY: chunks are never freed once published.
+        let chunk = unsafe { &*chunk };
+        chunk[word].fetch_or(bit, Ordering::SeqCst);
+    }
+
+    pub(super) fn forget(fd: i32) {
+        let Some((c, word, bit)) = place(fd) else { return };
+        let chunk = NOTED[c].load(Ordering::Acquire);
+        if !chunk.is_null() {
+            // SAFETY: chunks are never freed once published.
+            let chunk = unsafe { &*chunk };
+            chunk[word].fetch_and(!bit, Ordering::SeqCst);
+        }
+    }
+
+    /// The noted numbers, each once.
+    pub(super) fn each_noted(mut f: impl FnMut(i32)) {
+        for (c, slot) in NOTED.iter().enumerate() {
+            let chunk = slot.load(Ordering::Acquire);
+            if chunk.is_null() {
+                continue;
+            }
+            // SAFETY: chunks are never freed once published.
+            let chunk = unsafe { &*chunk };
+            for (w, word) in chunk.iter().enumerate() {
+                let mut bits = word.swap(0, Ordering::SeqCst);
+                while bits != 0 {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    f((c * PER_CHUNK + w * 64 + b) as i32);
+                }
+            }
+        }
+    }
+
+    /// The fork's child handler: no lock, no allocation (raw system calls only).
+    extern "C" fn in_child() {
+        super::shed_noted();
+    }
+}
+
+/// Points every noted number (`ShedOnFork`) at /dev/null and forgets it: what a forked child
+/// does first.
+fn shed_noted() {
+    let Ok(null) = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return;
+    };
+    shed::each_noted(|fd| {
+        // SAFETY: `fd` was noted by a `ShedOnFork` that owns it (noted after it was opened,
+        // forgotten before it is closed), so the number is open and nothing else in this
+        // process refers to it. The temporary owner is never dropped: dup3 only replaces the
+        // file under the number, which stays the (parent's image of the) owner's.
+        let mut target = std::mem::ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let _ = rustix::io::dup3(&null, &mut target, rustix::io::DupFlags::CLOEXEC);
+    });
+}
+
 /// The local address of a connected socket (a channel's, for the address a program's
 /// `getsockname` reports on a carried connection).
 pub fn local_addr(fd: BorrowedFd<'_>) -> Option<std::net::SocketAddr> {
@@ -487,6 +636,51 @@ mod tests {
         // SAFETY: sched_getscheduler(0) reads the calling thread's policy; no memory is passed.
         let policy = unsafe { libc::sched_getscheduler(0) };
         (policy, rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
+    }
+
+    /// Whether `fd` is a socket, in the calling process.
+    fn is_socket(fd: RawFd) -> bool {
+        // SAFETY: a borrow for the duration of the call; the kernel checks the number.
+        rustix::net::sockopt::socket_type(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok()
+    }
+
+    #[test]
+    fn a_forked_child_keeps_no_copy_of_a_noted_socket() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let noted = ShedOnFork::new(std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap());
+        let (mut far, _) = l.accept().unwrap();
+        // Noted and dropped before the fork: its number is not shed (a new file may take it).
+        let gone = ShedOnFork::new(std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap());
+        drop(gone);
+        let zero =
+            rustix::fs::open("/dev/zero", rustix::fs::OFlags::RDONLY, rustix::fs::Mode::empty())
+                .unwrap();
+        let zero_dev = rustix::fs::fstat(&zero).unwrap().st_rdev;
+        let (n, f, z) = (noted.as_raw_fd(), far.as_raw_fd(), zero.as_raw_fd());
+        // SAFETY: the child makes system calls only (no lock; the sleep allocates nothing) and
+        // leaves by _exit; the parent waits for it.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // The handler has run: the noted socket is gone, the others are as they were.
+            // SAFETY: a borrow for the duration of the call.
+            let z_dev = rustix::fs::fstat(unsafe { BorrowedFd::borrow_raw(z) }).map(|s| s.st_rdev);
+            let ok = !is_socket(n) && is_socket(f) && z_dev == Ok(zero_dev);
+            // Hold the copies a while: the parent's close must not wait for us.
+            std::thread::sleep(Duration::from_millis(500));
+            // SAFETY: ends the child without running the test harness's exit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        assert!(child > 0);
+        // The parent's close ends the connection at once, though the child still runs.
+        drop(noted);
+        use std::io::Read;
+        far.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let mut b = [0u8; 1];
+        assert_eq!(far.read(&mut b).unwrap(), 0, "end of stream while the child lives");
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` outlives the call.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child saw {status}");
     }
 
     #[test]
