@@ -4,7 +4,7 @@
 # the directory given (relative to the repository root).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-N=./target/release/ncperf
+N=${NCPERF:-./target/release/ncperf}
 out=${1:-docs/bench/data-path-11-24}
 run() { local name=$1; shift; $N compare --repetitions 3 --duration 3 --json "$@" >"$out/$name.json"; }
 run rr-4k --workload rr --size 4096

@@ -3,7 +3,7 @@
 # each size one interleaved `ncperf compare` (3 repetitions of 3 s); JSON per size here.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-N=./target/release/ncperf
+N=${NCPERF:-./target/release/ncperf}
 tag=${1:-after}
 shift || true # further arguments go to every compare (e.g. --host-congestion)
 for size in 64 1024 4096 16384 65536 1048576; do

@@ -4,7 +4,8 @@
 # 64 B to 1 MiB (../stall/run.sh, tag TAG), and every program of `ncperf programs`
 # (3 interleaved repetitions). Usage: run.sh [OUT [TAG]] (default: this directory and
 # 11-25-midday; OUT relative to the repository root). `summary.py OUT TAG` prints the tables of
-# BENCHMARKS.md.
+# BENCHMARKS.md. NCPERF=PATH runs another build's ncperf (and the launcher beside it), e.g. the
+# profile-guided one of scripts/pgo.sh: NCPERF=target/pgo/release/ncperf.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-docs/bench/status-11-25}
@@ -12,4 +13,4 @@ tag=${2:-11-25-midday}
 mkdir -p "$out"
 docs/bench/data-path-11-25-credit/run.sh "$out"
 docs/bench/stall/run.sh "$tag"
-./target/release/ncperf programs --repetitions 3 --json "$out/programs.json" >"$out/programs.txt" 2>&1
+"${NCPERF:-./target/release/ncperf}" programs --repetitions 3 --json "$out/programs.json" >"$out/programs.txt" 2>&1
