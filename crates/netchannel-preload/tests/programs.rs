@@ -1823,6 +1823,30 @@ fn redis_replication(hosts: Hosts) {
     assert_eq!(outputs[1], outputs[0], "carried differs from kernel TCP");
 }
 
+/// A Python server's first lines: `take(l)` accepts on `l` until a connection says "g" (the
+/// harness's `wait_listening` connects too, and says nothing).
+const TAKE_G: &str = "def take(l):\n\
+     \x20   while True:\n\
+     \x20       c, _ = l.accept()\n\
+     \x20       if c.recv(1) == b'g': return c\n\
+     \x20       c.close()\n";
+
+/// Runs the Python `script` (after `TAKE_G`, with the port as its argument) on the server side
+/// and waits until it listens; with `piped`, its stdout and stderr are kept for the test.
+fn python_server(p: &Pair, script: &str, port: u16, piped: bool) -> std::process::Child {
+    let out = || if piped { std::process::Stdio::piped() } else { std::process::Stdio::null() };
+    let child = p
+        .server
+        .command("python3", &["-c", &format!("{TAKE_G}{script}"), &port.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(out())
+        .stderr(out())
+        .spawn()
+        .expect("python3");
+    p.server.wait_listening(port);
+    child
+}
+
 /// A server accepts, forks, and closes its copy; the child takes the connection over, and the
 /// parent exits while the child still uses it. Kernel TCP keeps the connection for the child;
 /// under netchannel it ends with the parent, whose engine and relay carried it
@@ -1838,10 +1862,7 @@ fn owner_exit_under_a_child_is_reported(hosts: Hosts) {
     let port = ports(1);
     let server_py = "import os, socket, sys, time\n\
          l = socket.create_server(('0.0.0.0', int(sys.argv[1])))\n\
-         while True:\n\
-         \x20   c, _ = l.accept()\n\
-         \x20   if c.recv(1) == b'g': break\n\
-         \x20   c.close()\n\
+         c = take(l)\n\
          if os.fork() == 0:\n\
          \x20   l.close()\n\
          \x20   c.sendall(b'from the child')\n\
@@ -1849,15 +1870,7 @@ fn owner_exit_under_a_child_is_reported(hosts: Hosts) {
          \x20   os._exit(0)\n\
          c.close()\n\
          time.sleep(1)\n";
-    let server = p
-        .server
-        .command("python3", &["-c", server_py, &port.to_string()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    p.server.wait_listening(port);
+    let server = python_server(&p, server_py, port, true);
     let client = format!(
         "import socket\n\
          s = socket.create_connection(('{}', {port}), timeout=10)\n\
@@ -1895,10 +1908,7 @@ fn killed_owner_leaves_its_channels_to_no_child(hosts: Hosts) {
     // The child stays until 15 s after the parent's death, well past the client's wait.
     let server_py = "import os, signal, socket, sys, time\n\
          l = socket.create_server(('0.0.0.0', int(sys.argv[1])))\n\
-         while True:\n\
-         \x20   c, _ = l.accept()\n\
-         \x20   if c.recv(1) == b'g': break\n\
-         \x20   c.close()\n\
+         c = take(l)\n\
          parent = os.getpid()\n\
          if os.fork() == 0:\n\
          \x20   c.close(); l.close()\n\
@@ -1908,15 +1918,7 @@ fn killed_owner_leaves_its_channels_to_no_child(hosts: Hosts) {
          c.sendall(b'hello')\n\
          c.recv(1)\n\
          os.kill(parent, signal.SIGKILL)\n";
-    let mut server = p
-        .server
-        .command("python3", &["-c", server_py, &port.to_string()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3");
-    p.server.wait_listening(port);
+    let mut server = python_server(&p, server_py, port, false);
     let client = format!(
         "import socket\n\
          s = socket.create_connection(('{}', {port}), timeout=10)\n\
@@ -1954,12 +1956,7 @@ fn reset_reaches_a_forked_child_beside_its_sibling(hosts: Hosts) {
     let port = ports(1);
     let server_py = "import os, signal, socket, sys, time\n\
          l = socket.create_server(('0.0.0.0', int(sys.argv[1])))\n\
-         def take():\n\
-         \x20   while True:\n\
-         \x20       c, _ = l.accept()\n\
-         \x20       if c.recv(1) == b'g': return c\n\
-         \x20       c.close()\n\
-         a = take()\n\
+         a = take(l)\n\
          first = os.fork()\n\
          if first == 0:\n\
          \x20   l.close(); a.sendall(b'r')\n\
@@ -1972,7 +1969,7 @@ fn reset_reaches_a_forked_child_beside_its_sibling(hosts: Hosts) {
          \x20   print(end, 'late' if time.time() - t > 10 else 'at once', flush=True)\n\
          \x20   os._exit(0)\n\
          a.close()\n\
-         b = take()\n\
+         b = take(l)\n\
          second = os.fork()\n\
          if second == 0:\n\
          \x20   l.close(); b.sendall(b'r'); time.sleep(20); os._exit(0)\n\
@@ -1980,15 +1977,7 @@ fn reset_reaches_a_forked_child_beside_its_sibling(hosts: Hosts) {
          os.waitpid(first, 0)\n\
          os.kill(second, signal.SIGKILL)\n\
          os.waitpid(second, 0)\n";
-    let server = p
-        .server
-        .command("python3", &["-c", server_py, &port.to_string()])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    p.server.wait_listening(port);
+    let server = python_server(&p, server_py, port, true);
     let client = format!(
         "import socket, struct, time\n\
          a = socket.create_connection(('{0}', {port}), timeout=30)\n\
