@@ -202,7 +202,6 @@ extern "C" fn fork_child() {
     process::set_pid();
     crate::forklock::release_held();
     table::forget_epolls_after_fork();
-    process::release_engines_in_child();
     crate::carried::close_forked_copies();
     crate::listen::close_queue_copies_in_child();
 }

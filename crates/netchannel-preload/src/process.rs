@@ -401,16 +401,6 @@ pub(crate) fn is_inside() -> bool {
     INSIDE.try_with(|c| c.get()).unwrap_or(true)
 }
 
-/// In a forked child: the parent's engines are not this process's (`live`), and their channel
-/// listeners must not stay bound here after the parent exits (`Engine::release_in_forked_child`).
-pub(crate) fn release_engines_in_child() {
-    for e in engines() {
-        if e.pid != pid() {
-            e.engine.release_in_forked_child();
-        }
-    }
-}
-
 /// The engines this process's memory holds: its own, or a parent's (a forked child's copy).
 fn engines() -> impl Iterator<Item = &'static ProcEngine> {
     [SERVER_ENGINE.get(), CLIENT_ENGINE.get()].into_iter().flatten().flatten()

@@ -36,7 +36,7 @@ const SWEEP_AFTER: Duration = Duration::from_secs(1);
 /// `control_dir`: where the engine's control endpoint is, swept once for stale ones.
 pub(crate) fn run(
     ctx: Arc<EngineCtx>,
-    listener: TcpListener,
+    listener: crate::sys::ShedOnFork<TcpListener>,
     stop: Arc<EventFd>,
     control_dir: Option<std::path::PathBuf>,
 ) {

@@ -150,9 +150,6 @@ pub struct Engine {
     acceptor: Mutex<Option<JoinHandle<()>>>,
     stop: Arc<EventFd>,
     control: Mutex<Option<control::Endpoint>>,
-    /// The channel listener (the acceptor thread owns it), for a forked child's
-    /// `release_in_forked_child`.
-    channel_listener: crate::sys::ForkedCopy,
 }
 
 /// Runs `f` on a thread that first enters `netns` (if any) and waits for its result.
@@ -181,17 +178,17 @@ impl Engine {
             let l = in_netns(config.netns.clone(), move || crate::sys::tcp_listen(&addr)).map_err(
                 |e| io::Error::new(e.kind(), format!("cannot bind channel listener {addr}: {e}")),
             )?;
-            Some(l)
+            // A forked child keeps no copy: kept, it held the port bound after the engine's
+            // process exited (a daemon's parent exits after `listen`), so no other engine
+            // could own it and peers that dialed it waited for a handshake nobody would
+            // answer, where they are now refused at once.
+            Some(crate::sys::ShedOnFork::new(l))
         } else {
             None
         };
         let local_addr = match &listener {
             Some(l) => l.local_addr()?,
             None => addr,
-        };
-        let channel_listener = match &listener {
-            Some(l) => crate::sys::ForkedCopy::new(std::os::fd::AsFd::as_fd(l)),
-            None => crate::sys::ForkedCopy::none(),
         };
         let worker_count = config.workers + usize::from(config.latency_channels > 0);
         let class_of =
@@ -263,7 +260,6 @@ impl Engine {
             acceptor: Mutex::new(None),
             stop: stop.clone(),
             control: Mutex::new(control),
-            channel_listener,
         };
         let Some(listener) = listener else { return Ok(engine) };
         let netns = ctx.config.netns.clone();
@@ -316,16 +312,6 @@ impl Engine {
     /// The Unix socket `netchannel stat` reads this engine through (`Config::control`).
     pub fn control_path(&self) -> Option<std::path::PathBuf> {
         self.control.lock().as_ref().map(|e| e.path().to_path_buf())
-    }
-
-    /// For a child forked from this engine's process, which shares its memory but runs none of
-    /// its threads: closes the child's copy of the channel listener. Kept, it held the port
-    /// bound after the engine's process exited (a daemon's parent exits after `listen`), so no
-    /// other engine could own it and peers that dialed it waited for a handshake nobody would
-    /// answer, where they are now refused at once. Takes no lock and allocates nothing (for a
-    /// fork handler). Nothing else of the engine may be used in the child.
-    pub fn release_in_forked_child(&self) {
-        self.channel_listener.close_in_child();
     }
 
     /// Waits until what the applications sent has reached the peer engines (nothing unsent or

@@ -254,46 +254,8 @@ pub fn raised(fd: OwnedFd) -> OwnedFd {
     rustix::io::fcntl_dupfd_cloexec(&fd, floor).unwrap_or(fd)
 }
 
-/// An fd owned by one of this process's threads (the channel listener, by the acceptor) that
-/// a forked child must not keep: the child would hold the listener's port after the parent
-/// exits (`Engine::release_in_forked_child`).
-pub struct ForkedCopy {
-    fd: std::sync::atomic::AtomicI32,
-    owner: u32,
-}
-
-impl ForkedCopy {
-    /// Notes `fd`, owned by this process.
-    pub fn new(fd: BorrowedFd<'_>) -> ForkedCopy {
-        ForkedCopy {
-            fd: std::sync::atomic::AtomicI32::new(fd.as_raw_fd()),
-            owner: rustix::process::getpid().as_raw_nonzero().get() as u32,
-        }
-    }
-
-    /// Notes nothing: `close_in_child` does nothing.
-    pub fn none() -> ForkedCopy {
-        ForkedCopy { fd: std::sync::atomic::AtomicI32::new(-1), owner: 0 }
-    }
-
-    /// In a process forked from the one that made this, and only there (the kernel's pid is
-    /// asked): closes that process's copy, once. Takes no lock and allocates nothing.
-    pub fn close_in_child(&self) {
-        if rustix::process::getpid().as_raw_nonzero().get() as u32 == self.owner {
-            return;
-        }
-        let fd = self.fd.swap(-1, std::sync::atomic::Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: in a forked child the object that owns `fd` lives in the parent's memory
-            // image only: the thread that used it does not exist here, nothing else of this
-            // process refers to the number, and the swap closes it once.
-            unsafe { rustix::io::close(fd) };
-        }
-    }
-}
-
-/// A socket of this process's own (a channel, a relay's end of a connection) that a forked
-/// child must not keep open. The child has none of the threads that serve it, so its copy
+/// A socket of this process's own (a channel, the channel listener, a relay's end of a
+/// connection) that a forked child must not keep open. The child has none of the threads that serve it, so its copy
 /// only keeps the connection alive past the parent: a parent killed while a child lives
 /// would otherwise leave its peers waiting on channels nobody reads (they see them close at
 /// the parent's death, as they would see its kernel sockets close), and a relay's close or
