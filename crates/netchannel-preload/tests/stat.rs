@@ -129,6 +129,58 @@ fn lists_this_process_engines_with_channels_sockets_and_budgets() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A peer that opens streams from several threads dials a session per thread (its shards,
+/// `Config::session_shards`), each channel from its own port: the accepting engine lists them
+/// as one peer, by the peer engine, with its sessions counted; the dialer lists the one address
+/// it dialed.
+#[test]
+fn a_peer_dialing_from_several_shards_is_one_peer() {
+    let dir = control_dir("shards");
+    let cfg = |shards: usize| Config {
+        control_dir: Some(dir.clone()),
+        session_shards: shards,
+        ..Config::new("127.0.0.1:0".parse().unwrap())
+    };
+    let server = Engine::new(cfg(1)).unwrap();
+    let client = std::sync::Arc::new(Engine::new(cfg(3)).unwrap());
+    let l = server.listen(4343).unwrap();
+    let to = server.local_addr();
+    let socks: Vec<_> = (0..3)
+        .map(|_| {
+            let client = client.clone();
+            std::thread::spawn(move || client.connect(to, 4343).unwrap()).join().unwrap()
+        })
+        .collect();
+    let accepted: Vec<_> = (0..3).map(|_| l.accept().unwrap()).collect();
+    let doc = stat_json(&dir);
+    let list = engines(&doc);
+    let by_id = |id: u64| {
+        let id = format!("{id:016x}");
+        list.iter().find(|x| x["engine_id"] == id.as_str()).cloned().expect("engine listed")
+    };
+    let (sv, cl) = (by_id(server.id()), by_id(client.id()));
+    let peers = sv["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{sv:#}");
+    assert_eq!(peers[0]["dialed"], "in", "{sv:#}");
+    assert_eq!(peers[0]["sessions"], 3, "{sv:#}");
+    assert_eq!(peers[0]["addr"], "127.0.0.1", "{sv:#}");
+    let key = |id: u64| format!("{:016x}", id & ((1 << 58) - 1));
+    assert_eq!(peers[0]["engine"].as_str(), Some(key(client.id()).as_str()), "{sv:#}");
+    let peers = cl["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{cl:#}");
+    assert_eq!(peers[0]["dialed"], "out", "{cl:#}");
+    assert_eq!(peers[0]["sessions"], 3, "{cl:#}");
+    assert_eq!(peers[0]["addr"], to.to_string().as_str(), "{cl:#}");
+    assert_eq!(peers[0]["engine"].as_str(), Some(key(server.id()).as_str()), "{cl:#}");
+    let out = Command::new(NETCHANNEL).args(["stat", "--dir"]).arg(&dir).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("peer 127.0.0.1 (engine") && table.contains("dialed in, 3 sessions"));
+    drop((socks, accepted, l));
+    drop(server);
+    drop(client);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn other_users_see_nothing() {
     if !rustix::process::getuid().is_root() || !have("setpriv") {

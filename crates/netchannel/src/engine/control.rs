@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 
 use super::EngineCtx;
 use crate::sys::EventFd;
+use crate::wire::handshake::{engine_key, same_engine};
 
 /// Overrides the directory of control endpoints, for engines and `netchannel stat` alike.
 pub const CONTROL_DIR_ENV: &str = "NETCHANNEL_CONTROL_DIR";
@@ -232,6 +233,16 @@ fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd) {
     }
 }
 
+/// What `snapshot` gathers of one peer engine.
+#[derive(Default)]
+struct PeerEntry {
+    engine: Option<String>,
+    dialed_out: bool,
+    sessions: Vec<u64>,
+    addrs: Vec<std::net::SocketAddr>,
+    channels: Vec<Value>,
+}
+
 /// The process's command name (`/proc/self/comm`).
 fn command() -> String {
     std::fs::read_to_string("/proc/self/comm").map(|s| s.trim_end().to_string()).unwrap_or_default()
@@ -249,11 +260,28 @@ fn class_name(c: crate::Class) -> &'static str {
 pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
     let st = ctx.stats();
     let cfg = &ctx.config;
-    let mut peers: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    // One entry per peer engine: the sessions of a peer's shards (each its own session,
+    // dialed from its own address when the peer dialed) are one peer.
+    let mut peers: BTreeMap<String, PeerEntry> = BTreeMap::new();
     for c in &st.channels {
-        let peer = c.peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string());
+        let key = if c.peer_engine != 0 {
+            format!("{:016x}", engine_key(c.peer_engine))
+        } else {
+            c.peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string())
+        };
+        let peer = peers.entry(key).or_default();
+        peer.engine = (c.peer_engine != 0).then(|| format!("{:016x}", engine_key(c.peer_engine)));
+        peer.dialed_out = same_engine(c.session, st.engine_id);
+        if !peer.sessions.contains(&c.session) {
+            peer.sessions.push(c.session);
+        }
+        if let Some(a) = c.peer_addr {
+            if !peer.addrs.contains(&a) {
+                peer.addrs.push(a);
+            }
+        }
         let ch = &c.channel;
-        peers.entry(peer).or_default().push(json!({
+        peer.channels.push(json!({
             "session": format!("{:016x}", c.session),
             "index": ch.index,
             "incarnation": ch.incarnation,
@@ -269,8 +297,25 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
         }));
     }
     let peers: Vec<Value> = peers
-        .into_iter()
-        .map(|(addr, channels)| json!({ "addr": addr, "channels": channels }))
+        .into_values()
+        .map(|p| {
+            // A peer that dialed in from several shards did so from several ports.
+            let addr = match &p.addrs[..] {
+                [] => "?".to_string(),
+                [one] => one.to_string(),
+                [first, ..] if p.addrs.iter().all(|a| a.ip() == first.ip()) => {
+                    first.ip().to_string()
+                }
+                many => many.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(","),
+            };
+            json!({
+                "addr": addr,
+                "engine": p.engine,
+                "dialed": if p.dialed_out { "out" } else { "in" },
+                "sessions": p.sessions.len(),
+                "channels": p.channels,
+            })
+        })
         .collect();
     let sockets: Vec<Value> = st
         .sockets

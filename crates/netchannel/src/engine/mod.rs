@@ -1292,6 +1292,7 @@ impl EngineCtx {
         self.remember_closed(PeerChannelStats {
             peer_addr: peer,
             session: 0,
+            peer_engine: 0,
             channel: ChannelStats {
                 protocol_errors: 1,
                 close_reason: Some(why),
@@ -1321,6 +1322,7 @@ impl EngineCtx {
         self.remember_closed(PeerChannelStats {
             peer_addr: Some(session.peer_addr),
             session: session.dialer_id(),
+            peer_engine: session.peer_engine,
             channel: stats,
         });
         if errors > 0 {
@@ -1376,6 +1378,7 @@ impl EngineCtx {
                 stats.channels.push(PeerChannelStats {
                     peer_addr: Some(s.peer_addr),
                     session: s.dialer_id(),
+                    peer_engine: s.peer_engine,
                     channel: c.stats(),
                 });
             }

@@ -74,6 +74,9 @@ pub struct PeerChannelStats {
     /// The channel's session: the engine id its dialer presents (the dialer's own, or one of
     /// its shards', `Config::session_shards`), the same at both ends; 0 when not known.
     pub session: u64,
+    /// The peer engine's id as it presented it (a shard's, when the peer dialed from one);
+    /// 0 when not known. `wire::handshake::engine_key` of it names the engine.
+    pub peer_engine: u64,
     /// The channel's counters.
     pub channel: ChannelStats,
 }

@@ -237,7 +237,16 @@ fn table(found: &Found, max_sockets: usize) -> String {
         );
         for p in e["peers"].as_array().into_iter().flatten() {
             let chans = p["channels"].as_array().map_or(&[][..], |v| &v[..]);
-            let _ = writeln!(o, "  peer {}: {} channels", s(&p["addr"]), chans.len());
+            let sessions = u(&p["sessions"]);
+            let _ = writeln!(
+                o,
+                "  peer {} (engine {}, dialed {}{}): {} channels",
+                s(&p["addr"]),
+                if p["engine"].is_null() { "?".into() } else { s(&p["engine"]) },
+                s(&p["dialed"]),
+                if sessions > 1 { format!(", {sessions} sessions") } else { String::new() },
+                chans.len()
+            );
             let _ = writeln!(
                 o,
                 "    {:>5} {:<10} {:<6} {:>10} {:>10} {:>10} {:>9} {:>10} {:<6}",
