@@ -1332,8 +1332,9 @@ fn epoll_common(
                 let out = unsafe { std::slice::from_raw_parts_mut(events, max as usize) };
                 elision.report(out, n)
             };
-            if n == 0 && room < max as usize {
-                // Nothing elided to report after all: the kernel's events in full.
+            if n == 0 && room == 0 {
+                // Nothing elided to report after all, and the kernel was not asked: its events
+                // in full. (Asked for fewer, it had none: `report` only adds events.)
                 return kernel(max as usize);
             }
             Ok(n)
