@@ -2155,6 +2155,18 @@ fn exits_as_a_shell_does_when_the_command_cannot_run() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("stats file"), "{out:?}");
+
+    // An option netchannel does not know, before the command, is a usage error (not a command
+    // named "--bogus"); after the command, options are the program's.
+    let out = std::process::Command::new(NETCHANNEL).args(["run", "--bogus", "true"]).output();
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unexpected argument"), "{out:?}");
+    let out = std::process::Command::new(NETCHANNEL)
+        .args(["run", "echo", "-n", "--bogus"])
+        .output()
+        .unwrap();
+    assert_eq!((out.status.code(), &out.stdout[..]), (Some(0), &b"--bogus"[..]), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
