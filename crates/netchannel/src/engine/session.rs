@@ -785,8 +785,15 @@ impl SessionRt {
         let mut st = ch.tx.lock();
         let budget = self.ctx.config.tx_batch_bytes;
         let mut written = 0;
+        // The core had nothing more for the channel when the frames being written were pulled:
+        // once they are written the run ends without asking again (a frame queued since is
+        // another thread's to write, and its `tx` finds this run and asks it to run again).
+        let mut drained = false;
         loop {
             if st.frames.is_empty() {
+                if drained {
+                    return Ok(false);
+                }
                 if written >= budget {
                     return Ok(self.core().has_transmit(ch.meta.index));
                 }
@@ -800,6 +807,7 @@ impl SessionRt {
                     &mut tx.pulled,
                 );
                 *kicked |= core.take_kicked(ch.meta.class);
+                drained = !core.has_transmit(ch.meta.index);
                 drop(core);
                 if n == 0 {
                     return Ok(false);
@@ -926,12 +934,15 @@ impl SessionRt {
             if classes & class.bit() == 0 {
                 continue;
             }
-            let pending = {
+            // What is pending and where it may go, under one hold of the lock.
+            let work = {
                 let core = self.core();
-                self.serving_channels(class).iter().any(|c| core.has_transmit(c.meta.index))
+                let pending =
+                    self.serving_channels(class).iter().any(|c| core.has_transmit(c.meta.index));
+                pending.then(|| core.transmit_work(class))
             };
-            if pending {
-                self.transmit(class);
+            if let Some(work) = work {
+                self.transmit_known(class, work);
             }
         }
     }

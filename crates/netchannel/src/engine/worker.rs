@@ -744,7 +744,9 @@ fn tick_channel(ch: &Arc<Channel>, s: &Arc<SessionRt>, now: Instant) {
     if deferred {
         s.rx(ch);
     }
-    if transmit && !ch.tx_run.is_busy() {
+    if transmit {
+        // A run in progress is asked to go again (its run lock's note) rather than passed
+        // over: it may have pulled its last frames before these were queued.
         s.transmit_channel(ch);
     }
     if ack {
