@@ -100,6 +100,7 @@ reals! {
     shutdown: unsafe extern "C" fn(c_int, c_int) -> c_int,
     close: unsafe extern "C" fn(c_int) -> c_int,
     close_range: unsafe extern "C" fn(u32, u32, c_int) -> c_int,
+    closefrom: unsafe extern "C" fn(c_int),
     dup: unsafe extern "C" fn(c_int) -> c_int,
     dup2: unsafe extern "C" fn(c_int, c_int) -> c_int,
     dup3: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int,
@@ -1875,6 +1876,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// `close(fd)` by `real_close` (libc's close, or the plain system call for a close made
 /// through `syscall()`, which is no cancellation point), with the tables kept in step.
 fn close_with(fd: c_int, real_close: impl FnOnce() -> c_int) -> c_int {
+    netchannel::sys::forget_own_fd(fd);
     let k = table::kind(fd);
     let forgotten = if k != 0 { caught(|| forget(fd, k)) } else { None };
     let rc = real_close();
@@ -1956,32 +1958,141 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 }
 
 /// # Safety
-/// C ABI: as close_range(2).
+/// C ABI: as close_range(2). The library's own fds in the range stay open: the program does
+/// not know of them, and closing them cut the channels of its connections (a Python program's
+/// `os.closerange(3, ...)` left its later connections waiting for nothing).
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_int {
-    let range = first as usize..=(last as usize).min(table::MAX_FD - 1);
-    if !range.clone().any(|fd| table::kind(fd as c_int) != 0) {
+    let Some(spared) = Spared::new(first, last) else {
         // None of ours: nothing to allocate or lock (a forked child before exec calls this).
         // SAFETY: forwarding the caller's arguments.
         return unsafe { real!(close_range)(first, last, flags) };
-    }
-    let ours: Vec<(c_int, u8)> = if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        (first as usize..=(last as usize).min(table::MAX_FD - 1))
-            .map(|fd| (fd as c_int, table::kind(fd as c_int)))
-            .filter(|(_, k)| *k != 0)
-            .collect()
-    } else {
-        Vec::new()
     };
-    // Out of the tables before the numbers are free (see `forget`).
-    let forgotten: Vec<Forgotten> =
-        ours.into_iter().filter_map(|(fd, k)| caught(|| forget(fd, k))).collect();
-    // SAFETY: forwarding the caller's arguments.
-    let rc = unsafe { real!(close_range)(first, last, flags) };
+    let forgotten = forget_range(first, last, flags);
+    let rc = spared.close(first, last, flags);
     for f in forgotten {
         let _ = caught(|| closed(f));
     }
     rc
+}
+
+/// # Safety
+/// C ABI: as closefrom(3). glibc's closefrom makes its own close_range call, which the wrapper
+/// above would not see: the library's fds went with the program's, and the closed connections
+/// stayed in the tables.
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    let first = lowfd.max(0) as u32;
+    let Some(spared) = Spared::new(first, u32::MAX) else {
+        // SAFETY: forwarding the caller's argument.
+        return unsafe { real!(closefrom)(lowfd) };
+    };
+    let forgotten = forget_range(first, u32::MAX, 0);
+    if spared.close(first, u32::MAX, 0) < 0 {
+        // As glibc's closefrom when close_range fails: one by one, up to the fd limit.
+        let limit = netchannel::sys::fd_limit().min(c_int::MAX as usize) as c_int;
+        for fd in lowfd.max(0)..limit {
+            if !spared.spares(fd) {
+                // SAFETY: closing a number of the program's range (EBADF where none is open).
+                unsafe { real!(close)(fd) };
+            }
+        }
+    }
+    for f in forgotten {
+        let _ = caught(|| closed(f));
+    }
+}
+
+/// What a range the program closes must leave open: every number from the library's floor up
+/// (`fd_base`: the library and the engine make their fds there) but the program's own
+/// connections, listeners and sets there, and the library's fds below the floor
+/// (`netchannel::sys::note_own_fd`: one that found no free number above it).
+struct Spared {
+    floor: u32,
+    /// The library's fds below the floor, in order.
+    below: Vec<c_int>,
+    /// The program's fds the library knows of at or above the floor, in order.
+    program_above: Vec<c_int>,
+}
+
+impl Spared {
+    /// `None` when the range holds nothing of the library's (the kernel's call as it is).
+    fn new(first: u32, last: u32) -> Option<Spared> {
+        // Before the library made any fd (or in a forked child, whose copies are not its
+        // library's) nothing is spared: every number of the range is the program's.
+        let library = netchannel::sys::has_own_fds();
+        let floor = if library { process::fd_base().max(0) as u32 } else { u32::MAX };
+        let below_last = last.min(floor.saturating_sub(1)).min(c_int::MAX as u32);
+        let below = if first < floor {
+            netchannel::sys::own_fds_in(first as c_int, below_last as c_int)
+        } else {
+            Vec::new()
+        };
+        let known = |fd: usize| table::kind(fd as c_int) != 0;
+        let low_known = (first as usize..=(below_last as usize).min(table::MAX_FD - 1))
+            .take_while(|_| first < floor)
+            .any(known);
+        if last < floor && below.is_empty() && !low_known {
+            return None;
+        }
+        let program_above = (first.max(floor) as usize..=(last as usize).min(table::MAX_FD - 1))
+            .filter(|&fd| known(fd))
+            .map(|fd| fd as c_int)
+            .collect();
+        Some(Spared { floor, below, program_above })
+    }
+
+    /// Whether `fd` stays open.
+    fn spares(&self, fd: c_int) -> bool {
+        if (fd as u32) < self.floor {
+            self.below.binary_search(&fd).is_ok()
+        } else {
+            self.program_above.binary_search(&fd).is_err()
+        }
+    }
+
+    /// `close_range(first, last, flags)` over the program's part of the range: the runs
+    /// between the spared numbers below the floor, and the program's own fds above it. 0, or -1
+    /// with errno from the first call that failed.
+    fn close(&self, first: u32, last: u32, flags: c_int) -> c_int {
+        let mut runs = Vec::with_capacity(self.below.len() + self.program_above.len() + 1);
+        let low_last = last.min(self.floor.saturating_sub(1));
+        if first < self.floor {
+            let mut from = first;
+            for &fd in &self.below {
+                let fd = fd as u32;
+                if fd > from {
+                    runs.push((from, fd - 1));
+                }
+                from = fd + 1;
+            }
+            if from <= low_last {
+                runs.push((from, low_last));
+            }
+        }
+        runs.extend(self.program_above.iter().map(|&fd| (fd as u32, fd as u32)));
+        for (a, b) in runs {
+            // SAFETY: a part of the program's range, without the library's fds.
+            let rc = unsafe { real!(close_range)(a, b, flags) };
+            if rc < 0 {
+                return rc;
+            }
+        }
+        0
+    }
+}
+
+/// Takes the program's fds from `first` to `last` out of the tables before their numbers are
+/// free (see `forget`); none with `CLOSE_RANGE_CLOEXEC`, which closes nothing now.
+fn forget_range(first: u32, last: u32, flags: c_int) -> Vec<Forgotten> {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
+        return Vec::new();
+    }
+    let ours: Vec<(c_int, u8)> = (first as usize..=(last as usize).min(table::MAX_FD - 1))
+        .map(|fd| (fd as c_int, table::kind(fd as c_int)))
+        .filter(|(_, k)| *k != 0)
+        .collect();
+    ours.into_iter().filter_map(|(fd, k)| caught(|| forget(fd, k))).collect()
 }
 
 // ---------------------------------------------------------------------------------------------

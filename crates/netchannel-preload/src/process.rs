@@ -568,7 +568,10 @@ pub(crate) fn fd_base() -> c_int {
 
 /// One of our fds moved above `fd_base()` (close-on-exec).
 pub(crate) fn relocate(fd: OwnedFd) -> OwnedFd {
-    rustix::io::fcntl_dupfd_cloexec(fd.as_fd(), fd_base()).unwrap_or(fd)
+    let fd = rustix::io::fcntl_dupfd_cloexec(fd.as_fd(), fd_base()).unwrap_or(fd);
+    // Kept open by a range the program closes (`close_range`, `closefrom`).
+    netchannel::sys::note_own_fd(std::os::fd::AsRawFd::as_raw_fd(&fd));
+    fd
 }
 
 /// Runs `f` (which starts an engine, or makes its first contact with a peer) with the engine

@@ -59,13 +59,16 @@ static int wait_ev(int ep, int ms) {
 static int release[2] = {-1, -1};
 /* Written by 'A' N (on any connection): the listener on PORT+3 accepts N connections. */
 static int held_go[2] = {-1, -1};
+/* Written by a connection in 'W' mode when it reads its end of stream; read by 'K'. */
+static int eof_note[2] = {-1, -1};
 
 /* Commands: 'd' send 10 bytes; 's' shut down writing; 'e' echo 4 bytes; 'q' quit; 'h' hold
  * (read nothing more: partial writes); 'w' read to EOF, then answer "done"; 'f' answer whether
  * accept4 made the fd close-on-exec and non-blocking; 'x' close at once (FIN); 'r' reset
  * (SO_LINGER {1, 0}, close); 'p' send 5 bytes; 'l' send 10 bytes after 300 ms; 'E' echo
  * everything to EOF, then close; 'L' read nothing until released by a 'g', then read to EOF;
- * 'Z' answer "z", then stop the whole process for 1.5 s. */
+ * 'Z' answer "z", then stop the whole process for 1.5 s; 'W' read to EOF, then note it; 'K'
+ * answer "eof" once a 'W' connection noted its end of stream within 3 s, else "---". */
 static void *serve(void *arg) {
     int c = (int)(long)arg;
     int fdflags = fcntl(c, F_GETFD), flflags = fcntl(c, F_GETFL);
@@ -97,6 +100,13 @@ static void *serve(void *arg) {
             char g, b[65536]; read(release[0], &g, 1); while (read(c, b, sizeof b) > 0) {} break;
         }
         if (cmd == 'g') write(release[1], "g", 1);
+        if (cmd == 'W') { char b[256]; while (read(c, b, sizeof b) > 0) {} write(eof_note[1], "e", 1); break; }
+        if (cmd == 'K') {
+            struct pollfd n = {.fd = eof_note[0], .events = POLLIN};
+            char e;
+            int seen = poll(&n, 1, 3000) == 1 && read(eof_note[0], &e, 1) == 1;
+            write(c, seen ? "eof" : "---", 3);
+        }
         if (cmd == 'A') { char n; if (read(c, &n, 1) == 1) write(held_go[1], &n, 1); }
         if (cmd == 'Z') {
             /* The whole server process stops for 1.5 s (its engine too, when carried). */
@@ -155,7 +165,7 @@ static void server(int port) {
      * its backlog is for the test's connections alone). */
     int held = listener_backlog(port + 3, 1);
     int l = listener(port);
-    if (pipe(release) || pipe(held_go)) die("pipe");
+    if (pipe(release) || pipe(held_go) || pipe(eof_note)) die("pipe");
     signal(SIGCHLD, SIG_IGN); /* the forked servers' children are reaped by the kernel */
     pthread_t fs, hs;
     pthread_create(&fs, NULL, forkserver, (void *)(long)listener(port + 2));
@@ -1625,6 +1635,45 @@ static void raw_syscalls(const char *host, int port) {
     printf("unseen close: %ld, epoll set under the number %d, its getsockname %s\n", uc, e == u,
            gs == ENOTSOCK ? "ENOTSOCK" : en(gs));
     close(e);
+    /* closefrom (glibc makes its own close_range call): the connection above the number given
+     * is closed and its peer reads its end of stream; the process's other connections, and its
+     * later ones, go on (the library's own fds are not the program's to close). */
+    int cw = dial(host, port, 0), ck = dial(host, port, 0);
+    if (cw < 0 || ck < 0) { errno = cw < 0 ? -cw : -ck; die("connect"); }
+    write(cw, "Wbytes", 6);
+    int hi = fcntl(cw, F_DUPFD, 900);
+    close(cw);
+    closefrom(hi);
+    int gone = fcntl(hi, F_GETFD) < 0 && errno == EBADF;
+    write(ck, "K", 1);
+    char seen[4] = {0};
+    int got = read_full(ck, seen, 3);
+    close(ck);
+    int cn = dial(host, port, 0);
+    if (cn < 0) { errno = -cn; die("connect"); }
+    write(cn, "eNEXT", 5);
+    char echo[4];
+    int next = read_full(cn, echo, 4);
+    printf("closefrom: number closed %d, peer read end of stream: %.*s, next connection echo %.*s\n",
+           gone, got, seen, next, echo);
+    close(cn);
+    /* The same through close_range, to the last number (Python's os.closerange). */
+    int rw = dial(host, port, 0), rk = dial(host, port, 0);
+    if (rw < 0 || rk < 0) { errno = rw < 0 ? -rw : -rk; die("connect"); }
+    write(rw, "Wbytes", 6);
+    int rhi = fcntl(rw, F_DUPFD, 900);
+    close(rw);
+    int crc = close_range(rhi, ~0U, 0);
+    write(rk, "K", 1);
+    got = read_full(rk, seen, 3);
+    close(rk);
+    cn = dial(host, port, 0);
+    if (cn < 0) { errno = -cn; die("connect"); }
+    write(cn, "eNEXT", 5);
+    next = read_full(cn, echo, 4);
+    printf("close_range to the end: %d, peer read end of stream: %.*s, next connection echo %.*s\n",
+           crc, got, seen, next, echo);
+    close(cn);
 }
 
 /* Non-blocking connects to a listener that does not accept (backlog 1): each returns

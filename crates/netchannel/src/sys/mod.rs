@@ -248,10 +248,13 @@ pub fn keep_fds_above(min: RawFd) {
 /// set or no number is free there.
 pub fn raised(fd: OwnedFd) -> OwnedFd {
     let floor = FD_FLOOR.load(std::sync::atomic::Ordering::Relaxed);
-    if floor <= 0 || fd.as_raw_fd() >= floor {
-        return fd;
-    }
-    rustix::io::fcntl_dupfd_cloexec(&fd, floor).unwrap_or(fd)
+    let fd = if floor <= 0 || fd.as_raw_fd() >= floor {
+        fd
+    } else {
+        rustix::io::fcntl_dupfd_cloexec(&fd, floor).unwrap_or(fd)
+    };
+    note_own_fd(fd.as_raw_fd());
+    fd
 }
 
 /// A socket of this process's own (a channel, the channel listener, a relay's end of a
@@ -273,7 +276,7 @@ pub struct ShedOnFork<T: AsRawFd>(T);
 impl<T: AsRawFd> ShedOnFork<T> {
     /// Notes `inner`'s fd until this is dropped.
     pub fn new(inner: T) -> Self {
-        shed::note(inner.as_raw_fd());
+        fdsets::SHED.insert(inner.as_raw_fd());
         ShedOnFork(inner)
     }
 }
@@ -295,21 +298,58 @@ impl<T: AsRawFd> Drop for ShedOnFork<T> {
     fn drop(&mut self) {
         // Forgotten before the field closes it: a child never sheds a number that may be
         // another file's by then.
-        shed::forget(self.0.as_raw_fd());
+        fdsets::SHED.remove(self.0.as_raw_fd());
     }
 }
 
-mod shed {
+/// Notes `fd` as one of this process's own (the engine's or the interposition library's, made
+/// above the floor: `raised`), so that a program that closes a range of its fds
+/// (`close_range`, `closefrom`) closes the program's alone (`own_fds_in`). Forgotten when it is
+/// closed through libc's `close` (the library's wrapper calls `forget_own_fd`), and all of them
+/// in a forked child, whose copies are not its library's.
+pub fn note_own_fd(fd: RawFd) {
+    fdsets::OWN.insert(fd);
+}
+
+/// `fd` is closed (or about to be): no longer one of this process's own.
+pub fn forget_own_fd(fd: RawFd) {
+    if fdsets::OWN.contains(fd) {
+        fdsets::OWN.remove(fd);
+    }
+}
+
+/// Whether `fd` is one of this process's own (`note_own_fd`).
+pub fn is_own_fd(fd: RawFd) -> bool {
+    fdsets::OWN.contains(fd)
+}
+
+/// Whether this process has any own fd (`note_own_fd`).
+pub fn has_own_fds() -> bool {
+    fdsets::OWN.any()
+}
+
+/// This process's own fds (`note_own_fd`) from `first` to `last`, in order.
+pub fn own_fds_in(first: RawFd, last: RawFd) -> Vec<RawFd> {
+    fdsets::OWN.members_in(first, last)
+}
+
+mod fdsets {
     use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
     use std::sync::Once;
 
-    /// fds per chunk of the bitmap, and chunks: numbers up to 16M (`fd_limit`'s cap).
+    /// fds per chunk of a set, and chunks: numbers up to 16M (`fd_limit`'s cap).
     const PER_CHUNK: usize = 1 << 16;
     const CHUNKS: usize = 256;
     type Chunk = [AtomicU64; PER_CHUNK / 64];
 
-    static NOTED: [AtomicPtr<Chunk>; CHUNKS] =
-        [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+    /// A lock-free set of fd numbers: a bitmap in chunks allocated on first use and never
+    /// freed, so that a fork's child handler reads it without a lock or an allocation.
+    pub(super) struct FdSet([AtomicPtr<Chunk>; CHUNKS]);
+
+    /// `ShedOnFork`'s numbers.
+    pub(super) static SHED: FdSet = FdSet::new();
+    /// The process's own fds (`note_own_fd`).
+    pub(super) static OWN: FdSet = FdSet::new();
     static AT_FORK: Once = Once::new();
 
     fn place(fd: i32) -> Option<(usize, usize, u64)> {
@@ -318,68 +358,106 @@ mod shed {
         (chunk < CHUNKS).then(|| (chunk, fd % PER_CHUNK / 64, 1u64 << (fd % 64)))
     }
 
-    pub(super) fn note(fd: i32) {
-        let Some((c, word, bit)) = place(fd) else { return };
-        AT_FORK.call_once(|| {
-            // SAFETY: registers a plain extern "C" function without arguments; glibc calls
-            // it in the child of every later fork.
-            unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-        });
-        let mut chunk = NOTED[c].load(Ordering::Acquire);
-        if chunk.is_null() {
-            let fresh = Box::into_raw(Box::new([const { AtomicU64::new(0) }; PER_CHUNK / 64]));
-            chunk = match NOTED[c].compare_exchange(
-                std::ptr::null_mut(),
-                fresh,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => fresh,
-                Err(theirs) => {
-                    // SAFETY: `fresh` came from Box::into_raw above and was never shared.
-                    drop(unsafe { Box::from_raw(fresh) });
-                    theirs
-                }
-            };
+    impl FdSet {
+        const fn new() -> Self {
+            FdSet([const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS])
         }
-        // SAFETY: chunks are never freed once published.
-        let chunk = unsafe { &*chunk };
-        chunk[word].fetch_or(bit, Ordering::SeqCst);
-    }
 
-    pub(super) fn forget(fd: i32) {
-        let Some((c, word, bit)) = place(fd) else { return };
-        let chunk = NOTED[c].load(Ordering::Acquire);
-        if !chunk.is_null() {
+        fn chunk(&self, c: usize) -> Option<&Chunk> {
+            let chunk = self.0[c].load(Ordering::Acquire);
             // SAFETY: chunks are never freed once published.
-            let chunk = unsafe { &*chunk };
-            chunk[word].fetch_and(!bit, Ordering::SeqCst);
+            (!chunk.is_null()).then(|| unsafe { &*chunk })
         }
-    }
 
-    /// The noted numbers, each once.
-    pub(super) fn each_noted(mut f: impl FnMut(i32)) {
-        for (c, slot) in NOTED.iter().enumerate() {
-            let chunk = slot.load(Ordering::Acquire);
+        pub(super) fn insert(&self, fd: i32) {
+            let Some((c, word, bit)) = place(fd) else { return };
+            AT_FORK.call_once(|| {
+                // SAFETY: registers a plain extern "C" function without arguments; glibc calls
+                // it in the child of every later fork.
+                unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+            });
+            let mut chunk = self.0[c].load(Ordering::Acquire);
             if chunk.is_null() {
-                continue;
+                let fresh = Box::into_raw(Box::new([const { AtomicU64::new(0) }; PER_CHUNK / 64]));
+                chunk = match self.0[c].compare_exchange(
+                    std::ptr::null_mut(),
+                    fresh,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => fresh,
+                    Err(theirs) => {
+                        // SAFETY: `fresh` came from Box::into_raw above and was never shared.
+                        drop(unsafe { Box::from_raw(fresh) });
+                        theirs
+                    }
+                };
             }
             // SAFETY: chunks are never freed once published.
             let chunk = unsafe { &*chunk };
-            for (w, word) in chunk.iter().enumerate() {
-                let mut bits = word.swap(0, Ordering::SeqCst);
-                while bits != 0 {
-                    let b = bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    f((c * PER_CHUNK + w * 64 + b) as i32);
+            chunk[word].fetch_or(bit, Ordering::SeqCst);
+        }
+
+        pub(super) fn remove(&self, fd: i32) {
+            let Some((c, word, bit)) = place(fd) else { return };
+            if let Some(chunk) = self.chunk(c) {
+                chunk[word].fetch_and(!bit, Ordering::SeqCst);
+            }
+        }
+
+        pub(super) fn contains(&self, fd: i32) -> bool {
+            let Some((c, word, bit)) = place(fd) else { return false };
+            self.chunk(c).is_some_and(|chunk| chunk[word].load(Ordering::Acquire) & bit != 0)
+        }
+
+        /// The members from `first` to `last`, in order.
+        pub(super) fn members_in(&self, first: i32, last: i32) -> Vec<i32> {
+            let mut out = Vec::new();
+            let (first, last) = (first.max(0) as usize, last.max(0) as usize);
+            for c in first / PER_CHUNK..=(last / PER_CHUNK).min(CHUNKS - 1) {
+                let Some(chunk) = self.chunk(c) else { continue };
+                for (w, word) in chunk.iter().enumerate() {
+                    let mut bits = word.load(Ordering::Acquire);
+                    while bits != 0 {
+                        let fd = c * PER_CHUNK + w * 64 + bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        if (first..=last).contains(&fd) {
+                            out.push(fd as i32);
+                        }
+                    }
+                }
+            }
+            out
+        }
+
+        pub(super) fn any(&self) -> bool {
+            (0..CHUNKS).any(|c| {
+                self.chunk(c)
+                    .is_some_and(|chunk| chunk.iter().any(|w| w.load(Ordering::Acquire) != 0))
+            })
+        }
+
+        /// Empties the set, calling `f` with each member once.
+        pub(super) fn drain(&self, mut f: impl FnMut(i32)) {
+            for c in 0..CHUNKS {
+                let Some(chunk) = self.chunk(c) else { continue };
+                for (w, word) in chunk.iter().enumerate() {
+                    let mut bits = word.swap(0, Ordering::SeqCst);
+                    while bits != 0 {
+                        let b = bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        f((c * PER_CHUNK + w * 64 + b) as i32);
+                    }
                 }
             }
         }
     }
 
-    /// The fork's child handler: no lock, no allocation (raw system calls only).
+    /// The fork's child handler: no lock, no allocation (raw system calls only). The parent's
+    /// own fds are not the child's library's: a range the child closes closes them.
     extern "C" fn in_child() {
         super::shed_noted();
+        OWN.drain(|_| {});
     }
 }
 
@@ -393,7 +471,7 @@ fn shed_noted() {
     ) else {
         return;
     };
-    shed::each_noted(|fd| {
+    fdsets::SHED.drain(|fd| {
         // SAFETY: `fd` was noted by a `ShedOnFork` that owns it (noted after it was opened,
         // forgotten before it is closed), so the number is open and nothing else in this
         // process refers to it. The temporary owner is never dropped: dup3 only replaces the
@@ -604,6 +682,28 @@ mod tests {
     fn is_socket(fd: RawFd) -> bool {
         // SAFETY: a borrow for the duration of the call; the kernel checks the number.
         rustix::net::sockopt::socket_type(unsafe { BorrowedFd::borrow_raw(fd) }).is_ok()
+    }
+
+    #[test]
+    fn own_fds_are_listed_by_range_until_forgotten() {
+        // Numbers no test opens, in two chunks of the set (65,536 numbers each).
+        let (a, b, c) = (200_001, 200_063, 262_200);
+        for fd in [c, a, b] {
+            note_own_fd(fd);
+        }
+        assert!(has_own_fds());
+        assert!(is_own_fd(a) && is_own_fd(b) && is_own_fd(c) && !is_own_fd(a + 1));
+        assert_eq!(own_fds_in(200_000, 300_000), vec![a, b, c]);
+        assert_eq!(own_fds_in(a + 1, b), vec![b]);
+        assert_eq!(own_fds_in(b + 1, c - 1), Vec::<RawFd>::new());
+        forget_own_fd(b);
+        assert_eq!(own_fds_in(200_000, 300_000), vec![a, c]);
+        forget_own_fd(a);
+        forget_own_fd(c);
+        assert!(own_fds_in(200_000, 300_000).is_empty());
+        // Beyond the set's numbers: never noted, never listed.
+        note_own_fd(RawFd::MAX);
+        assert!(!is_own_fd(RawFd::MAX) && own_fds_in(RawFd::MAX - 1, RawFd::MAX).is_empty());
     }
 
     #[test]
