@@ -2018,9 +2018,16 @@ struct Spared {
 impl Spared {
     /// `None` when the range holds nothing of the library's (the kernel's call as it is).
     fn new(first: u32, last: u32) -> Option<Spared> {
+        let known = |fd: usize| table::kind(fd as c_int) != 0;
+        let any_known = (first as usize..=(last as usize).min(table::MAX_FD - 1)).any(known);
         // Before the library made any fd (or in a forked child, whose copies are not its
-        // library's) nothing is spared: every number of the range is the program's.
+        // library's) nothing is spared: every number of the range is the program's, and a
+        // range without the program's connections is the kernel's call alone (a forked child
+        // before exec: nothing allocated, nothing locked).
         let library = netchannel::sys::has_own_fds();
+        if !library && !any_known {
+            return None;
+        }
         let floor = if library { process::fd_base().max(0) as u32 } else { u32::MAX };
         let below_last = last.min(floor.saturating_sub(1)).min(c_int::MAX as u32);
         let below = if first < floor {
@@ -2028,11 +2035,7 @@ impl Spared {
         } else {
             Vec::new()
         };
-        let known = |fd: usize| table::kind(fd as c_int) != 0;
-        let low_known = (first as usize..=(below_last as usize).min(table::MAX_FD - 1))
-            .take_while(|_| first < floor)
-            .any(known);
-        if last < floor && below.is_empty() && !low_known {
+        if last < floor && below.is_empty() && !any_known {
             return None;
         }
         let program_above = (first.max(floor) as usize..=(last as usize).min(table::MAX_FD - 1))

@@ -175,6 +175,21 @@ fn a_peer_dialing_from_several_shards_is_one_peer() {
     let out = Command::new(NETCHANNEL).args(["stat", "--dir"]).arg(&dir).output().unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("peer 127.0.0.1 (engine") && table.contains("dialed in, 3 sessions"));
+    // The server dials the client's engine too: still one peer, dialed both ways.
+    let back_l = client.listen(4344).unwrap();
+    let back = server.connect(client.local_addr(), 4344).unwrap();
+    let back_p = back_l.accept().unwrap();
+    let doc = stat_json(&dir);
+    let sv = engines(&doc)
+        .iter()
+        .find(|x| x["engine_id"] == format!("{:016x}", server.id()).as_str())
+        .cloned()
+        .expect("engine listed");
+    let peers = sv["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{sv:#}");
+    assert_eq!(peers[0]["dialed"], "both", "{sv:#}");
+    assert_eq!(peers[0]["sessions"], 4, "{sv:#}");
+    drop((back, back_p, back_l));
     drop((socks, accepted, l));
     drop(server);
     drop(client);

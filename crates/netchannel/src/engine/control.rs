@@ -238,6 +238,7 @@ fn serve(ctx: &EngineCtx, listener: &OwnedFd, stop: &EventFd) {
 struct PeerEntry {
     engine: Option<String>,
     dialed_out: bool,
+    dialed_in: bool,
     sessions: Vec<u64>,
     addrs: Vec<std::net::SocketAddr>,
     channels: Vec<Value>,
@@ -271,7 +272,11 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
         };
         let peer = peers.entry(key).or_default();
         peer.engine = (c.peer_engine != 0).then(|| format!("{:016x}", engine_key(c.peer_engine)));
-        peer.dialed_out = same_engine(c.session, st.engine_id);
+        if same_engine(c.session, st.engine_id) {
+            peer.dialed_out = true;
+        } else {
+            peer.dialed_in = true;
+        }
         if !peer.sessions.contains(&c.session) {
             peer.sessions.push(c.session);
         }
@@ -311,7 +316,11 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
             json!({
                 "addr": addr,
                 "engine": p.engine,
-                "dialed": if p.dialed_out { "out" } else { "in" },
+                "dialed": match (p.dialed_out, p.dialed_in) {
+                    (true, true) => "both",
+                    (true, false) => "out",
+                    _ => "in",
+                },
                 "sessions": p.sessions.len(),
                 "channels": p.channels,
             })
