@@ -1596,6 +1596,34 @@ static long unseen_close(int fd) {
 #endif
 }
 
+static int by_closefrom(int fd) { closefrom(fd); return 0; }
+static int by_close_range(int fd) { return close_range(fd, ~0U, 0); }
+
+/* A range the program closes (closefrom: glibc makes its own close_range call; close_range to
+ * the last number, as Python's os.closerange): the connection in it is closed and its peer
+ * reads its end of stream; the process's later connections go on (the library's own fds are
+ * not the program's to close). */
+static void range_close(const char *host, int port, const char *name, int (*closer)(int)) {
+    int w = dial(host, port, 0), k = dial(host, port, 0);
+    if (w < 0 || k < 0) { errno = w < 0 ? -w : -k; die("connect"); }
+    write(w, "Wbytes", 6);
+    int hi = fcntl(w, F_DUPFD, 900);
+    close(w);
+    int rc = closer(hi);
+    int gone = fcntl(hi, F_GETFD) < 0 && errno == EBADF;
+    write(k, "K", 1);
+    char seen[4] = {0}, echo[4];
+    int got = read_full(k, seen, 3);
+    close(k);
+    int n = dial(host, port, 0);
+    if (n < 0) { errno = -n; die("connect"); }
+    write(n, "eNEXT", 5);
+    int next = read_full(n, echo, 4);
+    printf("%s: %d, number closed %d, peer read end of stream: %.*s, next connection echo %.*s\n",
+           name, rc, gone, got, seen, next, echo);
+    close(n);
+}
+
 /* Socket calls made through libc's syscall() instead of the named wrappers (libuv closes every
  * fd so): they behave as the named calls, and a connection closed that way is gone, so the next
  * socket under its number is a new one. A close made without libc at all is noticed when the
@@ -1635,45 +1663,8 @@ static void raw_syscalls(const char *host, int port) {
     printf("unseen close: %ld, epoll set under the number %d, its getsockname %s\n", uc, e == u,
            gs == ENOTSOCK ? "ENOTSOCK" : en(gs));
     close(e);
-    /* closefrom (glibc makes its own close_range call): the connection above the number given
-     * is closed and its peer reads its end of stream; the process's other connections, and its
-     * later ones, go on (the library's own fds are not the program's to close). */
-    int cw = dial(host, port, 0), ck = dial(host, port, 0);
-    if (cw < 0 || ck < 0) { errno = cw < 0 ? -cw : -ck; die("connect"); }
-    write(cw, "Wbytes", 6);
-    int hi = fcntl(cw, F_DUPFD, 900);
-    close(cw);
-    closefrom(hi);
-    int gone = fcntl(hi, F_GETFD) < 0 && errno == EBADF;
-    write(ck, "K", 1);
-    char seen[4] = {0};
-    int got = read_full(ck, seen, 3);
-    close(ck);
-    int cn = dial(host, port, 0);
-    if (cn < 0) { errno = -cn; die("connect"); }
-    write(cn, "eNEXT", 5);
-    char echo[4];
-    int next = read_full(cn, echo, 4);
-    printf("closefrom: number closed %d, peer read end of stream: %.*s, next connection echo %.*s\n",
-           gone, got, seen, next, echo);
-    close(cn);
-    /* The same through close_range, to the last number (Python's os.closerange). */
-    int rw = dial(host, port, 0), rk = dial(host, port, 0);
-    if (rw < 0 || rk < 0) { errno = rw < 0 ? -rw : -rk; die("connect"); }
-    write(rw, "Wbytes", 6);
-    int rhi = fcntl(rw, F_DUPFD, 900);
-    close(rw);
-    int crc = close_range(rhi, ~0U, 0);
-    write(rk, "K", 1);
-    got = read_full(rk, seen, 3);
-    close(rk);
-    cn = dial(host, port, 0);
-    if (cn < 0) { errno = -cn; die("connect"); }
-    write(cn, "eNEXT", 5);
-    next = read_full(cn, echo, 4);
-    printf("close_range to the end: %d, peer read end of stream: %.*s, next connection echo %.*s\n",
-           crc, got, seen, next, echo);
-    close(cn);
+    range_close(host, port, "closefrom", by_closefrom);
+    range_close(host, port, "close_range to the end", by_close_range);
 }
 
 /* Non-blocking connects to a listener that does not accept (backlog 1): each returns
