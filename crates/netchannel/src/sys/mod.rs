@@ -199,6 +199,28 @@ impl Epoll {
                 8usize,
             )
         };
+        let n = if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            // A kernel before 5.11 (or valgrind): epoll_pwait, to the millisecond (rounded up,
+            // so that a deadline is never woken early).
+            let ms = timeout.map_or(-1, |d| {
+                d.as_nanos().div_ceil(1_000_000).min(libc::c_int::MAX as u128) as libc::c_int
+            });
+            // SAFETY: as above, epoll_pwait's arguments: our epoll fd, room for `max` events,
+            // a timeout in ms, and the 8-byte kernel sigset read for the call's duration.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_epoll_pwait,
+                    self.0.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    max as libc::c_int,
+                    ms,
+                    mask_ptr,
+                    8usize,
+                )
+            }
+        } else {
+            n
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted && !signals.interruptible {
@@ -739,6 +761,56 @@ mod tests {
         far.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         let mut b = [0u8; 1];
         assert_eq!(far.read(&mut b).unwrap(), 0, "end of stream while the child lives");
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` outlives the call.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child saw {status}");
+    }
+
+    /// A kernel without `epoll_pwait2` (before 5.11; valgrind 3.19 too): a forked child whose
+    /// seccomp filter answers it with ENOSYS still waits with a signal mask, through
+    /// `epoll_pwait`, and gets the event.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_masked_wait_falls_back_to_epoll_pwait_without_epoll_pwait2() {
+        let ep = Epoll::new().unwrap();
+        let ev = EventFd::new().unwrap();
+        ep.add(ev.as_fd(), READABLE, 7).unwrap();
+        // SAFETY: an empty sigset filled by sigemptyset before any use.
+        let mask = unsafe {
+            let mut m = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut m);
+            m
+        };
+        // seccomp BPF: load the system call number; epoll_pwait2 -> ENOSYS; the rest allowed.
+        let filter = [
+            libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 },
+            libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: libc::SYS_epoll_pwait2 as u32 },
+            libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::ENOSYS as u32 },
+            libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 },
+        ];
+        let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut _ };
+        // SAFETY: the child makes system calls and one small allocation (glibc's malloc is
+        // usable after fork) and leaves by _exit; the parent waits for it.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: prctl with the documented arguments; `prog` and `filter` outlive the call.
+            let filtered = unsafe {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                    && libc::prctl(libc::PR_SET_SECCOMP, 2, &prog as *const libc::sock_fprog) == 0
+            };
+            // SAFETY: a raw call with no arguments that matter: only its error is looked at.
+            let enosys = unsafe { libc::syscall(libc::SYS_epoll_pwait2, -1, 0, 0, 0, 0, 0) } < 0
+                && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS);
+            ev.notify();
+            let mut out = Vec::new();
+            let policy = SignalPolicy { interruptible: true, mask: Some(&mask) };
+            let got = ep.wait_signals(&mut out, 4, Some(Duration::from_secs(2)), policy);
+            let ok = filtered && enosys && got.is_ok_and(|n| n == 1) && out[0].0 == 7;
+            // SAFETY: ends the child without running the test harness's exit handlers.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        assert!(child > 0);
         let mut status = 0;
         // SAFETY: waits for our own child; `status` outlives the call.
         assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
