@@ -1968,7 +1968,7 @@ pub unsafe extern "C" fn close_range(first: u32, last: u32, flags: c_int) -> c_i
         // SAFETY: forwarding the caller's arguments.
         return unsafe { real!(close_range)(first, last, flags) };
     };
-    let forgotten = forget_range(first, last, flags);
+    let forgotten = spared.forget_program_fds(flags);
     let rc = spared.close(first, last, flags);
     for f in forgotten {
         let _ = caught(|| closed(f));
@@ -1987,7 +1987,7 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
         // SAFETY: forwarding the caller's argument.
         return unsafe { real!(closefrom)(lowfd) };
     };
-    let forgotten = forget_range(first, u32::MAX, 0);
+    let forgotten = spared.forget_program_fds(0);
     if spared.close(first, u32::MAX, 0) < 0 {
         // As glibc's closefrom when close_range fails: one by one, up to the fd limit.
         let limit = netchannel::sys::fd_limit().min(c_int::MAX as usize) as c_int;
@@ -2011,15 +2011,22 @@ struct Spared {
     floor: u32,
     /// The library's fds below the floor, in order.
     below: Vec<c_int>,
-    /// The program's fds the library knows of at or above the floor, in order.
+    /// The program's fds the library knows of in the range (its tables'), with their kinds,
+    /// in order.
+    program: Vec<(c_int, u8)>,
+    /// Those of them at or above the floor.
     program_above: Vec<c_int>,
 }
 
 impl Spared {
     /// `None` when the range holds nothing of the library's (the kernel's call as it is).
     fn new(first: u32, last: u32) -> Option<Spared> {
-        let known = |fd: usize| table::kind(fd as c_int) != 0;
-        let any_known = (first as usize..=(last as usize).min(table::MAX_FD - 1)).any(known);
+        // One look at the tables (a collection with nothing in it allocates nothing).
+        let program: Vec<(c_int, u8)> = (first as usize..=(last as usize).min(table::MAX_FD - 1))
+            .map(|fd| (fd as c_int, table::kind(fd as c_int)))
+            .filter(|(_, k)| *k != 0)
+            .collect();
+        let any_known = !program.is_empty();
         // Before the library made any fd (or in a forked child, whose copies are not its
         // library's) nothing is spared: every number of the range is the program's, and a
         // range without the program's connections is the kernel's call alone (a forked child
@@ -2038,11 +2045,18 @@ impl Spared {
         if last < floor && below.is_empty() && !any_known {
             return None;
         }
-        let program_above = (first.max(floor) as usize..=(last as usize).min(table::MAX_FD - 1))
-            .filter(|&fd| known(fd))
-            .map(|fd| fd as c_int)
-            .collect();
-        Some(Spared { floor, below, program_above })
+        let program_above =
+            program.iter().map(|&(fd, _)| fd).filter(|&fd| fd as u32 >= floor).collect();
+        Some(Spared { floor, below, program, program_above })
+    }
+
+    /// Takes the program's fds of the range out of the tables before their numbers are free
+    /// (see `forget`); none with `CLOSE_RANGE_CLOEXEC`, which closes nothing now.
+    fn forget_program_fds(&self, flags: c_int) -> Vec<Forgotten> {
+        if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
+            return Vec::new();
+        }
+        self.program.iter().filter_map(|&(fd, k)| caught(|| forget(fd, k))).collect()
     }
 
     /// Whether `fd` stays open.
@@ -2083,19 +2097,6 @@ impl Spared {
         }
         0
     }
-}
-
-/// Takes the program's fds from `first` to `last` out of the tables before their numbers are
-/// free (see `forget`); none with `CLOSE_RANGE_CLOEXEC`, which closes nothing now.
-fn forget_range(first: u32, last: u32, flags: c_int) -> Vec<Forgotten> {
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0 {
-        return Vec::new();
-    }
-    let ours: Vec<(c_int, u8)> = (first as usize..=(last as usize).min(table::MAX_FD - 1))
-        .map(|fd| (fd as c_int, table::kind(fd as c_int)))
-        .filter(|(_, k)| *k != 0)
-        .collect();
-    ours.into_iter().filter_map(|(fd, k)| caught(|| forget(fd, k))).collect()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -265,13 +265,12 @@ pub(crate) fn snapshot(ctx: &EngineCtx) -> Value {
     // dialed from its own address when the peer dialed) are one peer.
     let mut peers: BTreeMap<String, PeerEntry> = BTreeMap::new();
     for c in &st.channels {
-        let key = if c.peer_engine != 0 {
-            format!("{:016x}", engine_key(c.peer_engine))
-        } else {
-            c.peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string())
-        };
+        let engine = (c.peer_engine != 0).then(|| format!("{:016x}", engine_key(c.peer_engine)));
+        let key = engine
+            .clone()
+            .unwrap_or_else(|| c.peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string()));
         let peer = peers.entry(key).or_default();
-        peer.engine = (c.peer_engine != 0).then(|| format!("{:016x}", engine_key(c.peer_engine)));
+        peer.engine = engine;
         if same_engine(c.session, st.engine_id) {
             peer.dialed_out = true;
         } else {

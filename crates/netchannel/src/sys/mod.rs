@@ -184,22 +184,34 @@ impl Epoll {
         let mut events: Vec<libc::epoll_event> = Vec::with_capacity(max);
         let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
         let mask_ptr = signals.mask.map_or(std::ptr::null(), |m| m as *const libc::sigset_t);
-        // SAFETY: a raw system call (never an interposed libc symbol) on our own epoll fd;
-        // the kernel writes at most `max` events into the vector's spare capacity, and reads
-        // the timespec and the 8-byte kernel sigset (the first 8 bytes of glibc's sigset_t)
-        // only for the duration of the call.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_epoll_pwait2,
-                self.0.as_raw_fd(),
-                events.as_mut_ptr(),
-                max as libc::c_int,
-                ts_ptr,
-                mask_ptr,
-                8usize,
-            )
+        // The kernel answered ENOSYS to epoll_pwait2 once: it never will (asked again, each
+        // wait would make two system calls).
+        static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let no_pwait2 = || NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed);
+        let n = if no_pwait2() {
+            -1
+        } else {
+            // SAFETY: a raw system call (never an interposed libc symbol) on our own epoll fd;
+            // the kernel writes at most `max` events into the vector's spare capacity, and
+            // reads the timespec and the 8-byte kernel sigset (the first 8 bytes of glibc's
+            // sigset_t) only for the duration of the call.
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_epoll_pwait2,
+                    self.0.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    max as libc::c_int,
+                    ts_ptr,
+                    mask_ptr,
+                    8usize,
+                )
+            };
+            if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                NO_PWAIT2.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            n
         };
-        let n = if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        let n = if no_pwait2() {
             // A kernel before 5.11 (or valgrind): epoll_pwait, to the millisecond (rounded up,
             // so that a deadline is never woken early).
             let ms = timeout.map_or(-1, |d| {
