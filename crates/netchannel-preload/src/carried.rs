@@ -85,6 +85,12 @@ struct Mirror {
     queued: bool,
     /// A wait reported it readable (elided), and no read has found it empty since.
     reported: bool,
+    /// An out-of-band byte sent from L shows the peer's urgent data on P (`POLLPRI`, and
+    /// `SIGURG` to P's owner when it was sent).
+    oob: bool,
+    /// Tokens in P ahead of that byte (a drain reads no further: a read at the mark would
+    /// take the byte away).
+    tokens_before_oob: u32,
 }
 
 /// Where and how an elided placeholder is registered: what its set's wait reports for it.
@@ -161,6 +167,8 @@ pub(crate) struct Carried {
     /// A `shutdown` gave the connect in progress up: reads fail with `ENOTCONN` (after the
     /// pending error), as on TCP's socket back in CLOSE.
     given_up: AtomicBool,
+    /// `Mirror::oob`, read without the lock on the data path.
+    urgent_shown: AtomicBool,
 }
 
 /// `connect` returned 0 (or the connection was accepted): a second one fails with `EISCONN`.
@@ -271,6 +279,8 @@ impl Carried {
                 no_elision: false,
                 queued: false,
                 reported: false,
+                oob: false,
+                tokens_before_oob: 0,
             }),
             error: Mutex::new(ErrorState::None),
             watched: AtomicBool::new(false),
@@ -285,6 +295,7 @@ impl Carried {
             connect_state: AtomicU8::new(CONNECT_DONE),
             wrote_past_end: AtomicBool::new(false),
             given_up: AtomicBool::new(false),
+            urgent_shown: AtomicBool::new(false),
         });
         REGISTRY.lock().get_or_insert_with(HashMap::new).insert(id, c.clone());
         Ok((c, p))
@@ -406,6 +417,8 @@ impl Carried {
         // must not arm the placeholder for the connection's whole life.
         let connecting = self.connect_state.load(Ordering::Acquire) == CONNECT_IN_PROGRESS;
         let plain = (r.connected || connecting)
+            && !r.urgent
+            && !self.urgent_shown.load(Ordering::Acquire)
             && r.error.is_none()
             && !r.peer_finished
             && !r.write_closed
@@ -460,6 +473,71 @@ impl Carried {
         }
     }
 
+    /// The peer's urgent byte came: an out-of-band byte from L shows it on P, which makes
+    /// every kind of wait see `POLLPRI` (and `select` its exceptional condition), and the
+    /// kernel sends `SIGURG` to P's owner (`F_SETOWN`), as TCP's does when an urgent pointer
+    /// comes. A newer mark sends another (the one before becomes an ordinary byte in P, as an
+    /// unread urgent byte does in TCP's stream).
+    fn show_urgent(&self) {
+        let mut m = self.mirror.lock();
+        if m.eof || !self.vs.readiness().urgent {
+            return;
+        }
+        let Some(l) = m.l.as_ref() else { return };
+        let flags = SendFlags::OOB | SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        if rustix::net::send(l, b"!", flags).is_ok() {
+            if m.oob {
+                m.tokens += 1;
+            }
+            m.oob = true;
+            m.tokens_before_oob = m.tokens;
+            self.urgent_shown.store(true, Ordering::Release);
+        }
+    }
+
+    /// After a read: once the urgent byte is taken out of band or read past, P's out-of-band
+    /// byte goes too (`POLLPRI` ends, as TCP's).
+    fn clear_urgent(&self, fd: BorrowedFd<'_>) {
+        if !self.urgent_shown.load(Ordering::Acquire) {
+            return;
+        }
+        let mut m = self.mirror.lock();
+        if !m.oob || self.vs.readiness().urgent {
+            return;
+        }
+        let mut byte = [0u8; 1];
+        let _ = rustix::net::recv(fd, &mut byte, RecvFlags::OOB | RecvFlags::DONTWAIT);
+        m.oob = false;
+        m.tokens_before_oob = 0;
+        self.urgent_shown.store(false, Ordering::Release);
+    }
+
+    /// `recv` with `MSG_OOB`: the peer's urgent byte, as TCP's `tcp_recv_urg` (`EINVAL` when
+    /// there is none to read; never waits).
+    fn recv_urgent(
+        &self,
+        fd: BorrowedFd<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        flags: c_int,
+    ) -> Result<usize, i32> {
+        let byte = self.vs.recv_urgent(flags & libc::MSG_PEEK != 0).map_err(|_| libc::EINVAL)?;
+        let n = match bufs.iter_mut().find(|b| !b.is_empty()) {
+            Some(b) if flags & libc::MSG_TRUNC == 0 => {
+                b[0] = byte;
+                1
+            }
+            Some(_) => 1,
+            None => 0,
+        };
+        self.clear_urgent(fd);
+        Ok(n)
+    }
+
+    /// `SIOCATMARK`: the next byte the program reads is the peer's urgent byte.
+    pub(crate) fn at_urgent_mark(&self) -> bool {
+        !self.has_returned() && self.vs.at_urgent_mark()
+    }
+
     /// After the program read: P's tokens are taken once nothing is left to read.
     fn drain_tokens(&self, fd: BorrowedFd<'_>) {
         let mut m = self.mirror.lock();
@@ -474,6 +552,20 @@ impl Carried {
             return;
         }
         let mut buf = [0u8; 64];
+        if m.oob {
+            // Only the tokens ahead of the out-of-band byte (see `show_urgent`).
+            while m.tokens_before_oob > 0 {
+                let k = (m.tokens_before_oob as usize).min(buf.len());
+                match rustix::net::recv(fd, &mut buf[..k], RecvFlags::DONTWAIT) {
+                    Ok((n, _)) if n > 0 => {
+                        m.tokens_before_oob -= n as u32;
+                        m.tokens = m.tokens.saturating_sub(n as u32);
+                    }
+                    _ => break,
+                }
+            }
+            return;
+        }
         while let Ok((n, _)) = rustix::net::recv(fd, &mut buf, RecvFlags::DONTWAIT) {
             if n < buf.len() {
                 break;
@@ -668,7 +760,7 @@ impl Carried {
         flags: c_int,
     ) -> Result<usize, i32> {
         if flags & libc::MSG_OOB != 0 {
-            return Err(libc::EINVAL);
+            return self.recv_urgent(fd, bufs, flags);
         }
         if flags & libc::MSG_ERRQUEUE != 0 {
             return Err(libc::EAGAIN);
@@ -704,6 +796,10 @@ impl Carried {
             if got >= target {
                 break Ok(got);
             }
+            if got > 0 && self.vs.at_urgent_mark() {
+                // As TCP's: a read with bytes stops at the mark, `MSG_WAITALL` or not.
+                break Ok(got);
+            }
             let attempt =
                 if peek { self.peek_into(bufs) } else { self.take_into(bufs, got, flags) };
             match attempt {
@@ -711,7 +807,12 @@ impl Carried {
                 Ok(n) => got += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if dontwait || self.nonblocking(fd) {
-                        if got == 0 && !settled && !peek && self.told_readable() {
+                        if got == 0
+                            && !settled
+                            && !peek
+                            && !self.urgent_shown.load(Ordering::Acquire)
+                            && self.told_readable()
+                        {
                             // P shows readable, so the program was told there is something to
                             // read (a kernel socket then has it), but the stream's state moved
                             // under it: a payload the engine is taking out of its channel on a
@@ -749,6 +850,7 @@ impl Carried {
         if result.is_ok_and(|n| n > 0) {
             COUNTERS.bytes_in.fetch_add(*result.as_ref().unwrap() as u64, Ordering::Relaxed);
         }
+        self.clear_urgent(fd);
         if self.watched() {
             self.drain_tokens(fd);
         }
@@ -819,7 +921,14 @@ impl Carried {
     /// as for any read).
     pub(crate) fn recv_into_null(&self, fd: BorrowedFd<'_>, flags: c_int) -> Result<usize, i32> {
         if flags & libc::MSG_OOB != 0 {
-            return Err(libc::EINVAL);
+            // As TCP's: the byte is taken, then the copy faults.
+            return match self.vs.recv_urgent(flags & libc::MSG_PEEK != 0) {
+                Ok(_) => {
+                    self.clear_urgent(fd);
+                    Err(libc::EFAULT)
+                }
+                Err(_) => Err(libc::EINVAL),
+            };
         }
         let timeout = self.opts.rcv_timeout();
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -1020,8 +1129,12 @@ impl Carried {
             }
             &[]
         };
+        let urgent = flags & libc::MSG_OOB != 0;
         let result = loop {
-            match self.vs.send(chunk(sent)) {
+            let part = chunk(sent);
+            // With `MSG_OOB` each part marks its last byte, the last part's last byte last.
+            let r = if urgent { self.vs.send_urgent(part) } else { self.vs.send(part) };
+            match r {
                 Ok(n) => {
                     sent += n;
                     if sent == total {
@@ -1636,6 +1749,12 @@ fn interruptible() -> SignalPolicy<'static> {
 struct Observer(Weak<Carried>);
 
 impl ReadinessObserver for Observer {
+    fn urgent(&self) {
+        if let Some(c) = self.0.upgrade() {
+            c.show_urgent();
+        }
+    }
+
     fn changed(&self, readable: bool, _writable: bool) {
         let Some(c) = self.0.upgrade() else { return };
         if c.connect_state.load(Ordering::Relaxed) == CONNECT_IN_PROGRESS {

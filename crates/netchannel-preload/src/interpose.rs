@@ -1671,7 +1671,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) 
             libc::FIONREAD => Some(c.unread()),
             libc::TIOCOUTQ => Some(c.outq(false)),
             0x894B /* SIOCOUTQNSD */ => Some(c.outq(true)),
-            0x8905 /* SIOCATMARK */ => Some(0),
+            0x8905 /* SIOCATMARK */ => Some(usize::from(c.at_urgent_mark())),
             _ => None,
         };
         if let Some(v) = v {

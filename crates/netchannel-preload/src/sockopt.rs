@@ -120,7 +120,7 @@ fn templates(v6: bool) -> Option<&'static Templates> {
 
 /// Options that change what a carried connection does, or that programs read back, taken
 /// over from the kernel socket it replaces (`adopt`).
-const ADOPTED: [(i32, i32); 8] = [
+const ADOPTED: [(i32, i32); 9] = [
     (libc::SOL_SOCKET, libc::SO_SNDBUF),
     (libc::SOL_SOCKET, libc::SO_RCVBUF),
     (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
@@ -129,6 +129,7 @@ const ADOPTED: [(i32, i32); 8] = [
     (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
     (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
     (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
 ];
 
 /// Options the program set on the kernel socket before it was carried (before its `connect`,
@@ -182,6 +183,9 @@ pub(crate) fn set(c: &Carried, level: i32, name: i32, value: &[u8]) -> Result<()
                 if raw_getsockopt(scratch.as_fd(), level, name, &mut v) == Ok(4) {
                     o.rcv_lowat.store(i32::from_ne_bytes(v).max(1) as u32, Ordering::Relaxed);
                 }
+            }
+            libc::SO_OOBINLINE if value.len() >= 4 => {
+                c.vs.set_oob_inline(i32::from_ne_bytes(value[..4].try_into().unwrap()) != 0);
             }
             libc::SO_LINGER if value.len() >= 8 => {
                 let on = i32::from_ne_bytes(value[0..4].try_into().unwrap());

@@ -15,6 +15,7 @@ both_testbeds!(
     a_bulk_stream_written_by_four_workers_arrives_whole,
     ten_thousand_concurrent_sockets,
     half_close,
+    urgent_data_is_read_out_of_band_and_stops_reads,
     close_with_unread_data_resets_peer,
     bytes_that_arrived_before_a_reset_are_read_first,
     fin_overtaking_data_never_truncates,
@@ -161,6 +162,54 @@ fn half_close(hosts: Hosts) {
     assert_eq!(recv_pattern(&s, 2, 7777), 300_000);
     let mut buf = [0u8; 4];
     assert_eq!(s.recv(&mut buf).unwrap(), 0, "EOF is sticky");
+}
+
+/// TCP's urgent data through the Rust API: a bulk write whose last byte is urgent, read in
+/// small pieces (payloads left in their channel are read straight from it): the reads stop
+/// before the mark, the readiness says so, the byte is read out of band once, and the stream
+/// goes on without it.
+fn urgent_data_is_read_out_of_band_and_stops_reads(hosts: Hosts) {
+    let Some(tb) = Testbed::of(hosts) else { return };
+    let (a, b) = tb.engines(|_| {});
+    let l = b.listen(4).unwrap();
+    let s = a.connect(b.local_addr(), 4).unwrap();
+    let p = l.accept().unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    // The urgent byte alone: a write that waits for room marks where it waited, as TCP's, and
+    // a reader standing on such a mark when the next one comes loses that byte.
+    let (bulk, last) = data.split_at(data.len() - 1);
+    assert_eq!(s.send(bulk).unwrap(), bulk.len());
+    assert_eq!(s.send_urgent(last).unwrap(), 1);
+    s.send(b"after").unwrap();
+    s.shutdown().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.readiness().urgent {
+        assert!(Instant::now() < deadline, "the mark never showed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 7001];
+    while got.len() < data.len() - 1 {
+        let n = p.recv(&mut buf).unwrap();
+        assert!(n > 0, "end of stream before the mark");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got == bulk, "the reads stop before the mark");
+    assert!(p.at_urgent_mark());
+    assert_eq!(p.recv_urgent(true).unwrap(), data[data.len() - 1]);
+    assert_eq!(p.recv_urgent(false).unwrap(), data[data.len() - 1]);
+    assert_eq!(p.recv_urgent(false).unwrap_err().kind(), ErrorKind::InvalidInput);
+    assert!(!p.readiness().urgent, "taken");
+    let mut rest = Vec::new();
+    loop {
+        let n = p.recv(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        rest.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(rest, b"after", "the urgent byte is out of the stream");
+    assert_eq!(a.stats().protocol_errors + b.stats().protocol_errors, 0);
 }
 
 fn close_with_unread_data_resets_peer(hosts: Hosts) {

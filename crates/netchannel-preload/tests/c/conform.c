@@ -85,6 +85,8 @@ static void *serve(void *arg) {
         if (cmd == 'x') break;
         if (cmd == 'r') { struct linger lg = {1, 0}; setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg); break; }
         if (cmd == 'p') write(c, "01234", 5);
+        if (cmd == 'U') { write(c, "abc", 3); send(c, "!", 1, MSG_OOB); write(c, "def", 3); }
+        if (cmd == 'V') { write(c, "xyz", 3); send(c, "#", 1, MSG_OOB); }
         if (cmd == 'l') { usleep(300000); write(c, "0123456789", 10); }
         if (cmd == 'E') {
             char b[16384]; ssize_t r;
@@ -1119,6 +1121,75 @@ static void shut_rd_and_flags(const char *host, int port) {
     close(d); close(s);
 }
 
+static volatile sig_atomic_t urgent_signals;
+static void on_urg(int sig) { (void)sig; urgent_signals++; }
+
+/* poll's POLLPRI within 2 s. */
+static int wait_pri(int s) {
+    struct pollfd p = {.fd = s, .events = POLLPRI};
+    for (int i = 0; i < 200; i++) {
+        p.revents = 0;
+        if (poll(&p, 1, 0) == 1 && (p.revents & POLLPRI)) return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+/* Urgent data (MSG_OOB), out of band and inline: SIGURG to the owner, POLLPRI and select's
+ * exceptional condition, reads that stop at the mark (MSG_WAITALL too), SIOCATMARK, the byte
+ * read out of band once (then EINVAL), and an urgent byte the reader goes past without taking
+ * it. */
+static void urgent_data(const char *host, int port) {
+    struct sigaction sa = {.sa_handler = on_urg, .sa_flags = SA_RESTART};
+    sigaction(SIGURG, &sa, NULL);
+    for (int in_line = 0; in_line < 2; in_line++) {
+        int s = dial(host, port, 0), mark = -1;
+        if (s < 0) { errno = -s; die("connect"); }
+        fcntl(s, F_SETOWN, getpid());
+        setsockopt(s, SOL_SOCKET, SO_OOBINLINE, &in_line, sizeof in_line);
+        int opt = -1; socklen_t ol = sizeof opt;
+        getsockopt(s, SOL_SOCKET, SO_OOBINLINE, &opt, &ol);
+        urgent_signals = 0;
+        char b[64] = {0}, o = 0;
+        cmd(s, "U");
+        int pri = wait_pri(s);
+        usleep(200000); /* the bytes after the urgent one */
+        fd_set x; FD_ZERO(&x); FD_SET(s, &x);
+        struct timeval tv = {0, 0};
+        int ex = select(s + 1, NULL, NULL, &x, &tv);
+        printf("urgent (SO_OOBINLINE %d): SIGURG %d POLLPRI %d select except %d", opt, urgent_signals > 0, pri, ex);
+        ioctl(s, SIOCATMARK, &mark);
+        printf(" atmark %d", mark);
+        /* Stops at the mark with bytes read, MSG_WAITALL or not. */
+        ssize_t r = recv(s, b, 6, MSG_WAITALL);
+        ioctl(s, SIOCATMARK, &mark);
+        printf(" read (MSG_WAITALL 6) %s %.*s atmark %d", res(r), (int)(r > 0 ? r : 0), b, mark);
+        r = recv(s, &o, 1, MSG_OOB | MSG_PEEK);
+        printf(" oob peek %s %c", res(r), r == 1 ? o : '-');
+        r = recv(s, &o, 1, MSG_OOB);
+        printf(" oob %s %c", res(r), r == 1 ? o : '-');
+        printf(" again %s", res(recv(s, &o, 1, MSG_OOB)));
+        r = recv(s, b, sizeof b, 0);
+        ioctl(s, SIOCATMARK, &mark);
+        struct pollfd p = {.fd = s, .events = POLLPRI};
+        poll(&p, 1, 0);
+        printf(" read %s %.*s atmark %d POLLPRI %d\n", res(r), (int)(r > 0 ? r : 0), b, mark, !!(p.revents & POLLPRI));
+        /* The urgent byte last, never taken out of band: the read stops before it, and a read
+         * at the mark goes past it (kept out of the stream: nothing to read). */
+        cmd(s, "V");
+        wait_pri(s);
+        usleep(100000);
+        r = recv(s, b, sizeof b, 0);
+        ioctl(s, SIOCATMARK, &mark);
+        printf("urgent byte last (SO_OOBINLINE %d): read %s %.*s atmark %d", in_line, res(r), (int)(r > 0 ? r : 0), b, mark);
+        r = recv(s, b, sizeof b, MSG_DONTWAIT);
+        printf(" read %s %.*s", res(r), (int)(r > 0 ? r : 0), b);
+        printf(" oob %s\n", res(recv(s, &o, 1, MSG_OOB)));
+        close(s);
+    }
+    signal(SIGURG, SIG_DFL);
+}
+
 #define ZLEN 100000
 
 static void pattern(char *b, int n, int seed) {
@@ -1570,6 +1641,7 @@ static void client(const char *host, int port) {
     fin_and_reset(host, port);
     timeouts_and_signals(host, port);
     shut_rd_and_flags(host, port);
+    urgent_data(host, port);
     full_window(host, port);
     linger_close(host, port);
     zero_copy_and_vectors(host, port);

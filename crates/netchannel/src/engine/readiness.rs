@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use super::listener::ListenerShared;
 use super::session::SessionRt;
 use super::waiter::{self, Waiter};
-use crate::proto::{EV_READ, EV_WRITE};
+use crate::proto::{EV_READ, EV_URGENT, EV_WRITE};
 use crate::sys::EventFd;
 use crate::wire::Class;
 
@@ -191,6 +191,8 @@ pub trait ReadinessObserver: Send + Sync {
     /// `readable`/`writable`: which of the socket's sides may have changed (new data, end of
     /// stream or an error; credit or buffer space).
     fn changed(&self, readable: bool, writable: bool);
+    /// The peer's urgent byte came (`MSG_OOB`); called before `changed`.
+    fn urgent(&self) {}
 }
 
 /// Who a socket's readiness changes go to.
@@ -238,6 +240,9 @@ impl PollEntry {
     pub fn notify(self: &Arc<Self>, bits: u8) {
         let (p, queued) = match &self.target {
             Target::Observer(o) => {
+                if bits & EV_URGENT != 0 {
+                    o.urgent();
+                }
                 return o.changed(bits & EV_READ != 0, bits & EV_WRITE != 0);
             }
             Target::Poller { poller, queued, .. } => (poller, queued),

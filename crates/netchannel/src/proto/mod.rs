@@ -33,5 +33,5 @@ pub(crate) fn reclaim_whole(buf: &mut bytes::BytesMut) -> bool {
 }
 
 pub use ids::{ChannelId, StreamId};
-pub use session::{CoreConfig, OpenError, OutFrame, Recv, Session, EV_READ, EV_WRITE};
+pub use session::{CoreConfig, OpenError, OutFrame, Recv, Session, EV_READ, EV_URGENT, EV_WRITE};
 pub use stream::{Phase, ResetCause, SendError, Stream};

@@ -91,6 +91,98 @@ pub(crate) const OWE_SYN: u8 = 1;
 pub(crate) const OWE_SYN_ACK: u8 = 2;
 pub(crate) const OWE_CREDIT: u8 = 4;
 pub(crate) const OWE_FIN: u8 = 8;
+pub(crate) const OWE_URGENT: u8 = 16;
+
+/// A stream's urgent data (TCP's urgent pointer: `MSG_OOB`, `SO_OOBINLINE`, `SIOCATMARK`), kept
+/// beside the session's streams (`Session::urgent`), so that a stream that never uses it costs
+/// nothing. `pos` below is the stream's read position (`RecvBuf::consumed`).
+#[derive(Debug, Default)]
+pub struct Urgent {
+    /// The last byte this side's application sent as urgent: (offset, value), sent in URGENT
+    /// (again after a channel loss).
+    pub(crate) tx: Option<(u64, u8)>,
+    /// The peer's latest urgent byte (the mark).
+    rx: Option<RxUrgent>,
+    /// An earlier mark the read position stood on when a newer one replaced it: its byte is
+    /// still dropped from the stream (as `tcp_check_urg` steps over it at once).
+    hole: Option<u64>,
+    /// `SO_OOBINLINE`: urgent bytes stay in the stream.
+    pub(crate) inline: bool,
+}
+
+impl Urgent {
+    /// The peer's mark for its byte at `offset` (checked by `Stream::check_urgent`). Returns
+    /// whether it is a new mark (as TCP's `tcp_check_urg`: a mark already read past, or no newer
+    /// than the one held, is old news).
+    pub(crate) fn on_peer_mark(&mut self, offset: u64, byte: u8, pos: u64) -> bool {
+        if offset < pos {
+            return false;
+        }
+        if let Some(old) = self.rx {
+            if offset <= old.offset {
+                return false;
+            }
+            if old.offset == pos && !self.inline {
+                self.hole = Some(pos);
+            }
+        }
+        self.rx = Some(RxUrgent { offset, byte, taken: false });
+        true
+    }
+
+    /// The mark, while the read position has not passed it.
+    pub fn mark(&self, pos: u64) -> Option<RxUrgent> {
+        self.rx.filter(|r| r.offset >= pos)
+    }
+
+    /// Urgent data waits to be read out of band (`POLLPRI`): a mark not read past and not
+    /// taken with `MSG_OOB`.
+    pub fn pending(&self, pos: u64) -> bool {
+        self.mark(pos).is_some_and(|r| !r.taken)
+    }
+
+    /// The read position is at the mark (`SIOCATMARK`).
+    pub fn at_mark(&self, pos: u64) -> bool {
+        self.mark(pos).is_some_and(|r| r.offset == pos)
+    }
+
+    /// For a read of at most `max` bytes at `pos`: whether the byte there is an urgent byte
+    /// kept out of the stream (to be dropped first), and how many bytes the read may take (it
+    /// stops before the next mark, as TCP's does once it has bytes).
+    pub(crate) fn read_limit(&self, pos: u64, max: u64) -> (bool, u64) {
+        let mark = self.rx.map(|r| r.offset);
+        let skip = !self.inline && (self.hole == Some(pos) || mark == Some(pos));
+        let from = pos + skip as u64;
+        match mark {
+            Some(m) if m > from => (skip, max.min(m - from)),
+            _ => (skip, max),
+        }
+    }
+
+    /// The urgent byte, read out of band (`MSG_OOB`): `None` when there is none to read
+    /// (inline, none, already taken, or read past: TCP's `EINVAL`).
+    pub(crate) fn take(&mut self, pos: u64, peek: bool) -> Option<u8> {
+        if self.inline {
+            return None;
+        }
+        let r = self.rx.as_mut().filter(|r| r.offset >= pos && !r.taken)?;
+        if !peek {
+            r.taken = true;
+        }
+        Some(r.byte)
+    }
+}
+
+/// The peer's urgent byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxUrgent {
+    /// Its stream offset.
+    pub offset: u64,
+    /// Its value.
+    pub byte: u8,
+    /// Read out of band already (`MSG_OOB`).
+    pub taken: bool,
+}
 
 /// Flags of `Stream::flags`.
 pub(crate) const F_ACTIVE: u16 = 1; // in an active (unsent data) queue
@@ -252,6 +344,17 @@ impl<U> Stream<U> {
             return Err(Violation::BeyondFin);
         }
         self.fin = final_offset;
+        Ok(())
+    }
+
+    /// The peer's URGENT for its byte at `offset`: within the credit granted and before the FIN.
+    pub(crate) fn check_urgent(&self, offset: u64) -> Result<(), Violation> {
+        if offset >= self.granted {
+            return Err(Violation::BeyondCredit);
+        }
+        if matches!(self.fin(), Some(fin) if offset >= fin) {
+            return Err(Violation::BeyondFin);
+        }
         Ok(())
     }
 

@@ -301,6 +301,21 @@ impl Pair {
                 }
                 Recv::Data(n as u64)
             }
+            Recv::DropDeferred { channel } => {
+                // An urgent byte kept out of the stream, still in its channel: dropped.
+                let l = self.links.iter_mut().find(|l| l.index == channel).unwrap();
+                let pipe = &mut l.dirs[1 - side].pipe;
+                if pipe.is_empty() {
+                    self.sides[side].handle(id).deferred_empty();
+                    return Recv::Empty;
+                }
+                pipe.drain(..1);
+                assert!(self.sides[side].handle(id).deferred_read(channel, 1));
+                if self.sides[side].deferred(channel).is_none() {
+                    l.dirs[1 - side].reader.resume();
+                }
+                self.recv(side, id, buf)
+            }
             Recv::Empty => {
                 // A reader woken for "readable" must find something: never readable and empty.
                 assert!(
@@ -1121,6 +1136,140 @@ fn read_to_eof(p: &mut Pair, side: usize, id: StreamId) -> Vec<u8> {
     panic!("no end of stream after {} bytes", got.len());
 }
 
+/// Steps until side 1's stream `b` holds an urgent mark and `want` bytes in order.
+fn await_urgent(p: &mut Pair, b: StreamId, want: u64) {
+    for _ in 0..10_000 {
+        p.step();
+        let s = p.sides[1].stream(b).unwrap();
+        if p.sides[1].urgent_mark(b).is_some() && s.bytes_received() >= want {
+            return;
+        }
+    }
+    panic!("the urgent mark never came");
+}
+
+/// Reads once into a 64-byte buffer: the bytes, or `None` when nothing is there.
+fn read_once(p: &mut Pair, b: StreamId) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 64];
+    match p.recv(1, b, &mut buf) {
+        Recv::Data(n) => Some(buf[..n as usize].to_vec()),
+        Recv::Empty => None,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn urgent_bytes_stop_reads_and_are_read_out_of_band() {
+    for seed in 1..12 {
+        for inline in [false, true] {
+            let mut p = Pair::new(seed, &[Class::Throughput; 2], config());
+            let (a, b) = p.open(80, Class::Throughput);
+            p.sides[1].handle(b).set_oob_inline(inline);
+            let mut h = p.sides[0].handle(a);
+            h.send(b"abc").unwrap();
+            h.send(b"!").unwrap();
+            h.mark_urgent(b'!');
+            h.send(b"def").unwrap();
+            await_urgent(&mut p, b, 7);
+            assert!(p.sides[1].urgent_pending(b));
+            assert!(!p.sides[1].at_urgent_mark(b));
+            // As TCP's: the read stops before the mark, whatever the buffer's size.
+            assert_eq!(read_once(&mut p, b).unwrap(), b"abc");
+            assert!(p.sides[1].at_urgent_mark(b));
+            let out_of_band = if inline { None } else { Some(b'!') };
+            assert_eq!(p.sides[1].handle(b).take_urgent(true), out_of_band);
+            assert_eq!(p.sides[1].handle(b).take_urgent(false), out_of_band);
+            assert_eq!(p.sides[1].handle(b).take_urgent(false), None, "read once only");
+            let rest: &[u8] = if inline { b"!def" } else { b"def" };
+            assert_eq!(read_once(&mut p, b).unwrap(), rest);
+            assert!(p.sides[1].urgent_mark(b).is_none(), "read past");
+        }
+    }
+}
+
+#[test]
+fn an_urgent_byte_read_past_is_dropped_and_a_newer_mark_replaces_the_older() {
+    for seed in 1..12 {
+        let mut p = Pair::new(seed, &[Class::Throughput; 2], config());
+        let (a, b) = p.open(80, Class::Throughput);
+        let mut h = p.sides[0].handle(a);
+        h.send(b"xyz#").unwrap();
+        h.mark_urgent(b'#');
+        await_urgent(&mut p, b, 4);
+        assert_eq!(read_once(&mut p, b).unwrap(), b"xyz");
+        // Only the urgent byte is left: not readable, and a read goes past it.
+        assert!(!p.sides[1].handle(b).readable());
+        assert_eq!(read_once(&mut p, b), None);
+        assert_eq!(p.sides[1].handle(b).take_urgent(false), None);
+        // Two marks before the reader comes: the newer one holds; the older byte stays in the
+        // stream (TCP's), and the reader standing on an older mark steps over its byte.
+        let mut h = p.sides[0].handle(a);
+        h.send(b"12").unwrap();
+        h.send(b"3").unwrap();
+        h.mark_urgent(b'3');
+        await_urgent(&mut p, b, 7);
+        assert_eq!(read_once(&mut p, b).unwrap(), b"12");
+        let mut h = p.sides[0].handle(a);
+        h.send(b"45").unwrap();
+        h.send(b"6").unwrap();
+        h.mark_urgent(b'6');
+        h.send(b"78").unwrap();
+        for _ in 0..1000 {
+            p.step();
+        }
+        assert_eq!(p.sides[1].handle(b).take_urgent(false), Some(b'6'));
+        assert_eq!(read_once(&mut p, b).unwrap(), b"45");
+        assert_eq!(read_once(&mut p, b).unwrap(), b"78");
+    }
+}
+
+#[test]
+fn an_urgent_byte_still_in_its_channel_is_dropped_from_there() {
+    // Payloads left in the channel's socket (direct placement): the read stops before the mark
+    // inside one, and the urgent byte is read out of the socket and dropped.
+    for seed in 1..8 {
+        let mut p = Pair::new(seed, &[Class::Throughput; 1], config());
+        p.defer_percent = 100;
+        let (a, b) = p.open(80, Class::Throughput);
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        let mut h = p.sides[0].handle(a);
+        assert_eq!(h.send(&data), Ok(data.len()));
+        h.mark_urgent(data[data.len() - 1]);
+        h.send(b"after").unwrap();
+        h.shutdown_write().unwrap();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 7000];
+        for _ in 0..100_000 {
+            p.step();
+            match p.recv(1, b, &mut buf) {
+                Recv::Data(n) => got.extend_from_slice(&buf[..n as usize]),
+                Recv::Eof => break,
+                _ => {}
+            }
+        }
+        let mut want = data[..data.len() - 1].to_vec();
+        want.extend_from_slice(b"after");
+        assert_eq!(got.len(), want.len());
+        assert!(got == want, "seed {seed}");
+    }
+}
+
+#[test]
+fn an_urgent_mark_lost_with_its_channel_is_sent_again() {
+    for victim in 0..2u16 {
+        let mut p = Pair::new(21 + victim as u64, &[Class::Throughput; 2], config());
+        let (a, b) = p.open(80, Class::Throughput);
+        let mut h = p.sides[0].handle(a);
+        h.send(b"abc!").unwrap();
+        h.mark_urgent(b'!');
+        p.transmit(0);
+        p.kill(victim);
+        await_urgent(&mut p, b, 4);
+        assert_eq!(p.sides[1].handle(b).take_urgent(false), Some(b'!'), "victim {victim}");
+        assert_eq!(read_once(&mut p, b).unwrap(), b"abc");
+    }
+}
+
 #[test]
 fn a_fin_lost_with_its_channel_is_sent_again() {
     // Whichever channel carried the FIN (and the data), losing it before delivery loses nothing.
@@ -1593,6 +1742,7 @@ mod fuzz {
         Fin { id: u8, offset: u64 },
         Credit { id: u8, consumed: u64, window: u32 },
         Ack { channel: u16, incarnation: u16, position: u64 },
+        Urgent { id: u8, offset: u64, byte: u8 },
     }
 
     /// Stream ids a peer might use: the real ones, stale generations, never issued, zero.
@@ -1622,6 +1772,8 @@ mod fuzz {
                 .prop_map(|(id, consumed, window)| Spec::Credit { id, consumed, window }),
             1 => (0u16..80, prop_oneof![Just(0u16), any::<u16>()], prop_oneof![0u64..100_000, any::<u64>()])
                 .prop_map(|(channel, incarnation, position)| Spec::Ack { channel, incarnation, position }),
+            1 => (any::<u8>(), offset.clone(), any::<u8>())
+                .prop_map(|(id, offset, byte)| Spec::Urgent { id, offset, byte }),
         ]
     }
 
@@ -1651,6 +1803,9 @@ mod fuzz {
             }
             Spec::Ack { channel, incarnation, position } => {
                 Frame::Ack { channel, incarnation, position }
+            }
+            Spec::Urgent { id, offset, byte } => {
+                Frame::Urgent { dst: id_of(id, real), offset, byte }
             }
         };
         f.encode(out);
@@ -2022,4 +2177,32 @@ fn a_fin_is_acknowledged_at_once_and_data_is_not() {
     assert!(p.sides[1].ack_due(None), "a FIN waits for no delayed acknowledgement");
     p.sides[1].poll_transmit(ch, 1 << 20, 64, false, &mut out);
     assert!(!p.sides[1].owes_ack() && !p.sides[1].ack_due(None));
+}
+
+/// A peer's URGENT is held to the window and to its FIN: a mark at or beyond the credit granted,
+/// or at or beyond the final offset, is a violation (the channel closes); one within marks.
+#[test]
+fn an_urgent_mark_is_held_to_the_window_and_the_fin() {
+    let urgent =
+        |dst: StreamId, offset| Parsed::Control(Frame::Urgent { dst: dst.get(), offset, byte: 1 });
+    let ch = ChannelId::new(0, 0);
+    let mut p = Pair::new(19, &[Class::Throughput], config());
+    let (_a, b) = p.open(80, Class::Throughput);
+    let granted = p.sides[1].stream(b).unwrap().granted;
+    let r = p.sides[1].receive(ch, urgent(b, granted), p.now, |_, _| false);
+    assert_eq!(r, Err(Violation::BeyondCredit));
+
+    let mut p = Pair::new(20, &[Class::Throughput], config());
+    let (a, b) = p.open(80, Class::Throughput);
+    p.sides[0].handle(a).send(b"four").unwrap();
+    p.sides[0].handle(a).shutdown_write().unwrap();
+    let _ = read_to_eof(&mut p, 1, b);
+    let r = p.sides[1].receive(ch, urgent(b, 4), p.now, |_, _| false);
+    assert_eq!(r, Err(Violation::BeyondFin));
+
+    let mut p = Pair::new(21, &[Class::Throughput], config());
+    let (_a, b) = p.open(80, Class::Throughput);
+    let r = p.sides[1].receive(ch, urgent(b, 10), p.now, |_, _| false);
+    assert_eq!(r, Ok(None));
+    assert_eq!(p.sides[1].urgent_mark(b).map(|m| m.offset), Some(10));
 }

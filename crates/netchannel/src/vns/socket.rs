@@ -130,6 +130,8 @@ pub struct Readiness {
     /// Bytes `recv` returns now at least (`FIONREAD`): in order, not those that arrived ahead of
     /// a gap, nor those of a payload not yet out of its channel's socket beyond the first.
     pub unread: u64,
+    /// The peer's urgent byte waits to be read out of band (`POLLPRI`; see `recv_urgent`).
+    pub urgent: bool,
 }
 
 /// A virtual stream socket. Usable from several threads at once (`&self` methods).
@@ -384,6 +386,18 @@ impl VSocket {
     /// TCP send). Non-blocking: takes what credit and channel space allow, `WouldBlock` if
     /// nothing.
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send_marked(buf, false)
+    }
+
+    /// Sends bytes as `send`, the last byte taken as urgent data (TCP's `MSG_OOB`): the peer's
+    /// reads stop before it, it can be read out of band there (`recv_urgent`), and the peer's
+    /// socket shows it (`Readiness::urgent`). As TCP's, a write that has to wait for room (or
+    /// returns short) first moves the mark to the last byte taken so far.
+    pub fn send_urgent(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send_marked(buf, true)
+    }
+
+    fn send_marked(&self, buf: &[u8], urgent: bool) -> io::Result<usize> {
         if buf.is_empty() {
             // Like TCP: nothing to send, but a dead or shut-down socket still says so.
             let core = self.session.core();
@@ -399,7 +413,7 @@ impl VSocket {
         let deadline = timeout_from(&self.write_timeout_ns);
         let mut sent = 0;
         loop {
-            match self.try_send(&buf[sent..]) {
+            match self.try_send(&buf[sent..], urgent) {
                 Ok(n) => {
                     sent += n;
                     if sent == buf.len() {
@@ -408,6 +422,11 @@ impl VSocket {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return if sent > 0 { Ok(sent) } else { Err(e) },
+            }
+            if urgent && sent > 0 {
+                // As TCP's `tcp_push` before it waits (or returns short): the mark moves to the
+                // last byte taken so far.
+                self.mark_urgent(buf[sent - 1]);
             }
             if self.is_nonblocking() {
                 return if sent > 0 { Ok(sent) } else { Err(would_block()) };
@@ -426,7 +445,7 @@ impl VSocket {
     }
 
     /// One attempt: queues what credit and space allow and writes it now or soon.
-    fn try_send(&self, data: &[u8]) -> io::Result<usize> {
+    fn try_send(&self, data: &[u8], urgent: bool) -> io::Result<usize> {
         let s = &self.session;
         let (n, class, congested, channels, work) = {
             let mut core = s.core();
@@ -457,6 +476,13 @@ impl VSocket {
                     Err(e) => Err(e),
                 }
             };
+            if let (true, Ok(n @ 1..)) = (urgent, &r) {
+                if *n == data.len() {
+                    // The write's last byte, marked before the bytes are pulled: the URGENT
+                    // leaves ahead of them.
+                    core.handle(self.id).mark_urgent(data[*n - 1]);
+                }
+            }
             let class = core.stream(self.id).map_or(Class::Throughput, |st| st.class);
             // Short of room, or more of this process's threads send to the peer than it has
             // channels: one more channel (the dialing side adds it, up to `max_channels`).
@@ -536,6 +562,7 @@ impl VSocket {
             return Ok(Some(0));
         }
         let mut slices = RECV_SLICES.try_with(Cell::take).unwrap_or_default();
+        let mut dropped_urgent = false;
         let (r, can_wait, class, channels, work) = {
             let mut core = self.session.core();
             let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
@@ -567,6 +594,13 @@ impl VSocket {
             Recv::Empty => None,
             Recv::Reset(cause) => return Err(reset_error(cause)),
             Recv::Closed => return Err(closed()),
+            Recv::DropDeferred { channel } => {
+                // An urgent byte kept out of the stream, still in its channel's socket: read
+                // and dropped, then the read goes on.
+                let mut urgent = [0u8; 1];
+                dropped_urgent = self.read_deferred(channel, &mut urgent) == Some(1);
+                None
+            }
         };
         // The list goes back to the thread whatever the outcome (a read that finds nothing,
         // which an event loop makes after each message, used to lose it).
@@ -581,7 +615,43 @@ impl VSocket {
             // A CREDIT is due: the sender may be waiting for it.
             self.session.transmit_known(class, work);
         }
+        if dropped_urgent {
+            return self.try_recv(buf);
+        }
         Ok(n)
+    }
+
+    /// Marks the last byte sent, `byte`, as urgent, and sends the mark.
+    fn mark_urgent(&self, byte: u8) {
+        let class = {
+            let mut core = self.session.core();
+            core.handle(self.id).mark_urgent(byte);
+            core.stream(self.id).map_or(Class::Throughput, |s| s.class)
+        };
+        self.session.transmit(class);
+    }
+
+    /// The peer's urgent byte, read out of band (TCP's `recv` with `MSG_OOB`): `InvalidInput`
+    /// when there is none to read (none came, it was read already, the reads went past it, or
+    /// urgent bytes stay in the stream), as TCP's `EINVAL`. Never waits: the byte comes with
+    /// the peer's mark.
+    pub fn recv_urgent(&self, peek: bool) -> io::Result<u8> {
+        let mut core = self.session.core();
+        match core.handle(self.id).take_urgent(peek) {
+            Some(b) => Ok(b),
+            None => Err(io::Error::new(io::ErrorKind::InvalidInput, "no urgent data")),
+        }
+    }
+
+    /// The next byte a read returns is the peer's urgent byte (`SIOCATMARK`).
+    pub fn at_urgent_mark(&self) -> bool {
+        self.session.core().at_urgent_mark(self.id)
+    }
+
+    /// Keeps the peer's urgent bytes in the stream (`SO_OOBINLINE`), or out of it (the default,
+    /// as TCP's).
+    pub fn set_oob_inline(&self, on: bool) {
+        self.session.core().handle(self.id).set_oob_inline(on);
     }
 
     /// Reads the payload waiting in a channel's socket straight into `buf` (direct
@@ -642,7 +712,7 @@ impl VSocket {
                 Recv::Eof => return Ok(0),
                 Recv::Reset(c) => return Err(reset_error(c)),
                 Recv::Closed => return Err(closed()),
-                Recv::Empty | Recv::Deferred { .. } => {}
+                Recv::Empty | Recv::Deferred { .. } | Recv::DropDeferred { .. } => {}
             }
             if buf.is_empty() {
                 return Ok(0);
@@ -910,6 +980,7 @@ impl VSocket {
                         0 if deferred_front.is_some() => 1,
                         n => n,
                     },
+                    urgent: core.urgent_pending(self.id),
                 };
                 (r, deferred_front)
             }
@@ -923,6 +994,7 @@ impl VSocket {
                     read_closed: true,
                     error: Some(io::ErrorKind::NotConnected),
                     unread: 0,
+                    urgent: false,
                 },
                 None,
             ),

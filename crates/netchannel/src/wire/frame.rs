@@ -1,4 +1,4 @@
-//! Frames inside a channel's byte stream, after the handshake (protocol version 5).
+//! Frames inside a channel's byte stream, after the handshake (protocol version 6).
 //!
 //! Every frame starts with a 12-byte common header, followed by a type-specific part (big-endian):
 //!
@@ -12,6 +12,7 @@
 //! FIN    5 final offset u64                                        20
 //! CREDIT 6 consumed u64 | window u32                               24
 //! ACK    7 channel u16 | incarnation u16 | position u64           24   (stream 0)
+//! URGENT 8 offset u64 | byte u8 | reserved [u8; 3] (0)              24
 //! ```
 //!
 //! `stream` is the *receiver's* stream id for every type but SYN, where it is the sender's own id
@@ -45,6 +46,7 @@ const T_RST: u8 = 4;
 const T_FIN: u8 = 5;
 const T_CREDIT: u8 = 6;
 const T_ACK: u8 = 7;
+const T_URGENT: u8 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 /// Why a stream was reset (RST's reason field).
@@ -157,6 +159,16 @@ pub enum Frame<'a> {
         /// Frame bytes processed on it.
         position: u64,
     },
+    /// The byte at `offset` of the stream is urgent (TCP's urgent pointer, `MSG_OOB`), and its
+    /// value is `byte` (URGENT). May arrive before or after the DATA that carries the byte.
+    Urgent {
+        /// The receiver's stream id.
+        dst: u64,
+        /// Stream offset of the urgent byte.
+        offset: u64,
+        /// Its value, so that the receiver can hand it out of band before the DATA is in.
+        byte: u8,
+    },
 }
 
 /// What [`decode`] found at the front of a buffer.
@@ -198,6 +210,7 @@ impl Frame<'_> {
             Frame::Ack { channel, incarnation, position } => {
                 Frame::Ack { channel, incarnation, position }
             }
+            Frame::Urgent { dst, offset, byte } => Frame::Urgent { dst, offset, byte },
         }
     }
 
@@ -206,9 +219,11 @@ impl Frame<'_> {
         match self {
             Frame::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
             Frame::Syn { .. } | Frame::Fin { .. } => 20,
-            Frame::SynAck { .. } | Frame::Rst { .. } | Frame::Credit { .. } | Frame::Ack { .. } => {
-                24
-            }
+            Frame::SynAck { .. }
+            | Frame::Rst { .. }
+            | Frame::Credit { .. }
+            | Frame::Ack { .. }
+            | Frame::Urgent { .. } => 24,
         }
     }
 
@@ -222,6 +237,7 @@ impl Frame<'_> {
             Frame::Fin { dst, .. } => (T_FIN, dst),
             Frame::Credit { dst, .. } => (T_CREDIT, dst),
             Frame::Ack { .. } => (T_ACK, 0),
+            Frame::Urgent { dst, .. } => (T_URGENT, dst),
         };
         out.fill(0);
         out[0] = ty;
@@ -265,6 +281,11 @@ impl Frame<'_> {
                 rest[0..2].copy_from_slice(&channel.to_be_bytes());
                 rest[2..4].copy_from_slice(&incarnation.to_be_bytes());
                 rest[4..12].copy_from_slice(&position.to_be_bytes());
+                24
+            }
+            Frame::Urgent { offset, byte, .. } => {
+                rest[0..8].copy_from_slice(&offset.to_be_bytes());
+                rest[8] = byte;
                 24
             }
         }
@@ -325,7 +346,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
     }
     let ty = buf[0];
     let fixed = match ty {
-        T_DATA | T_SYN_ACK | T_RST | T_CREDIT | T_ACK => 24,
+        T_DATA | T_SYN_ACK | T_RST | T_CREDIT | T_ACK | T_URGENT => 24,
         T_SYN | T_FIN => 20,
         t => return Err(WireError::UnknownType(t)),
     };
@@ -405,6 +426,10 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
                 position: be_u64(buf, r + 4),
             }
         }
+        T_URGENT => {
+            zero(&buf[r + 9..r + 12], "reserved")?;
+            Frame::Urgent { dst: stream, offset: be_u64(buf, r), byte: buf[r + 8] }
+        }
         _ => unreachable!("type checked above"),
     };
     Ok(Decoded::Frame(frame, fixed))
@@ -419,7 +444,7 @@ mod tests {
 
     fn arb_frame() -> impl Strategy<Value = Spec> {
         (
-            0u8..7,
+            0u8..8,
             any::<u64>(),
             0u64..u64::MAX / 2,
             0u32..=MAX_WINDOW,
@@ -448,6 +473,7 @@ mod tests {
             },
             4 => Frame::Fin { dst: *s, final_offset: *off },
             5 => Frame::Credit { dst: *s, consumed: *off, window: *win },
+            6 => Frame::Urgent { dst: *s, offset: *off, byte: *port as u8 },
             _ => Frame::Ack { channel: *port, incarnation: *win as u16, position: *off },
         }
     }
@@ -533,6 +559,12 @@ mod tests {
         Frame::Ack { channel: 3, incarnation: 1, position: 9 }.encode(&mut a);
         a[11] = 1;
         assert!(matches!(decode(&a), Err(WireError::BadField { field: "ack stream", .. })));
+        let mut u = Vec::new();
+        let urgent = Frame::Urgent { dst: 4, offset: 7, byte: b'!' };
+        urgent.encode(&mut u);
+        assert_eq!(decode(&u), Ok(Decoded::Frame(urgent, 24)));
+        u[23] = 1;
+        assert!(matches!(decode(&u), Err(WireError::BadField { field: "reserved", .. })));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The channel handshake: the first messages each side writes on a new channel (version 5).
+//! The channel handshake: the first messages each side writes on a new channel (version 6).
 //!
 //! Four fixed-size messages: the dialer's `Hello`, the acceptor's `Challenge`, the dialer's
 //! `Confirm`, and the acceptor's `Accept`; either side may answer `Reject` instead. With a
@@ -11,7 +11,7 @@
 //!
 //! ```text
 //!  0  magic        [u8; 4] = "NCHN"
-//!  4  version      u16 = 4
+//!  4  version      u16 = 6
 //!  6  kind         u8   1 Hello, 2 Challenge, 3 Reject, 4 Confirm, 5 Accept
 //!  7  class        u8   0 Throughput, 1 Latency
 //!  8  engine_id    u64
@@ -32,7 +32,7 @@ use super::{Class, WireError};
 /// First bytes of every handshake message.
 pub const MAGIC: [u8; 4] = *b"NCHN";
 /// The protocol version this engine speaks.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Bytes of every handshake message.
 pub const HANDSHAKE_LEN: usize = 72;
 /// Channel indexes are bits of 64-bit masks.

@@ -171,6 +171,13 @@ impl<U: Default> Session<U> {
 
     /// Moves up to `max` readable bytes into `out` (slices), or says where the next bytes are.
     pub(super) fn recv(&mut self, id: StreamId, max: u64, out: &mut Vec<Bytes>) -> Recv {
+        let mut max = max;
+        if !self.urgent.is_empty() {
+            match self.urgent_read(id, max) {
+                Ok(m) => max = m,
+                Err(r) => return r,
+            }
+        }
         let Some(s) = self.streams.get_mut(id) else { return Recv::Closed };
         let reset = s.reset;
         // After the peer's reset too: the bytes kept from before it come first.
@@ -205,9 +212,54 @@ impl<U: Default> Session<U> {
         Recv::Empty
     }
 
+    /// Before a read of at most `max` bytes of a stream that has urgent data: drops the urgent
+    /// bytes kept out of the stream at the read position, and returns how many bytes the read
+    /// may take (it stops before the next mark). `Err`: what the read returns instead (an
+    /// urgent byte still in its channel's socket is dropped by the caller: `DropDeferred`).
+    fn urgent_read(&mut self, id: StreamId, max: u64) -> Result<u64, Recv> {
+        loop {
+            let Some(s) = self.streams.get_mut(id) else { return Err(Recv::Closed) };
+            let pos = s.rx.consumed();
+            let Some(u) = self.urgent.get(&id) else { return Ok(max) };
+            let (skip, max) = u.read_limit(pos, max);
+            if !skip {
+                return Ok(max);
+            }
+            if let Some((channel, _)) = s.rx.front_deferred() {
+                // Still in its channel's socket: the caller reads it from there and drops it.
+                return Err(if self.deferred_ready(id, channel) {
+                    Recv::DropDeferred { channel }
+                } else {
+                    Recv::Empty
+                });
+            }
+            if s.rx.ready_front() == 0 {
+                // Not arrived: the read waits for it like any other byte.
+                return Err(match s.reset {
+                    Some(cause) => Recv::Reset(cause),
+                    None if s.at_eof() || s.read_closed() => Recv::Eof,
+                    None => Recv::Empty,
+                });
+            }
+            let reset = s.reset.is_some();
+            let n = s.rx.take(1, &mut Vec::new());
+            debug_assert_eq!(n, 1);
+            self.rx_held -= n;
+            if reset {
+                self.recharge(id);
+                self.feed_starved();
+            } else {
+                self.after_consume(id);
+            }
+        }
+    }
+
     /// Copies ready bytes without consuming them (MSG_PEEK).
     pub(super) fn peek(&self, id: StreamId, buf: &mut [u8]) -> Recv {
         let Some(s) = self.streams.get(id) else { return Recv::Closed };
+        if let Some(u) = self.urgent_of(id) {
+            return Self::peek_urgent(s, u, buf);
+        }
         if let Some(cause) = s.reset {
             return match s.rx.peek(buf) {
                 0 => Recv::Reset(cause),
@@ -218,6 +270,56 @@ impl<U: Default> Session<U> {
             0 if s.at_eof() => Recv::Eof,
             0 => Recv::Empty,
             n => Recv::Data(n as u64),
+        }
+    }
+
+    /// A peek of a stream with urgent data: stops before the next mark, and steps over the
+    /// urgent byte at the read position when it is kept out of the stream (as TCP's peek).
+    fn peek_urgent(s: &Stream<U>, u: &Urgent, buf: &mut [u8]) -> Recv {
+        let (skip, max) = u.read_limit(s.rx.consumed(), buf.len() as u64);
+        let max = max as usize;
+        let n = if skip {
+            let mut ahead = vec![0u8; max + 1];
+            let got = s.rx.peek(&mut ahead);
+            let n = got.saturating_sub(1);
+            buf[..n].copy_from_slice(&ahead[1..got.max(1)]);
+            n
+        } else {
+            s.rx.peek(&mut buf[..max])
+        };
+        match (n, s.reset) {
+            (0, Some(cause)) => Recv::Reset(cause),
+            (0, None) if s.at_eof() => Recv::Eof,
+            (0, None) => Recv::Empty,
+            (n, _) => Recv::Data(n as u64),
+        }
+    }
+
+    /// The application sent its last byte as urgent (`MSG_OOB`): an URGENT tells the peer.
+    pub(super) fn mark_urgent(&mut self, id: StreamId, byte: u8) {
+        let Some(s) = self.streams.get(id) else { return };
+        if s.reset.is_some() || s.send_next == 0 {
+            return;
+        }
+        let offset = s.send_next - 1;
+        self.urgent.entry(id).or_default().tx = Some((offset, byte));
+        self.owe(id, OWE_URGENT);
+    }
+
+    /// The peer's urgent byte, read out of band (`MSG_OOB`): `None` when there is none to
+    /// read (inline, none, already taken, or read past).
+    pub(super) fn take_urgent(&mut self, id: StreamId, peek: bool) -> Option<u8> {
+        let pos = self.streams.get(id)?.rx.consumed();
+        self.urgent.get_mut(&id)?.take(pos, peek)
+    }
+
+    /// Keeps the peer's urgent bytes in the stream (`SO_OOBINLINE`) or out of it.
+    pub(super) fn set_oob_inline(&mut self, id: StreamId, on: bool) {
+        if self.streams.get(id).is_none() {
+            return;
+        }
+        if on || self.urgent.contains_key(&id) {
+            self.urgent.entry(id).or_default().inline = on;
         }
     }
 
@@ -424,6 +526,21 @@ impl<U: Default> StreamHandle<'_, U> {
     /// Copies ready bytes without consuming them (`MSG_PEEK`).
     pub fn peek(&self, buf: &mut [u8]) -> Recv {
         self.session.peek(self.id, buf)
+    }
+
+    /// Marks the last byte sent as urgent (`MSG_OOB`).
+    pub fn mark_urgent(&mut self, byte: u8) {
+        self.session.mark_urgent(self.id, byte)
+    }
+
+    /// The peer's urgent byte, read out of band (`MSG_OOB`); `None`: none to read.
+    pub fn take_urgent(&mut self, peek: bool) -> Option<u8> {
+        self.session.take_urgent(self.id, peek)
+    }
+
+    /// Keeps urgent bytes in the stream (`SO_OOBINLINE`) or out of it.
+    pub fn set_oob_inline(&mut self, on: bool) {
+        self.session.set_oob_inline(self.id, on)
     }
 
     /// How many bytes of the payload deferred at the stream's front may be read straight from

@@ -271,7 +271,7 @@ impl<U: Default> Session<U> {
                     if s.reset.is_some() {
                         continue;
                     }
-                    let mut again = owe & (OWE_CREDIT | OWE_SYN_ACK);
+                    let mut again = owe & (OWE_CREDIT | OWE_SYN_ACK | OWE_URGENT);
                     if s.phase == Phase::Connecting {
                         again |= owe & OWE_SYN;
                     }

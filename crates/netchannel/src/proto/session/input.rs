@@ -323,6 +323,23 @@ impl<U: Default> Session<U> {
             Frame::Ack { channel, incarnation, position } => {
                 self.on_ack(ChannelId::new(channel, incarnation), position, now)
             }
+            Frame::Urgent { dst, offset, byte } => {
+                let Some(id) = self.resolve(dst)? else { return Ok(()) };
+                let s = self.streams.get_mut(id).expect("live");
+                s.frames_received += 1;
+                if s.reset.is_some() {
+                    return Ok(());
+                }
+                if let Err(v) = s.check_urgent(offset) {
+                    return Err(self.violated(id, v));
+                }
+                let pos = s.rx.consumed();
+                if self.urgent.entry(id).or_default().on_peer_mark(offset, byte, pos) {
+                    // Readers and pollers look again (`POLLPRI`, reads stop at the mark).
+                    self.emit(id, EV_READ | EV_URGENT);
+                }
+                Ok(())
+            }
         }
     }
 

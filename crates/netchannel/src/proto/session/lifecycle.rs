@@ -238,6 +238,9 @@ impl<U: Default> Session<U> {
             if s.flags & F_RST_PENDING != 0 {
                 self.pending_rsts.remove(&id);
             }
+            if !self.urgent.is_empty() {
+                self.urgent.remove(&id);
+            }
             self.rx_held -= s.rx.held_bytes();
             self.rx_granted -= s.rx_charge;
             self.rx_competing -= usize::from(s.flags & F_COMPETING != 0);

@@ -43,6 +43,8 @@ use transmit::{ClassTx, OwedRst, ThreadTurns};
 /// Event bits: the stream may have become readable / writable (or failed).
 pub const EV_READ: u8 = 1;
 pub const EV_WRITE: u8 = 2;
+/// The peer's urgent byte came (with `EV_READ`): an observer shows it (`POLLPRI`, `SIGURG`).
+pub const EV_URGENT: u8 = 4;
 
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
@@ -156,6 +158,12 @@ pub enum Recv {
     Eof,
     /// Nothing yet.
     Empty,
+    /// The next byte is an urgent byte kept out of the stream and still in channel
+    /// `channel`'s socket: read one byte of it, drop it (report with `deferred_read`), and
+    /// read again.
+    DropDeferred {
+        channel: ChannelId,
+    },
     Reset(ResetCause),
     /// No such stream (closed).
     Closed,
@@ -208,6 +216,9 @@ pub struct Session<U> {
     /// nothing is sized by a number the peer chooses (a dense table indexed by the peer's ids
     /// let one SYN claiming a high index allocate 64 MiB).
     opened_by_peer: HashMap<PeerStreamId, StreamId>,
+    /// Urgent data of the streams that used it (`Urgent`): empty in a session that never did,
+    /// which is all its streams pay.
+    urgent: HashMap<StreamId, Urgent>,
     events: VecDeque<StreamId>,
     incoming: VecDeque<StreamId>,
     /// Stream deadlines on the session's compact clock (entries whose stream has another
@@ -297,6 +308,7 @@ impl<U: Default> Session<U> {
             channels: Vec::new(),
             classes: [ClassTx::default(), ClassTx::default()],
             opened_by_peer: HashMap::new(),
+            urgent: HashMap::new(),
             events: VecDeque::new(),
             incoming: VecDeque::new(),
             timers: BinaryHeap::new(),
@@ -417,10 +429,47 @@ impl<U: Default> Session<U> {
         }
         // What comes next decides: bytes staged behind a payload still in a socket cannot be
         // read before it.
+        let pos = s.rx.consumed();
+        if self.urgent_of(id).is_some_and(|u| u.read_limit(pos, 1).0)
+            && s.rx.contiguous_end() - pos <= 1
+            && !s.at_eof()
+            && !s.read_closed()
+        {
+            // Only an urgent byte kept out of the stream: nothing a read returns (as TCP's
+            // `tcp_poll` does not count it).
+            return false;
+        }
         match s.rx.front_deferred() {
             Some((channel, _)) => self.deferred_ready(id, channel),
             None => s.rx.ready_data() > 0 || s.at_eof() || s.read_closed(),
         }
+    }
+
+    /// A stream's urgent data, if it ever had any.
+    pub(super) fn urgent_of(&self, id: StreamId) -> Option<&Urgent> {
+        if self.urgent.is_empty() {
+            return None;
+        }
+        self.urgent.get(&id)
+    }
+
+    /// The peer's urgent mark on `id`, while the reads have not passed it.
+    #[cfg(test)]
+    pub(crate) fn urgent_mark(&self, id: StreamId) -> Option<RxUrgent> {
+        let pos = self.streams.get(id)?.rx.consumed();
+        self.urgent_of(id)?.mark(pos)
+    }
+
+    /// The peer's urgent byte on `id` waits to be read out of band (`POLLPRI`).
+    pub fn urgent_pending(&self, id: StreamId) -> bool {
+        let Some(s) = self.streams.get(id) else { return false };
+        self.urgent_of(id).is_some_and(|u| u.pending(s.rx.consumed()))
+    }
+
+    /// The next byte a read of `id` returns is the peer's urgent byte (`SIOCATMARK`).
+    pub fn at_urgent_mark(&self, id: StreamId) -> bool {
+        let Some(s) = self.streams.get(id) else { return false };
+        self.urgent_of(id).is_some_and(|u| u.at_mark(s.rx.consumed()))
     }
 
     /// The payload deferred at the front of `id` can be read from `channel` now: the channel

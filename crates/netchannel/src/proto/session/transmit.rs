@@ -332,6 +332,7 @@ impl<U: Default> Session<U> {
         let credit = s.owe & OWE_CREDIT != 0 && s.phase == Phase::Open && !s.peer_finished();
         // A CREDIT grants what the receive budget has room for now (the window it carries).
         let credit_window = if credit { self.grant(id) } else { 0 };
+        let urgent = self.urgent_of(id).and_then(|u| u.tx);
         let Some(s) = self.streams.get_mut(id) else { return 0 };
         s.flags &= !F_CONTROL;
         let owe = std::mem::take(&mut s.owe);
@@ -359,6 +360,11 @@ impl<U: Default> Session<U> {
             let consumed = s.rx.consumed();
             frames.push(Frame::Credit { dst: s.peer.get(), consumed, window: credit_window });
         }
+        if let Some((offset, byte)) = urgent.filter(|_| owe & OWE_URGENT != 0) {
+            if s.phase == Phase::Open {
+                frames.push(Frame::Urgent { dst: s.peer.get(), offset, byte });
+            }
+        }
         if owe & OWE_FIN != 0 && s.write_closed && s.phase == Phase::Open {
             s.flags |= F_FIN_SENT;
             frames.push(Frame::Fin { dst: s.peer.get(), final_offset: s.send_next });
@@ -371,6 +377,7 @@ impl<U: Default> Session<U> {
                 Frame::Syn { .. } => OWE_SYN,
                 Frame::SynAck { .. } => OWE_SYN_ACK,
                 Frame::Credit { .. } => OWE_CREDIT,
+                Frame::Urgent { .. } => OWE_URGENT,
                 _ => OWE_FIN,
             };
             let of = OutFrame::control(f);
