@@ -169,6 +169,10 @@ fn run(lp: &Loop, ep: Epoll, poller: Poller) {
                 let _ = app.set_nonblocking(true);
                 let _ = app.set_nodelay(true);
                 vs.vs().set_nonblocking(true);
+                // Urgent bytes travel inline both ways while a relay serves the connection: a
+                // relay that read them as TCP does by default would drop them.
+                let _ = rustix::net::sockopt::set_socket_oobinline(&*app, true);
+                vs.vs().set_oob_inline(true);
                 let flags = READABLE | WRITABLE | PEER_SHUTDOWN | EDGE;
                 if ep.add(app.as_fd(), flags, id).is_err() || poller.register(vs.vs(), id).is_err()
                 {
