@@ -497,10 +497,16 @@ impl Carried {
 
     /// After a read: once the urgent byte is taken out of band or read past, P's out-of-band
     /// byte goes too (`POLLPRI` ends, as TCP's).
+    #[inline]
     fn clear_urgent(&self, fd: BorrowedFd<'_>) {
-        if !self.urgent_shown.load(Ordering::Acquire) {
-            return;
+        if self.urgent_shown.load(Ordering::Acquire) {
+            self.take_back_urgent(fd);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn take_back_urgent(&self, fd: BorrowedFd<'_>) {
         let mut m = self.mirror.lock();
         if !m.oob || self.vs.readiness().urgent {
             return;

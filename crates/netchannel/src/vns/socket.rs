@@ -134,6 +134,16 @@ pub struct Readiness {
     pub urgent: bool,
 }
 
+/// What one read attempt (`VSocket::try_recv`) found.
+enum Attempt {
+    /// This many bytes (0: end of stream).
+    Read(usize),
+    /// Nothing yet.
+    Nothing,
+    /// An urgent byte kept out of the stream was dropped: read again.
+    Again,
+}
+
 /// A virtual stream socket. Usable from several threads at once (`&self` methods).
 pub struct VSocket {
     session: Arc<SessionRt>,
@@ -518,8 +528,10 @@ impl VSocket {
         let deadline = timeout_from(&self.read_timeout_ns);
         let mut moved = 0;
         loop {
-            if let Some(n) = self.try_recv(buf)? {
-                return Ok(n);
+            match self.try_recv(buf)? {
+                Attempt::Read(n) => return Ok(n),
+                Attempt::Again => continue,
+                Attempt::Nothing => {}
             }
             if self.is_nonblocking() {
                 // A payload read from its channel may have been staged by the engine meanwhile:
@@ -556,13 +568,13 @@ impl VSocket {
         self.session.core().handle(self.id).readable()
     }
 
-    /// One attempt: `None` when nothing is there yet.
-    fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    /// One attempt.
+    fn try_recv(&self, buf: &mut [u8]) -> io::Result<Attempt> {
         if buf.is_empty() {
-            return Ok(Some(0));
+            return Ok(Attempt::Read(0));
         }
         let mut slices = RECV_SLICES.try_with(Cell::take).unwrap_or_default();
-        let mut dropped_urgent = false;
+        let mut urgent_in = None;
         let (r, can_wait, class, channels, work) = {
             let mut core = self.session.core();
             let r = core.handle(self.id).recv(buf.len() as u64, &mut slices);
@@ -584,22 +596,22 @@ impl VSocket {
                     at += s.len();
                 }
                 debug_assert_eq!(at as u64, n);
-                Some(n as usize)
+                Attempt::Read(n as usize)
             }
             Recv::Deferred { channel, max } => {
                 let _demoted = self.session.ctx.demote_for(class);
-                self.read_deferred(channel, &mut buf[..max as usize])
+                match self.read_deferred(channel, &mut buf[..max as usize]) {
+                    Some(n) => Attempt::Read(n),
+                    None => Attempt::Nothing,
+                }
             }
-            Recv::Eof => Some(0),
-            Recv::Empty => None,
+            Recv::Eof => Attempt::Read(0),
+            Recv::Empty => Attempt::Nothing,
             Recv::Reset(cause) => return Err(reset_error(cause)),
             Recv::Closed => return Err(closed()),
             Recv::DropDeferred { channel } => {
-                // An urgent byte kept out of the stream, still in its channel's socket: read
-                // and dropped, then the read goes on.
-                let mut urgent = [0u8; 1];
-                dropped_urgent = self.read_deferred(channel, &mut urgent) == Some(1);
-                None
+                urgent_in = Some(channel);
+                Attempt::Nothing
             }
         };
         // The list goes back to the thread whatever the outcome (a read that finds nothing,
@@ -615,10 +627,23 @@ impl VSocket {
             // A CREDIT is due: the sender may be waiting for it.
             self.session.transmit_known(class, work);
         }
-        if dropped_urgent {
-            return self.try_recv(buf);
+        if let Some(channel) = urgent_in {
+            return Ok(self.drop_urgent(channel));
         }
         Ok(n)
+    }
+
+    /// An urgent byte kept out of the stream and still in its channel's socket is next: read
+    /// and dropped (`Again`: the read goes on). Out of line: the common read path stays as it
+    /// was.
+    #[cold]
+    #[inline(never)]
+    fn drop_urgent(&self, channel: ChannelId) -> Attempt {
+        let mut urgent = [0u8; 1];
+        match self.read_deferred(channel, &mut urgent) {
+            Some(1) => Attempt::Again,
+            _ => Attempt::Nothing,
+        }
     }
 
     /// Marks the last byte sent, `byte`, as urgent, and sends the mark.

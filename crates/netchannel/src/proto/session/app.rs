@@ -216,6 +216,8 @@ impl<U: Default> Session<U> {
     /// bytes kept out of the stream at the read position, and returns how many bytes the read
     /// may take (it stops before the next mark). `Err`: what the read returns instead (an
     /// urgent byte still in its channel's socket is dropped by the caller: `DropDeferred`).
+    #[cold]
+    #[inline(never)]
     fn urgent_read(&mut self, id: StreamId, max: u64) -> Result<u64, Recv> {
         loop {
             let Some(s) = self.streams.get_mut(id) else { return Err(Recv::Closed) };

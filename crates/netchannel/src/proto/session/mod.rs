@@ -446,6 +446,7 @@ impl<U: Default> Session<U> {
     }
 
     /// A stream's urgent data, if it ever had any.
+    #[inline]
     pub(super) fn urgent_of(&self, id: StreamId) -> Option<&Urgent> {
         if self.urgent.is_empty() {
             return None;
@@ -461,7 +462,11 @@ impl<U: Default> Session<U> {
     }
 
     /// The peer's urgent byte on `id` waits to be read out of band (`POLLPRI`).
+    #[inline]
     pub fn urgent_pending(&self, id: StreamId) -> bool {
+        if self.urgent.is_empty() {
+            return false;
+        }
         let Some(s) = self.streams.get(id) else { return false };
         self.urgent_of(id).is_some_and(|u| u.pending(s.rx.consumed()))
     }
