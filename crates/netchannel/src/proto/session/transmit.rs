@@ -296,21 +296,16 @@ impl<U: Default> Session<U> {
         let sending = out.len() > start;
         let owed = || self.open_channels().any(|st| st.rx_pos > st.rx_acked);
         if sending || self.ack_due(None) || (force_ack && owed()) {
-            let acks: Vec<(ChannelId, u64)> = self
-                .channels
-                .iter_mut()
-                .flatten()
-                .filter_map(|st| {
-                    (st.rx_pos > st.rx_acked).then(|| {
-                        st.rx_acked = st.rx_pos;
-                        st.ack_since = None;
-                        st.ack_now = false;
-                        (st.id, st.rx_pos)
-                    })
-                })
-                .collect();
-            for (acked, position) in acks {
-                let (channel, incarnation) = (acked.index, acked.incarnation);
+            // By index, not collected first: no allocation per frame sent.
+            for slot in 0..self.channels.len() {
+                let Some(st) = self.channels[slot].as_mut().filter(|st| st.rx_pos > st.rx_acked)
+                else {
+                    continue;
+                };
+                st.rx_acked = st.rx_pos;
+                st.ack_since = None;
+                st.ack_now = false;
+                let (channel, incarnation, position) = (st.id.index, st.id.incarnation, st.rx_pos);
                 let f = OutFrame::control(Frame::Ack { channel, incarnation, position });
                 bytes += f.len();
                 if let Some(st) = self.channel_mut(ch) {
