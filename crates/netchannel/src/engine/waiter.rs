@@ -120,19 +120,20 @@ impl Waiter {
             return Ok(false);
         }
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let mut raw = Vec::new();
-        let r = self.epoll.wait_signals(&mut raw, 64, timeout, signals);
-        self.state.store(IDLE, Ordering::SeqCst);
-        r?;
-        Ok(self.collect(raw, out))
+        with_raw_events(|raw| {
+            let r = self.epoll.wait_signals(raw, 64, timeout, signals);
+            self.state.store(IDLE, Ordering::SeqCst);
+            r?;
+            Ok(self.collect(raw, out))
+        })
     }
 
     /// Turns raw events of the thread's epoll set into channel events; returns whether the
     /// companion fd had one.
-    fn collect(&self, raw: Vec<(u64, u32)>, out: &mut Vec<ChannelEvent>) -> bool {
+    fn collect(&self, raw: &[(u64, u32)], out: &mut Vec<ChannelEvent>) -> bool {
         let watched = self.watched.lock();
         let mut companion = false;
-        for (token, events) in raw {
+        for &(token, events) in raw {
             if token == TOKEN_WAKE {
                 continue;
             }
@@ -182,10 +183,11 @@ impl Waiter {
         }
         let r = sleep_in(self.epoll.raw());
         self.state.store(IDLE, Ordering::SeqCst);
-        let mut raw = Vec::new();
-        if self.epoll.wait(&mut raw, 64, Some(Duration::ZERO)).is_ok() {
-            self.collect(raw, out);
-        }
+        with_raw_events(|raw| {
+            if self.epoll.wait(raw, 64, Some(Duration::ZERO)).is_ok() {
+                self.collect(raw, out);
+            }
+        });
         Some(r)
     }
 
@@ -194,10 +196,11 @@ impl Waiter {
     /// next sleep at once). Used by `vns::serve` (the `internals` feature).
     #[cfg(feature = "internals")]
     pub fn collect_now(&self, out: &mut Vec<ChannelEvent>) {
-        let mut raw = Vec::new();
-        if self.epoll.wait(&mut raw, 64, Some(Duration::ZERO)).is_ok() {
-            self.collect(raw, out);
-        }
+        with_raw_events(|raw| {
+            if self.epoll.wait(raw, 64, Some(Duration::ZERO)).is_ok() {
+                self.collect(raw, out);
+            }
+        });
     }
 
     /// Sleeps until notified or `deadline` without serving channels: for waits no channel
@@ -394,7 +397,34 @@ impl Watched {
     }
 }
 
+/// Runs `f` with the thread's buffer for the raw events of one wait, empty (kept between
+/// waits: one is made per message, and a fresh list each time was an allocation per message).
+fn with_raw_events<R>(f: impl FnOnce(&mut Vec<(u64, u32)>) -> R) -> R {
+    let mut raw = RAW_EVENTS.try_with(std::cell::Cell::take).unwrap_or_default();
+    raw.clear();
+    let r = f(&mut raw);
+    raw.clear();
+    let _exiting = RAW_EVENTS.try_with(|c| c.set(raw));
+    r
+}
+
+/// Runs `f` with the thread's list for the channel events of one wait, empty (kept between
+/// waits, as `with_raw_events`'s buffer; a nested wait takes a list of its own).
+pub(crate) fn with_channel_events<R>(f: impl FnOnce(&mut Vec<ChannelEvent>) -> R) -> R {
+    let mut events = CHANNEL_EVENTS.try_with(std::cell::Cell::take).unwrap_or_default();
+    let r = f(&mut events);
+    events.clear();
+    if events.capacity() <= 1024 {
+        let _exiting = CHANNEL_EVENTS.try_with(|c| c.set(events));
+    }
+    r
+}
+
 thread_local! {
+    /// See `with_channel_events`.
+    static CHANNEL_EVENTS: std::cell::Cell<Vec<ChannelEvent>> = const { std::cell::Cell::new(Vec::new()) };
+    /// See `with_raw_events`.
+    static RAW_EVENTS: std::cell::Cell<Vec<(u64, u32)>> = const { std::cell::Cell::new(Vec::new()) };
     static CURRENT: RefCell<Option<Arc<Waiter>>> = const { RefCell::new(None) };
     static THREAD: RefCell<ThreadTx> = RefCell::new(ThreadTx::default());
     /// The poller this thread is serving channels for, while it does (its address).

@@ -9,6 +9,7 @@
 #![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
 use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
@@ -125,8 +126,9 @@ impl Epoll {
         self.delete(unsafe { BorrowedFd::borrow_raw(fd) })
     }
 
-    /// Waits for events and appends `(token, events)` to `out`. `None` waits forever. Timeouts
-    /// below a millisecond are honoured (epoll_wait would round them to zero: a spin).
+    /// Waits for at most `max` (up to `MAX_EVENTS`) events and appends `(token, events)` to
+    /// `out`. `None` waits forever. Timeouts below a millisecond are honoured (epoll_wait would
+    /// round them to zero: a spin).
     pub fn wait(
         &self,
         out: &mut Vec<(u64, u32)>,
@@ -137,20 +139,26 @@ impl Epoll {
             tv_sec: d.as_secs().min(i32::MAX as u64) as i64,
             tv_nsec: d.subsec_nanos() as _,
         });
-        let mut events: Vec<epoll::Event> = Vec::with_capacity(max.max(1));
-        match epoll::wait(&self.0, rustix::buffer::spare_capacity(&mut events), ts.as_ref()) {
-            Ok(n) => {
-                out.extend(events.iter().map(|e| {
+        // On the stack: a wait is made per message on the data path (an allocation each was
+        // about a tenth of the library's allocations per message).
+        let mut events = [const { MaybeUninit::<epoll::Event>::uninit() }; MAX_EVENTS];
+        let room = &mut events[..max.clamp(1, MAX_EVENTS)];
+        match epoll::wait(&self.0, room, ts.as_ref()) {
+            Ok((got, _)) => {
+                out.extend(got.iter().map(|e| {
                     let (data, flags) = (e.data, e.flags);
                     (data.u64(), flags.bits())
                 }));
-                Ok(n)
+                Ok(got.len())
             }
             Err(rustix::io::Errno::INTR) => Ok(0),
             Err(e) => Err(e.into()),
         }
     }
 }
+
+/// The most events one wait returns (`Epoll::wait`): its buffer is on the stack.
+pub const MAX_EVENTS: usize = 256;
 
 /// How a wait treats signals: whether an interrupted wait fails with `Interrupted` (instead of
 /// returning no event), and the signal mask to wait under (as `epoll_pwait`'s).
@@ -180,8 +188,8 @@ impl Epoll {
             tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: d.subsec_nanos() as _,
         });
-        let max = max.clamp(1, 1024);
-        let mut events: Vec<libc::epoll_event> = Vec::with_capacity(max);
+        let max = max.clamp(1, MAX_EVENTS);
+        let mut events = [const { MaybeUninit::<libc::epoll_event>::uninit() }; MAX_EVENTS];
         let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
         let mask_ptr = signals.mask.map_or(std::ptr::null(), |m| m as *const libc::sigset_t);
         // The kernel answered ENOSYS to epoll_pwait2 once: it never will (asked again, each
@@ -192,7 +200,7 @@ impl Epoll {
             -1
         } else {
             // SAFETY: a raw system call (never an interposed libc symbol) on our own epoll fd;
-            // the kernel writes at most `max` events into the vector's spare capacity, and
+            // the kernel writes at most `max` (<= MAX_EVENTS) events into the array, and
             // reads the timespec and the 8-byte kernel sigset (the first 8 bytes of glibc's
             // sigset_t) only for the duration of the call.
             let n = unsafe {
@@ -241,8 +249,10 @@ impl Epoll {
             return Err(e);
         }
         // SAFETY: the kernel initialised the first `n` (<= max) entries.
-        unsafe { events.set_len(n as usize) };
-        out.extend(events.iter().map(|e| (e.u64, e.events)));
+        let got = unsafe {
+            std::slice::from_raw_parts(events.as_ptr().cast::<libc::epoll_event>(), n as usize)
+        };
+        out.extend(got.iter().map(|e| (e.u64, e.events)));
         Ok(n as usize)
     }
 }

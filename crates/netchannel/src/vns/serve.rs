@@ -111,11 +111,12 @@ impl ServeSet {
         w.begin();
         self.prepare(&w);
         w.set_companion(companion, self.key);
-        let mut events = Vec::new();
-        let r = w.sleep_signals(deadline, &mut events, signals);
-        woke();
-        serve(&mut events);
-        r.map(|_| ())
+        waiter::with_channel_events(|events| {
+            let r = w.sleep_signals(deadline, events, signals);
+            woke();
+            serve(events);
+            r.map(|_| ())
+        })
     }
 
     /// Sleeps until `check` (run once the thread is registered as waiting, so a [`ThreadWake`]
@@ -143,17 +144,18 @@ impl ServeSet {
             return Ok(true);
         }
         self.prepare(&w);
-        let mut events = Vec::new();
-        if serve_first {
-            w.collect_now(&mut events);
-            if !events.is_empty() {
-                serve(&mut events);
-                return Ok(false);
+        waiter::with_channel_events(|events| {
+            if serve_first {
+                w.collect_now(events);
+                if !events.is_empty() {
+                    serve(events);
+                    return Ok(false);
+                }
             }
-        }
-        let r = w.sleep_signals(deadline, &mut events, signals);
-        serve(&mut events);
-        r.map(|_| false)
+            let r = w.sleep_signals(deadline, events, signals);
+            serve(events);
+            r.map(|_| false)
+        })
     }
 
     /// Sleeps in `sleep_in`, given the fd of the thread's epoll set (readable while a channel
@@ -164,10 +166,11 @@ impl ServeSet {
         let w = waiter::current()?;
         w.begin();
         self.prepare(&w);
-        let mut events = Vec::new();
-        let r = w.sleep_beside(&mut events, sleep_in);
-        serve(&mut events);
-        Ok(r)
+        Ok(waiter::with_channel_events(|events| {
+            let r = w.sleep_beside(events, sleep_in);
+            serve(events);
+            r
+        }))
     }
 }
 
