@@ -369,6 +369,8 @@ impl Worker {
         let mut sessions: HashMap<usize, (Arc<SessionRt>, usize)> = HashMap::new();
         let mut ticked: HashSet<u64> = HashSet::new();
         let mut events = Vec::new();
+        // The channel events of one round, kept between rounds (an allocation per round else).
+        let mut serve: Vec<(u64, u32)> = Vec::new();
         let mut next_tick = Instant::now();
         let mut linger_until = Instant::now();
         let mut last_urgent = Instant::now();
@@ -456,7 +458,7 @@ impl Worker {
             if r.is_err() {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            let mut serve: Vec<(u64, u32)> = Vec::new();
+            serve.clear();
             let mut readable = Vec::new();
             let looked = Instant::now();
             if served_by_apps {
@@ -540,7 +542,7 @@ impl Worker {
                     Request::Stop => return,
                 }
             }
-            for (uid, ev) in serve {
+            for (uid, ev) in serve.drain(..) {
                 if let Some((ch, s)) = channels.get(&uid) {
                     s.on_channel_event(ch, ev);
                 }
