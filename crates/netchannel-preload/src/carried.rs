@@ -1178,7 +1178,12 @@ impl Carried {
     /// `FIONREAD`.
     pub(crate) fn unread(&self) -> usize {
         let returned = self.share.lock().returned.len() as u64;
-        (self.vs.readiness().unread + returned).min(i32::MAX as u64) as usize
+        let mut unread = self.vs.readiness().unread;
+        if let Some(before) = self.vs.unread_before_mark() {
+            // As TCP's: only the bytes before an urgent byte kept out of the stream.
+            unread = unread.min(before);
+        }
+        (unread + returned).min(i32::MAX as u64) as usize
     }
 
     /// `SIOCOUTQ` (unsent and unacknowledged) or `SIOCOUTQNSD` (unsent only).

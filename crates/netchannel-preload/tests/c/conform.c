@@ -86,7 +86,7 @@ static void *serve(void *arg) {
         if (cmd == 'r') { struct linger lg = {1, 0}; setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg); break; }
         if (cmd == 'p') write(c, "01234", 5);
         if (cmd == 'U') { write(c, "abc", 3); send(c, "!", 1, MSG_OOB); write(c, "def", 3); }
-        if (cmd == 'V') { write(c, "xyz", 3); send(c, "#", 1, MSG_OOB); }
+        if (cmd == 'V') send(c, "xyz#", 4, MSG_OOB);
         if (cmd == 'l') { usleep(300000); write(c, "0123456789", 10); }
         if (cmd == 'E') {
             char b[16384]; ssize_t r;
@@ -1153,17 +1153,23 @@ static void urgent_data(const char *host, int port) {
         char b[64] = {0}, o = 0;
         cmd(s, "U");
         int pri = wait_pri(s);
-        usleep(200000); /* the bytes after the urgent one */
+        /* The bytes after the urgent one (inline, all 7 count; out of band, those before it). */
+        if (in_line) wait_bytes(s, 7);
+        usleep(200000);
         fd_set x; FD_ZERO(&x); FD_SET(s, &x);
         struct timeval tv = {0, 0};
         int ex = select(s + 1, NULL, NULL, &x, &tv);
-        printf("urgent (SO_OOBINLINE %d): SIGURG %d POLLPRI %d select except %d", opt, urgent_signals > 0, pri, ex);
+        int inq = -1;
+        ioctl(s, FIONREAD, &inq);
+        printf("urgent (SO_OOBINLINE %d): SIGURG %d POLLPRI %d select except %d FIONREAD %d", opt, urgent_signals > 0, pri, ex, inq);
         ioctl(s, SIOCATMARK, &mark);
         printf(" atmark %d", mark);
         /* Stops at the mark with bytes read, MSG_WAITALL or not. */
         ssize_t r = recv(s, b, 6, MSG_WAITALL);
         ioctl(s, SIOCATMARK, &mark);
         printf(" read (MSG_WAITALL 6) %s %.*s atmark %d", res(r), (int)(r > 0 ? r : 0), b, mark);
+        ioctl(s, FIONREAD, &inq);
+        printf(" FIONREAD %d", inq);
         r = recv(s, &o, 1, MSG_OOB | MSG_PEEK);
         printf(" oob peek %s %c", res(r), r == 1 ? o : '-');
         r = recv(s, &o, 1, MSG_OOB);

@@ -140,7 +140,7 @@ impl Epoll {
             tv_nsec: d.subsec_nanos() as _,
         });
         // On the stack: a wait is made per message on the data path (an allocation each was
-        // about a tenth of the library's allocations per message).
+        // about a third of the library's allocations per message).
         let mut events = [const { MaybeUninit::<epoll::Event>::uninit() }; MAX_EVENTS];
         let room = &mut events[..max.clamp(1, MAX_EVENTS)];
         match epoll::wait(&self.0, room, ts.as_ref()) {

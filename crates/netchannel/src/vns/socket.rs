@@ -668,6 +668,12 @@ impl VSocket {
         }
     }
 
+    /// With the peer's urgent byte kept out of the stream and arrived: the bytes before it
+    /// (TCP's `FIONREAD` counts only those then).
+    pub fn unread_before_mark(&self) -> Option<u64> {
+        self.session.core().unread_before_mark(self.id)
+    }
+
     /// The next byte a read returns is the peer's urgent byte (`SIOCATMARK`).
     pub fn at_urgent_mark(&self) -> bool {
         self.session.core().at_urgent_mark(self.id)

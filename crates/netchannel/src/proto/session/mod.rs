@@ -471,6 +471,16 @@ impl<U: Default> Session<U> {
         self.urgent_of(id).is_some_and(|u| u.pending(s.rx.consumed()))
     }
 
+    /// With a mark kept out of the stream whose byte has arrived ahead of the read position:
+    /// the bytes before it, which is what TCP's `FIONREAD` counts then (`tcp_inq`).
+    pub fn unread_before_mark(&self, id: StreamId) -> Option<u64> {
+        let s = self.streams.get(id)?;
+        let u = self.urgent_of(id).filter(|u| !u.inline)?;
+        let (pos, end) = (s.rx.consumed(), s.rx.contiguous_end());
+        let mark = u.mark(pos)?.offset;
+        (mark < end).then_some(mark - pos)
+    }
+
     /// The next byte a read of `id` returns is the peer's urgent byte (`SIOCATMARK`).
     pub fn at_urgent_mark(&self, id: StreamId) -> bool {
         let Some(s) = self.streams.get(id) else { return false };
