@@ -839,7 +839,8 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int
             let n = with_fd(fd, |app| c.recv(app, &mut v, flags))?;
             m.msg_namelen = 0;
             m.msg_controllen = 0;
-            m.msg_flags = 0;
+            // As `tcp_recv_urg`: the urgent byte comes flagged.
+            m.msg_flags = flags & libc::MSG_OOB;
             Ok(n)
         }));
     }

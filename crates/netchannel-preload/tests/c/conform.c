@@ -1170,8 +1170,10 @@ static void urgent_data(const char *host, int port) {
         printf(" read (MSG_WAITALL 6) %s %.*s atmark %d", res(r), (int)(r > 0 ? r : 0), b, mark);
         ioctl(s, FIONREAD, &inq);
         printf(" FIONREAD %d", inq);
-        r = recv(s, &o, 1, MSG_OOB | MSG_PEEK);
-        printf(" oob peek %s %c", res(r), r == 1 ? o : '-');
+        struct iovec ov = {.iov_base = &o, .iov_len = 1};
+        struct msghdr om = {.msg_iov = &ov, .msg_iovlen = 1};
+        r = recvmsg(s, &om, MSG_OOB | MSG_PEEK);
+        printf(" oob peek (recvmsg) %s %c flags %#x", res(r), r == 1 ? o : '-', r == 1 ? om.msg_flags : 0);
         r = recv(s, &o, 1, MSG_OOB);
         printf(" oob %s %c", res(r), r == 1 ? o : '-');
         printf(" again %s", res(recv(s, &o, 1, MSG_OOB)));
