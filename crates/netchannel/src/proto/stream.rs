@@ -111,7 +111,8 @@ pub struct Urgent {
 }
 
 impl Urgent {
-    /// The peer's mark for its byte at `offset` (checked by `Stream::check_urgent`). Returns
+    /// The peer's mark for its byte at `offset` (checked as a one-byte DATA range,
+    /// `Stream::check_data`). Returns
     /// whether it is a new mark (as TCP's `tcp_check_urg`: a mark already read past, or no newer
     /// than the one held, is old news).
     pub(crate) fn on_peer_mark(&mut self, offset: u64, byte: u8, pos: u64) -> bool {
@@ -299,7 +300,8 @@ impl<U> Stream<U> {
         (self.fin != NO_FIN).then_some(self.fin)
     }
 
-    /// A DATA range from the peer is within what this side granted and before any FIN.
+    /// A DATA range (or an URGENT's byte) from the peer is within what this side granted and
+    /// before any FIN.
     pub(crate) fn check_data(&self, offset: u64, len: u64) -> Result<(), Violation> {
         let end = offset + len; // the codec rejects overflow
         if end > self.granted {
@@ -344,17 +346,6 @@ impl<U> Stream<U> {
             return Err(Violation::BeyondFin);
         }
         self.fin = final_offset;
-        Ok(())
-    }
-
-    /// The peer's URGENT for its byte at `offset`: within the credit granted and before the FIN.
-    pub(crate) fn check_urgent(&self, offset: u64) -> Result<(), Violation> {
-        if offset >= self.granted {
-            return Err(Violation::BeyondCredit);
-        }
-        if matches!(self.fin(), Some(fin) if offset >= fin) {
-            return Err(Violation::BeyondFin);
-        }
         Ok(())
     }
 

@@ -428,7 +428,12 @@ pub fn decode(buf: &[u8]) -> Result<Decoded<'_>, WireError> {
         }
         T_URGENT => {
             zero(&buf[r + 9..r + 12], "reserved")?;
-            Frame::Urgent { dst: stream, offset: be_u64(buf, r), byte: buf[r + 8] }
+            let offset = be_u64(buf, r);
+            // The byte's end must not overflow, as a DATA range's (checked as a one-byte range).
+            if offset == u64::MAX {
+                return Err(WireError::BadField { field: "offset", value: offset });
+            }
+            Frame::Urgent { dst: stream, offset, byte: buf[r + 8] }
         }
         _ => unreachable!("type checked above"),
     };
@@ -565,6 +570,9 @@ mod tests {
         assert_eq!(decode(&u), Ok(Decoded::Frame(urgent, 24)));
         u[23] = 1;
         assert!(matches!(decode(&u), Err(WireError::BadField { field: "reserved", .. })));
+        let mut u = Vec::new();
+        Frame::Urgent { dst: 4, offset: u64::MAX, byte: 0 }.encode(&mut u);
+        assert!(matches!(decode(&u), Err(WireError::BadField { field: "offset", .. })));
     }
 
     #[test]

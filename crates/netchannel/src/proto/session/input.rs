@@ -330,7 +330,8 @@ impl<U: Default> Session<U> {
                 if s.reset.is_some() {
                     return Ok(());
                 }
-                if let Err(v) = s.check_urgent(offset) {
+                // The byte's range is held to the window and the FIN as DATA's is.
+                if let Err(v) = s.check_data(offset, 1) {
                     return Err(self.violated(id, v));
                 }
                 let pos = s.rx.consumed();

@@ -464,11 +464,8 @@ impl<U: Default> Session<U> {
     /// The peer's urgent byte on `id` waits to be read out of band (`POLLPRI`).
     #[inline]
     pub fn urgent_pending(&self, id: StreamId) -> bool {
-        if self.urgent.is_empty() {
-            return false;
-        }
-        let Some(s) = self.streams.get(id) else { return false };
-        self.urgent_of(id).is_some_and(|u| u.pending(s.rx.consumed()))
+        let Some(u) = self.urgent_of(id) else { return false };
+        self.streams.get(id).is_some_and(|s| u.pending(s.rx.consumed()))
     }
 
     /// With a mark kept out of the stream whose byte has arrived ahead of the read position:
