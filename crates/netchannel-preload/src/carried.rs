@@ -1750,11 +1750,11 @@ fn revents_now(fd: impl AsFd, events: PollFlags) -> Option<PollFlags> {
 }
 
 fn uninterruptible() -> SignalPolicy<'static> {
-    SignalPolicy { interruptible: false, mask: None }
+    SignalPolicy { interruptible: false, mask: None, handled: None }
 }
 
 fn interruptible() -> SignalPolicy<'static> {
-    SignalPolicy { interruptible: true, mask: None }
+    SignalPolicy { interruptible: true, mask: None, handled: Some(signals::handled_count) }
 }
 
 struct Observer(Weak<Carried>);

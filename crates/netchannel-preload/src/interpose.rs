@@ -517,6 +517,12 @@ pub(crate) mod signals {
         }
     }
 
+    /// How many handlers ran in this thread (`SignalPolicy::handled`: a wait that polls before
+    /// it sleeps ends when this moves).
+    pub(crate) fn handled_count() -> u32 {
+        super::HANDLED.with(|c| c.get())
+    }
+
     /// Whether a handler without `SA_RESTART` ran in this thread since `s`.
     pub(crate) fn no_restart_since(s: Snapshot) -> bool {
         super::HANDLED_NO_RESTART.with(|c| c.get()) != s.no_restart

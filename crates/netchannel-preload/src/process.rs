@@ -321,12 +321,13 @@ fn print_stats(io_uring_rings: usize) {
     }
     let relayed =
         get(&c.relayed_accepted_elsewhere) + get(&c.relayed_inherited) + get(&c.relayed_by_choice);
+    let polls = netchannel::poll_counts();
     let line = format!(
         "netchannel: pid {} virtual sockets {} (connect {}, of which in progress {}, accept {}), direct {}, relayed {} \
              (accepted by another process {}, inherited {}, by choice {}), kernel tcp {} \
              (no engine at peer {}, forked server {}, not selected {}, other {}), listeners without engine {}, \
              bytes out {} in {}, channels {}, io_uring instances {}, re-entered {}, readiness tokens {} \
-             elided {}, raw syscalls {}, closed unseen {}\n",
+             elided {}, raw syscalls {}, closed unseen {}, polled before sleeping {} (found {})\n",
         std::process::id(),
         get(&c.carried_connects) + get(&c.carried_accepts),
         get(&c.carried_connects),
@@ -355,6 +356,8 @@ fn print_stats(io_uring_rings: usize) {
         get(&c.readiness_elided),
         get(&c.raw_syscalls),
         get(&c.closed_unseen),
+        polls.0,
+        polls.1,
     );
     match std::env::var("NETCHANNEL_STATS").as_deref() {
         Ok("stderr") | Ok("") | Err(_) => {

@@ -210,7 +210,7 @@ pub(crate) fn epoll_wait(
     elision.before_wait();
     netchannel::flush_sends();
     let deadline = timeout.map(|t| Instant::now() + t);
-    let signals = SignalPolicy { interruptible: true, mask };
+    let signals = SignalPolicy { interruptible: true, mask, handled: Some(signals::handled_count) };
     let handled = signals::snapshot();
     // What the channels hold already is read here, before the program's events are reported,
     // by a loop so busy that its last wait did not sleep: its set always has something ready,
@@ -406,7 +406,8 @@ fn poll_carried(
     // once with them, and one with none saves the look that would have found nothing.
     let result = loop {
         let mut found = Ok(0);
-        let signals = SignalPolicy { interruptible: true, mask };
+        let signals =
+            SignalPolicy { interruptible: true, mask, handled: Some(signals::handled_count) };
         let slept = set.wait_until(deadline, signals, false, || {
             for c in carried {
                 c.add_sleeper(&wake);

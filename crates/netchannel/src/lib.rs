@@ -54,6 +54,9 @@ mod wire;
 pub use driver::ChannelStats;
 pub use engine::control;
 pub use engine::readiness::ReadinessObserver;
+/// How many waits polled before sleeping, and how many of them found their event so.
+#[cfg(feature = "internals")]
+pub use engine::waiter::poll_counts;
 pub use engine::{
     AppDemotion, Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats,
     WorkerThread,

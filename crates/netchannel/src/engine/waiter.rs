@@ -37,6 +37,57 @@ const NOTIFIED: u8 = 2;
 const TOKEN_WAKE: u64 = 0;
 /// A poller's companion fd (`Poller::wake_on`): an event on it ends the poller's wait.
 const TOKEN_COMPANION: u64 = u64::MAX;
+/// Polling before a sleep (`Waiter::sleep_signals`): a notify then only changes the state, and
+/// the poller sees it.
+const POLLING_FIRST: u8 = 3;
+/// How long a thread whose waits are short polls its epoll set before it sleeps. A sleep and
+/// its wake-up cost the answer's latency a scheduler wake-up of an idle core (on a virtual
+/// machine an interprocessor interrupt and a halted vCPU's return: about 8 us each way here,
+/// measured with `perf sched timehist`), which a ping-pong pays twice per round trip.
+const POLL_FOR: Duration = Duration::from_micros(30);
+/// Waits in a row that ended within `POLL_FOR` before a thread polls: a thread whose waits
+/// are long (a blocked sender, one of many threads taking turns on few cores) never polls,
+/// and one long wait stops it polling until this many short ones came again. A poll that
+/// found nothing (its time spent for nothing) doubles the number, up to `POLL_AFTER_MAX`;
+/// one that found its event halves it.
+const POLL_AFTER: u8 = 2;
+const POLL_AFTER_MAX: u8 = 64;
+
+/// Polls before a sleep in this process, and those that found what they waited for
+/// (`poll_counts`).
+static POLLS: [std::sync::atomic::AtomicU64; 2] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 2];
+
+/// How many waits of this process polled before sleeping, and how many of those found their
+/// event by polling (the others slept after `POLL_FOR`).
+pub fn poll_counts() -> (u64, u64) {
+    (POLLS[0].load(Ordering::Relaxed), POLLS[1].load(Ordering::Relaxed))
+}
+
+/// Whether a core would stay idle while this thread waits, so that polling takes nothing from
+/// anyone: the machine's runnable threads (this one included) are at most its cores. Where
+/// threads wait for a core (the throughput work beside a latency stream, a crowd of blocking
+/// threads) a poll would take the core from them, and the wake-up it saves is not slow there
+/// (the core is awake). The count is read at most once a millisecond per process.
+fn core_free(now: Instant) -> bool {
+    static START: std::sync::OnceLock<(Instant, u32)> = std::sync::OnceLock::new();
+    /// The last count read, plus one (0: none yet), and when (ms since `START`, high bits).
+    static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let (start, cores) = *START.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (Instant::now(), u32::try_from(cores).unwrap_or(u32::MAX))
+    });
+    let ms = now.saturating_duration_since(start).as_millis() as u64;
+    let seen = SEEN.load(Ordering::Relaxed);
+    let runnable = if seen != 0 && seen >> 32 == ms {
+        (seen & 0xffff_ffff) as u32 - 1
+    } else {
+        let r = crate::sys::runnable_threads().unwrap_or(u32::MAX - 1).min(u32::MAX - 1);
+        SEEN.store(ms << 32 | u64::from(r + 1), Ordering::Relaxed);
+        r
+    };
+    runnable <= cores
+}
 
 /// A channel event a waiting thread received and must handle.
 pub(crate) struct ChannelEvent {
@@ -67,6 +118,22 @@ pub(crate) struct Waiter {
     watched: Mutex<Watched>,
     /// The companion fd in this thread's epoll set, if any, and its registration's key.
     companion: Mutex<Option<(RawFd, u64)>>,
+    /// Waits in a row that ended within `POLL_FOR` (at most `POLL_AFTER_MAX`), and how many a
+    /// poll needs (`POLL_AFTER` to `POLL_AFTER_MAX`): the owning thread's alone.
+    short_waits: AtomicU8,
+    polls_after: AtomicU8,
+}
+
+/// How a poll before a sleep ended.
+enum Polled {
+    /// Events came (and were collected): whether the companion fd had one.
+    Events(bool),
+    /// A notify came, or the deadline.
+    Woken,
+    /// A signal handler ran in an interruptible wait.
+    Interrupted,
+    /// Nothing within `POLL_FOR`: sleep (the state says so already).
+    Sleep,
 }
 
 impl Waiter {
@@ -81,11 +148,14 @@ impl Waiter {
             state: AtomicU8::new(IDLE),
             watched: Mutex::default(),
             companion: Mutex::new(None),
+            short_waits: AtomicU8::new(0),
+            polls_after: AtomicU8::new(POLL_AFTER),
         }))
     }
 
     /// Wakes the thread if it sleeps; otherwise makes its next sleep return at once.
     pub fn notify(&self) {
+        // A thread polling sees the state change itself.
         if self.state.swap(NOTIFIED, Ordering::SeqCst) == SLEEPING {
             self.event.notify();
         }
@@ -114,18 +184,98 @@ impl Waiter {
         out: &mut Vec<ChannelEvent>,
         signals: SignalPolicy<'_>,
     ) -> io::Result<bool> {
-        if self.state.compare_exchange(IDLE, SLEEPING, Ordering::SeqCst, Ordering::SeqCst).is_err()
-        {
+        let started = Instant::now();
+        let need = self.polls_after.load(Ordering::Relaxed);
+        let poll = self.short_waits.load(Ordering::Relaxed) >= need
+            && signals.may_poll_first()
+            && deadline.is_none_or(|d| d > started)
+            && core_free(started);
+        let first = if poll { POLLING_FIRST } else { SLEEPING };
+        if self.state.compare_exchange(IDLE, first, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             self.state.store(IDLE, Ordering::SeqCst);
             return Ok(false);
         }
-        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        with_raw_events(|raw| {
+        let r = with_raw_events(|raw| {
+            if poll {
+                match self.poll_first(raw, out, started, deadline, signals) {
+                    Polled::Events(companion) => return Ok(companion),
+                    Polled::Woken => return Ok(false),
+                    Polled::Interrupted => {
+                        return Err(io::Error::from(io::ErrorKind::Interrupted));
+                    }
+                    Polled::Sleep => {}
+                }
+            }
+            let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let r = self.epoll.wait_signals(raw, 64, timeout, signals);
             self.state.store(IDLE, Ordering::SeqCst);
             r?;
             Ok(self.collect(raw, out))
-        })
+        });
+        let short = started.elapsed() <= POLL_FOR;
+        let n = self.short_waits.load(Ordering::Relaxed);
+        let next = if short { (n + 1).min(POLL_AFTER_MAX) } else { 0 };
+        if next != n {
+            self.short_waits.store(next, Ordering::Relaxed);
+        }
+        if poll {
+            POLLS[0].fetch_add(1, Ordering::Relaxed);
+            if short {
+                POLLS[1].fetch_add(1, Ordering::Relaxed);
+            }
+            let need = if short { (need / 2).max(POLL_AFTER) } else { need * 2 };
+            self.polls_after.store(need.min(POLL_AFTER_MAX), Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Polls the thread's epoll set (without sleeping) for up to `POLL_FOR` after `started`
+    /// (or until `deadline`), in state `POLLING_FIRST`; passes to `SLEEPING` when nothing came.
+    fn poll_first(
+        &self,
+        raw: &mut Vec<(u64, u32)>,
+        out: &mut Vec<ChannelEvent>,
+        started: Instant,
+        deadline: Option<Instant>,
+        signals: SignalPolicy<'_>,
+    ) -> Polled {
+        let until = deadline.map_or(started + POLL_FOR, |d| d.min(started + POLL_FOR));
+        let handled = signals.handled.map(|count| (count, count()));
+        loop {
+            if self.state.load(Ordering::SeqCst) == NOTIFIED {
+                self.state.store(IDLE, Ordering::SeqCst);
+                return Polled::Woken;
+            }
+            if self.epoll.wait(raw, 64, Some(Duration::ZERO)).is_ok_and(|n| n > 0) {
+                self.state.store(IDLE, Ordering::SeqCst);
+                return Polled::Events(self.collect(raw, out));
+            }
+            if signals.interruptible && handled.is_some_and(|(count, was)| count() != was) {
+                self.state.store(IDLE, Ordering::SeqCst);
+                return Polled::Interrupted;
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            self.state.store(IDLE, Ordering::SeqCst);
+            return Polled::Woken;
+        }
+        match self.state.compare_exchange(
+            POLLING_FIRST,
+            SLEEPING,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) => Polled::Sleep,
+            // Notified meanwhile.
+            Err(_) => {
+                self.state.store(IDLE, Ordering::SeqCst);
+                Polled::Woken
+            }
+        }
     }
 
     /// Turns raw events of the thread's epoll set into channel events; returns whether the
@@ -628,6 +778,79 @@ mod tests {
         let bulk = a.connect_with_class(b.local_addr(), 7, Class::Throughput).unwrap();
         let bulk_peer = l.accept().unwrap();
         ((a, b), lat, lat_peer, bulk, bulk_peer)
+    }
+
+    /// Short waits (here: a deadline already reached) make a waiter poll first; one that runs past
+    /// `POLL_FOR` makes it sleep at once again.
+    #[test]
+    fn short_waits_earn_a_poll_and_a_long_one_takes_it_back() {
+        let w = Waiter::new().unwrap();
+        let mut out = Vec::new();
+        for _ in 0..POLL_AFTER {
+            w.begin();
+            assert!(!w.sleep(Some(Instant::now()), &mut out).unwrap());
+        }
+        assert!(w.short_waits.load(Ordering::Relaxed) >= POLL_AFTER);
+        w.begin();
+        let _ = w.sleep(Some(Instant::now() + 4 * POLL_FOR), &mut out);
+        assert_eq!(w.short_waits.load(Ordering::Relaxed), 0);
+    }
+
+    /// A notify that comes while a thread polls ends its wait (it only changes the state, which
+    /// the poll reads), and one that comes once the poll gave up finds it asleep as usual.
+    #[test]
+    fn a_notify_while_polling_is_not_lost() {
+        let w = Waiter::new().unwrap();
+        let (mut raw, mut out) = (Vec::new(), Vec::new());
+        let far = Some(Instant::now() + Duration::from_secs(5));
+        w.state.store(POLLING_FIRST, Ordering::SeqCst);
+        w.notify();
+        let started = Instant::now();
+        assert!(matches!(
+            w.poll_first(&mut raw, &mut out, started, far, SignalPolicy::default()),
+            Polled::Woken
+        ));
+        assert_eq!(w.state.load(Ordering::SeqCst), IDLE);
+        // Nothing comes: after `POLL_FOR` it is asleep, and a notify then writes the eventfd.
+        w.state.store(POLLING_FIRST, Ordering::SeqCst);
+        let started = Instant::now();
+        assert!(matches!(
+            w.poll_first(&mut raw, &mut out, started, far, SignalPolicy::default()),
+            Polled::Sleep
+        ));
+        assert!(started.elapsed() >= POLL_FOR);
+        assert_eq!(w.state.load(Ordering::SeqCst), SLEEPING);
+        w.notify();
+        assert!(crate::sys::poll_readable(w.event.as_fd(), Some(Duration::ZERO)).unwrap());
+    }
+
+    /// An interruptible wait that polls ends as interrupted when a signal handler runs while
+    /// it polls (the handlers' count moves): in user space no system call would report it.
+    #[test]
+    fn a_handler_run_while_polling_interrupts_an_interruptible_wait() {
+        static COUNT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        fn handled() -> u32 {
+            // Moves from the second look on: as if a handler ran once the poll began.
+            COUNT.fetch_add(1, Ordering::Relaxed)
+        }
+        let w = Waiter::new().unwrap();
+        let (mut raw, mut out) = (Vec::new(), Vec::new());
+        let far = Some(Instant::now() + Duration::from_secs(5));
+        let policy = SignalPolicy { interruptible: true, mask: None, handled: Some(handled) };
+        assert!(policy.may_poll_first());
+        w.state.store(POLLING_FIRST, Ordering::SeqCst);
+        assert!(matches!(
+            w.poll_first(&mut raw, &mut out, Instant::now(), far, policy),
+            Polled::Interrupted
+        ));
+        // Without a way to see handlers run, an interruptible wait never polls.
+        assert!(!SignalPolicy { handled: None, ..policy }.may_poll_first());
+    }
+
+    #[test]
+    fn the_machines_runnable_threads_are_read() {
+        // This thread runs while it reads: at least one.
+        assert!(crate::sys::runnable_threads().is_some_and(|n| n >= 1));
     }
 
     /// The classes this thread holds deferred sends in, per session.

@@ -168,6 +168,20 @@ pub struct SignalPolicy<'a> {
     pub interruptible: bool,
     /// Signals blocked during the wait only (`None`: the thread's mask).
     pub mask: Option<&'a libc::sigset_t>,
+    /// How many signal handlers this thread has run (a count that only changes when one
+    /// runs). A wait that polls before it sleeps runs in user space meanwhile, where a signal
+    /// interrupts no system call: an interruptible wait polls only with this, and ends as
+    /// interrupted when the count moves.
+    pub handled: Option<fn() -> u32>,
+}
+
+impl SignalPolicy<'_> {
+    /// Whether a wait under this policy may poll for a moment before it sleeps: not under a
+    /// mask of its own (a signal that mask blocks would be handled while polling), and when
+    /// interruptible only if a handler's run can be seen.
+    pub fn may_poll_first(&self) -> bool {
+        self.mask.is_none() && (!self.interruptible || self.handled.is_some())
+    }
 }
 
 impl Epoll {
@@ -826,7 +840,7 @@ mod tests {
                 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS);
             ev.notify();
             let mut out = Vec::new();
-            let policy = SignalPolicy { interruptible: true, mask: Some(&mask) };
+            let policy = SignalPolicy { interruptible: true, mask: Some(&mask), handled: None };
             let got = ep.wait_signals(&mut out, 4, Some(Duration::from_secs(2)), policy);
             let ok = filtered && enosys && got.is_ok_and(|n| n == 1) && out[0].0 == 7;
             // SAFETY: ends the child without running the test harness's exit handlers.
@@ -1051,6 +1065,24 @@ pub fn out_of_fds(e: &io::Error) -> bool {
 pub fn fd_limit() -> usize {
     let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     limit.current.unwrap_or(1 << 20).min(1 << 24) as usize
+}
+
+/// How many threads the machine has runnable at this instant, the caller included (the
+/// kernel's count, the fourth field of /proc/loadavg), or `None` where that cannot be read.
+/// Its fd is opened on first use and kept (above the fd floor, as the engine's others).
+pub fn runnable_threads() -> Option<u32> {
+    static LOADAVG: std::sync::OnceLock<Option<OwnedFd>> = std::sync::OnceLock::new();
+    let fd = LOADAVG
+        .get_or_init(|| {
+            let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
+            rustix::fs::open("/proc/loadavg", flags, rustix::fs::Mode::empty()).ok().map(raised)
+        })
+        .as_ref()?;
+    let mut buf = [0u8; 128];
+    let n = rustix::io::pread(fd, &mut buf, 0).ok()?;
+    // "0.52 0.58 0.59 3/245 12345": runnable/total.
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
 }
 
 /// The calling thread's id (as in /proc/self/task).
