@@ -44,7 +44,7 @@ const POLLING_FIRST: u8 = 3;
 /// its wake-up cost the answer's latency a scheduler wake-up of an idle core (on a virtual
 /// machine an interprocessor interrupt and a halted vCPU's return: about 8 us each way here,
 /// measured with `perf sched timehist`), which a ping-pong pays twice per round trip.
-const POLL_FOR: Duration = Duration::from_micros(30);
+const POLL_FOR: Duration = Duration::from_micros(50);
 /// Waits in a row that ended within `POLL_FOR` before a thread polls: a thread whose waits
 /// are long (a blocked sender, one of many threads taking turns on few cores) never polls,
 /// and one long wait stops it polling until this many short ones came again. A poll that
