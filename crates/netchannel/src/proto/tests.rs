@@ -154,7 +154,12 @@ impl Pair {
     /// Pulls frames for every channel with room and writes them into the pipes.
     fn transmit(&mut self, side: usize) {
         let mut out = Vec::new();
-        for l in self.links.iter_mut().filter(|l| l.alive) {
+        // A side that has not yet learnt its channel died still sends into it (a black hole).
+        let late = |l: &Link| l.late_loss.is_some_and(|(s, _)| s == side);
+        for l in self.links.iter_mut().filter(|l| l.alive || late(l)) {
+            if !l.alive {
+                l.dirs[side].pipe.clear();
+            }
             let pipe = &mut l.dirs[side].pipe;
             let room = self.pipe_cap.saturating_sub(pipe.len());
             if room == 0 {
@@ -2205,4 +2210,90 @@ fn an_urgent_mark_is_held_to_the_window_and_the_fin() {
     let r = p.sides[1].receive(ch, urgent(b, 10), p.now, |_, _| false);
     assert_eq!(r, Ok(None));
     assert_eq!(p.sides[1].urgent_mark(b).map(|m| m.offset), Some(10));
+}
+
+/// Channels killed at random moments of a transfer (both ends at once or one end first, the
+/// channel dialed again or not, with random windows, pipes and deferrals): every byte
+/// arrives, in order, then end of stream. `NC_LOSS_SEEDS` widens the sweep.
+#[test]
+fn channels_lost_at_random_moments_lose_no_byte() {
+    let seeds: u64 = std::env::var("NC_LOSS_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(24);
+    for seed in 1..=seeds {
+        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let window = [1u32 << 20, 8 << 20, 64 << 20][r.below(3) as usize];
+        let cfg = CoreConfig { window, ..config() };
+        let classes = [
+            Class::Throughput,
+            Class::Throughput,
+            Class::Throughput,
+            Class::Throughput,
+            Class::Latency,
+        ];
+        let mut p = Pair::new(seed, &classes, cfg);
+        p.defer_percent = r.below(101);
+        p.grace = Duration::from_micros(100 * (1 + r.below(200)));
+        p.pipe_cap = 4096 << r.below(8);
+        let (a, b) = p.open(80, Class::Throughput);
+        let len = (1 << 20) + r.below(24 << 20);
+        let mut t = Transfer::new(a, b, seed, len);
+        let max_io = 1 + r.below(1 << 20);
+        let mut sendbuf = vec![0u8; max_io as usize];
+        let mut recvbuf = vec![0u8; max_io as usize];
+        let kills = 1 + r.below(3);
+        let mut killed = 0;
+        let mut next_kill = r.below(len);
+        let mut redial: Vec<(u16, u32)> = Vec::new();
+        let mut steps = 0u64;
+        while !t.done() {
+            t.drive(&mut p, &mut sendbuf, &mut recvbuf, max_io);
+            if killed < kills && t.received >= next_kill {
+                // Any channel, the latency one (4) too: its control frames go elsewhere.
+                let victim = r.below(5) as u16;
+                if p.links.iter().any(|l| l.index.index == victim && l.alive) {
+                    match r.below(3) {
+                        0 => p.kill(victim),
+                        n => {
+                            let first = (n - 1) as usize;
+                            let most = [100, 3000, 30_000][r.below(3) as usize];
+                            p.kill_staggered(victim, first, r.below(most) as u32);
+                        }
+                    }
+                    killed += 1;
+                    next_kill = t.received + r.below(len - t.received.min(len) + 1);
+                    if r.chance(70) {
+                        redial.push((victim, 200 + r.below(2000) as u32));
+                    }
+                }
+            }
+            redial.retain_mut(|(index, after)| {
+                if *after > 0 {
+                    *after -= 1;
+                    return true;
+                }
+                let busy = p
+                    .links
+                    .iter()
+                    .any(|l| l.index.index == *index && (l.alive || l.late_loss.is_some()));
+                if busy {
+                    return true;
+                }
+                let class = if *index == 4 { Class::Latency } else { Class::Throughput };
+                p.add_link(*index, class);
+                false
+            });
+            p.step();
+            steps += 1;
+            assert!(
+                steps < 3_000_000,
+                "seed {seed}: stalled at {} of {} (sent {}), window {window}, pipe {}, defer {}%",
+                t.received,
+                t.len,
+                t.sent,
+                p.pipe_cap,
+                p.defer_percent
+            );
+        }
+        assert_eq!(t.received, t.len, "seed {seed}");
+        assert!(p.sides[0].stream(a).unwrap().reset.is_none(), "seed {seed}");
+    }
 }

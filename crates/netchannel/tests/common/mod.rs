@@ -226,6 +226,15 @@ pub fn recv_pattern(sock: &netchannel::VSocket, seed: u64, read: usize) -> u64 {
 /// CI's time limit with no word of which test stopped.
 pub const TEST_DEADLINE: std::time::Duration = std::time::Duration::from_secs(240);
 
+/// Ends the process at once after writing `why` to stderr itself: the harness captures
+/// `eprintln!` of a test's threads and prints it only when the test ends, which an abort
+/// never lets it do (a CI log then names the hung test but not the state it hung in).
+pub fn abort_saying(why: &str) -> ! {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{why}; aborting");
+    std::process::abort();
+}
+
 /// Runs `test` on its own thread; a panic fails the test as usual, and a test still running
 /// after `TEST_DEADLINE` aborts the whole process, naming it (a hung thread cannot be stopped,
 /// and the harness would wait for it forever).
@@ -244,8 +253,7 @@ pub fn with_deadline(name: &str, test: impl FnOnce() + Send + 'static) {
         }
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
         Err(_) => {
-            eprintln!("test {name} still running after {TEST_DEADLINE:?}: hung; aborting");
-            std::process::abort();
+            abort_saying(&format!("test {name} still running after {TEST_DEADLINE:?}: hung"));
         }
     }
 }
