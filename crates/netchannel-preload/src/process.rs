@@ -511,6 +511,12 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     // (docs/BENCHMARKS.md, "Sixteen session shards"). The Rust API keeps one per core.
     c.session_shards = PROGRAM_SESSION_SHARDS;
     num("NETCHANNEL_SESSION_SHARDS", &mut c.session_shards);
+    let mut poll_us = u64::MAX;
+    num("NETCHANNEL_POLL_US", &mut poll_us);
+    if poll_us != u64::MAX {
+        // The process's waits, whichever engine they are for: this process has one.
+        netchannel::set_poll_before_sleep(Duration::from_micros(poll_us.min(10_000)));
+    }
     let mut ack_timeout_ms = c.ack_timeout.as_millis() as u64;
     num("NETCHANNEL_ACK_TIMEOUT_MS", &mut ack_timeout_ms);
     c.ack_timeout = Duration::from_millis(ack_timeout_ms.max(1));

@@ -277,7 +277,7 @@ fn sockperf(hosts: Hosts) {
     }
     let Some(tb) = Testbed::of(hosts) else { return };
     let _one_at_a_time = one_at_a_time();
-    let p = Pair::new(tb, &format!("sockperf-{hosts:?}"), true, true);
+    let mut p = Pair::new(tb, &format!("sockperf-{hosts:?}"), true, true);
     let port = ports(1);
     let feed = p.dir.join("feed");
     std::fs::write(&feed, format!("T:{}:{port}\n", p.server.addr)).unwrap();
@@ -314,6 +314,12 @@ fn sockperf(hosts: Hosts) {
             });
         assert!(rate > 100.0, "{text}");
     }
+    // With polling off (`--poll-us 0`) a ping-pong, whose waits are all short, never polls.
+    let polled = stat(&p.client.stats, "polled before sleeping");
+    p.client.run_options.extend(["--poll-us", "0"].map(String::from));
+    let out = p.client.output("sockperf", &["ping-pong", "-f", &feed, "-t", "1"], T);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stat(&p.client.stats, "polled before sleeping"), polled, "polled with --poll-us 0");
     drop(server);
     // sockperf's server leaves through a signal handler without exit(): client side only.
     assert!(stat(&p.client.stats, "virtual sockets") >= 6, "{}", stats_text(&p.client.stats));

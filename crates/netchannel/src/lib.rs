@@ -57,6 +57,7 @@ pub use engine::readiness::ReadinessObserver;
 /// How many waits polled before sleeping, and how many of them found their event so.
 #[cfg(feature = "internals")]
 pub use engine::waiter::poll_counts;
+pub use engine::waiter::set_poll_before_sleep;
 pub use engine::{
     AppDemotion, Config, Engine, EngineStats, Isolation, PeerChannelStats, SocketStats,
     WorkerThread,

@@ -45,6 +45,24 @@ const POLLING_FIRST: u8 = 3;
 /// machine an interprocessor interrupt and a halted vCPU's return: about 8 us each way here,
 /// measured with `perf sched timehist`), which a ping-pong pays twice per round trip.
 const POLL_FOR: Duration = Duration::from_micros(50);
+/// The poll window in force (`set_poll_before_sleep`), in ns; `u64::MAX`: `POLL_FOR`.
+static POLL_FOR_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Sets how long a waiting thread whose waits are short polls before it sleeps (default
+/// 50 us); `Duration::ZERO` turns polling off, for a machine whose idle cores are not this
+/// process's to spend. Process-wide: a thread's waits span every engine of the process.
+pub fn set_poll_before_sleep(window: Duration) {
+    let ns = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX - 1).min(u64::MAX - 1);
+    POLL_FOR_NS.store(ns, Ordering::Relaxed);
+}
+
+/// The poll window in force.
+fn poll_for() -> Duration {
+    match POLL_FOR_NS.load(Ordering::Relaxed) {
+        u64::MAX => POLL_FOR,
+        ns => Duration::from_nanos(ns),
+    }
+}
 /// Waits in a row that ended within `POLL_FOR` before a thread polls: a thread whose waits
 /// are long (a blocked sender, one of many threads taking turns on few cores) never polls,
 /// and one long wait stops it polling until this many short ones came again. A poll that
@@ -185,8 +203,10 @@ impl Waiter {
         signals: SignalPolicy<'_>,
     ) -> io::Result<bool> {
         let started = Instant::now();
+        let window = poll_for();
         let need = self.polls_after.load(Ordering::Relaxed);
-        let poll = self.short_waits.load(Ordering::Relaxed) >= need
+        let poll = !window.is_zero()
+            && self.short_waits.load(Ordering::Relaxed) >= need
             && signals.may_poll_first()
             && deadline.is_none_or(|d| d > started)
             && core_free(started);
@@ -197,7 +217,7 @@ impl Waiter {
         }
         let r = with_raw_events(|raw| {
             if poll {
-                match self.poll_first(raw, out, started, deadline, signals) {
+                match self.poll_first(raw, out, started, window, deadline, signals) {
                     Polled::Events(companion) => return Ok(companion),
                     Polled::Woken => return Ok(false),
                     Polled::Interrupted => {
@@ -212,7 +232,7 @@ impl Waiter {
             r?;
             Ok(self.collect(raw, out))
         });
-        let short = started.elapsed() <= POLL_FOR;
+        let short = started.elapsed() <= window.max(POLL_FOR);
         let n = self.short_waits.load(Ordering::Relaxed);
         let next = if short { (n + 1).min(POLL_AFTER_MAX) } else { 0 };
         if next != n {
@@ -236,10 +256,11 @@ impl Waiter {
         raw: &mut Vec<(u64, u32)>,
         out: &mut Vec<ChannelEvent>,
         started: Instant,
+        window: Duration,
         deadline: Option<Instant>,
         signals: SignalPolicy<'_>,
     ) -> Polled {
-        let until = deadline.map_or(started + POLL_FOR, |d| d.min(started + POLL_FOR));
+        let until = deadline.map_or(started + window, |d| d.min(started + window));
         let handled = signals.handled.map(|count| (count, count()));
         loop {
             if self.state.load(Ordering::SeqCst) == NOTIFIED {
@@ -796,6 +817,21 @@ mod tests {
         assert_eq!(w.short_waits.load(Ordering::Relaxed), 0);
     }
 
+    /// With the window set to zero a thread whose waits are short sleeps at once: no poll (which
+    /// would double `polls_after`, finding nothing). The default is set back for the other
+    /// tests of the process.
+    #[test]
+    fn a_zero_poll_window_turns_polling_off() {
+        let w = Waiter::new().unwrap();
+        set_poll_before_sleep(Duration::ZERO);
+        w.short_waits.store(POLL_AFTER_MAX, Ordering::Relaxed);
+        w.begin();
+        let _ = w.sleep(Some(Instant::now() + Duration::from_millis(2)), &mut Vec::new());
+        let off = w.polls_after.load(Ordering::Relaxed);
+        set_poll_before_sleep(POLL_FOR);
+        assert_eq!(off, POLL_AFTER, "polled with polling off");
+    }
+
     /// A notify that comes while a thread polls ends its wait (it only changes the state, which
     /// the poll reads), and one that comes once the poll gave up finds it asleep as usual.
     #[test]
@@ -807,7 +843,7 @@ mod tests {
         w.notify();
         let started = Instant::now();
         assert!(matches!(
-            w.poll_first(&mut raw, &mut out, started, far, SignalPolicy::default()),
+            w.poll_first(&mut raw, &mut out, started, POLL_FOR, far, SignalPolicy::default()),
             Polled::Woken
         ));
         assert_eq!(w.state.load(Ordering::SeqCst), IDLE);
@@ -815,7 +851,7 @@ mod tests {
         w.state.store(POLLING_FIRST, Ordering::SeqCst);
         let started = Instant::now();
         assert!(matches!(
-            w.poll_first(&mut raw, &mut out, started, far, SignalPolicy::default()),
+            w.poll_first(&mut raw, &mut out, started, POLL_FOR, far, SignalPolicy::default()),
             Polled::Sleep
         ));
         assert!(started.elapsed() >= POLL_FOR);
@@ -840,7 +876,7 @@ mod tests {
         assert!(policy.may_poll_first());
         w.state.store(POLLING_FIRST, Ordering::SeqCst);
         assert!(matches!(
-            w.poll_first(&mut raw, &mut out, Instant::now(), far, policy),
+            w.poll_first(&mut raw, &mut out, Instant::now(), POLL_FOR, far, policy),
             Polled::Interrupted
         ));
         // Without a way to see handlers run, an interruptible wait never polls.
