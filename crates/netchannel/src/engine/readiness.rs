@@ -30,18 +30,35 @@ pub(crate) struct StreamUser {
     pub poll: Option<Arc<PollEntry>>,
 }
 
+thread_local! {
+    /// An empty waiter list kept for the thread's next blocking wait (`add_waiter`).
+    static SPARE_WAITERS: std::cell::Cell<Vec<(Arc<Waiter>, u8)>> =
+        const { std::cell::Cell::new(Vec::new()) };
+}
+
 impl StreamUser {
     pub fn add_waiter(&mut self, w: &Arc<Waiter>, interest: u8) {
         match self.waiters.iter_mut().find(|(x, _)| Arc::ptr_eq(x, w)) {
             Some((_, i)) => *i |= interest,
-            None => self.waiters.push((w.clone(), interest)),
+            None => {
+                if self.waiters.capacity() == 0 {
+                    // The list the thread's last wait gave back: a blocking call allocates not.
+                    self.waiters =
+                        SPARE_WAITERS.try_with(std::cell::Cell::take).unwrap_or_default();
+                }
+                self.waiters.push((w.clone(), interest));
+            }
         }
     }
 
     pub fn remove_waiter(&mut self, w: &Arc<Waiter>) {
         self.waiters.retain(|(x, _)| !Arc::ptr_eq(x, w));
         if self.waiters.is_empty() {
-            self.waiters = Vec::new(); // give the memory back: idle streams stay small
+            // The memory goes back (idle streams stay small), to the thread for its next wait.
+            let list = std::mem::take(&mut self.waiters);
+            if list.capacity() <= 4 {
+                let _exiting = SPARE_WAITERS.try_with(|c| c.set(list));
+            }
         }
     }
 

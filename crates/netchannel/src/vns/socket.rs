@@ -348,10 +348,24 @@ impl VSocket {
         interest: u8,
         deadline: Option<Instant>,
         signals: SignalPolicy<'_>,
-        mut check: impl FnMut(&mut Core) -> Option<io::Result<T>>,
+        check: impl FnMut(&mut Core) -> Option<io::Result<T>>,
     ) -> io::Result<T> {
         let w = waiter::current()?;
-        let mut events = Vec::new();
+        // The thread's kept list: a fresh one cost an allocation per blocking call.
+        waiter::with_channel_events(|events| {
+            self.wait_with(&w, events, interest, deadline, signals, check)
+        })
+    }
+
+    fn wait_with<T>(
+        &self,
+        w: &Arc<waiter::Waiter>,
+        events: &mut Vec<waiter::ChannelEvent>,
+        interest: u8,
+        deadline: Option<Instant>,
+        signals: SignalPolicy<'_>,
+        mut check: impl FnMut(&mut Core) -> Option<io::Result<T>>,
+    ) -> io::Result<T> {
         let mut registered = false;
         // Waiting serves channels (reads, writes): throughput-class work, done demoted.
         let class = self.session.core().stream(self.id).map_or(Class::Throughput, |s| s.class);
@@ -366,7 +380,7 @@ impl VSocket {
                 let channels = core.wait_channels(self.id);
                 let Some(s) = core.stream_mut(self.id) else { break Err(closed()) };
                 if !registered {
-                    s.user.add_waiter(&w, interest);
+                    s.user.add_waiter(w, interest);
                     registered = true;
                 }
                 (s.class, channels)
@@ -378,15 +392,15 @@ impl VSocket {
             // The channels this stream's frames come on (all of the class when none is known
             // yet): the kernel wakes this thread for them, not for other threads' streams.
             w.watch(&self.session, class, Watch::Channels(channels));
-            let slept = w.sleep_signals(deadline, &mut events, signals);
-            waiter::handle(&mut events);
+            let slept = w.sleep_signals(deadline, events, signals);
+            waiter::handle(events);
             if let Err(e) = slept {
                 break Err(e);
             }
         };
         if registered {
             if let Some(s) = self.session.core().stream_mut(self.id) {
-                s.user.remove_waiter(&w);
+                s.user.remove_waiter(w);
             }
         }
         result
