@@ -59,7 +59,7 @@ fn a_blocking_round_trip_allocates_nothing_once_warm() {
         }
     });
     let mut buf = [7u8; 64];
-    let mut round_trip = |buf: &mut [u8; 64]| {
+    let round_trip = |buf: &mut [u8; 64]| {
         (&c).write_all(&buf[..]).unwrap();
         (&c).read_exact(&mut buf[..]).unwrap();
     };
