@@ -211,6 +211,9 @@ impl<B: Buffers> FrameReader<B> {
                 old.clear();
                 self.buffers.retire(old);
             }
+            // A fresh buffer's first read is placed as every later one from its front is (a
+            // first buffer starting near a page start was read there once, then 64 bytes on).
+            crate::copy::clear_of_page_start(&mut self.buf);
         }
         &mut self.buf
     }
