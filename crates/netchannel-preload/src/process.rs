@@ -506,6 +506,7 @@ fn engine_config(channel_listener: SocketAddr) -> Option<Config> {
     num("NETCHANNEL_MAX_STREAMS", &mut c.max_streams);
     num("NETCHANNEL_CHANNELS", &mut c.channels);
     num("NETCHANNEL_REST_CHANNELS_RATE", &mut c.rest_channels_rate);
+    num("NETCHANNEL_NOTSENT_LOWAT", &mut c.notsent_lowat);
     // A program's threads are mostly a connection's each (memcslap's, iperf3's): a session
     // per thread, as a socket per connection, took 8-13% more keys and Gbit/s than one per core
     // (docs/BENCHMARKS.md, "Sixteen session shards"). The Rust API keeps one per core.
