@@ -325,6 +325,13 @@ fn accepted_at(local: SocketAddr) -> Vec<RawFd> {
 
 fn killing_one_channel_mid_transfer_loses_nothing(hosts: Hosts) {
     let Some(tb) = Testbed::of(hosts) else { return };
+    // The receiving end's socket aborted, then the sending end's: either side may learn first.
+    for kill_sender_end in [false, true] {
+        kill_one_channel_mid_transfer(&tb, kill_sender_end);
+    }
+}
+
+fn kill_one_channel_mid_transfer(tb: &Testbed, kill_sender_end: bool) {
     // A window larger than the channels' pipes: bytes are in flight in the kernel (not only
     // waiting, acknowledged, for the reader), so the killed connection takes some with it.
     let (a, b) = tb.engines(|c| {
@@ -348,7 +355,7 @@ fn killing_one_channel_mid_transfer_loses_nothing(hosts: Hosts) {
             while received() < LEN / 4 {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            // The receiving side's sockets: what is in flight on the killed one never arrives.
+            // The receiving side's sockets, whose peer addresses name the sending side's.
             let fds = accepted_at(b.local_addr());
             // 4 throughput channels and a latency one, one fd each; the lowest is the first
             // throughput channel's socket.
@@ -357,18 +364,20 @@ fn killing_one_channel_mid_transfer_loses_nothing(hosts: Hosts) {
             let fd = unsafe { BorrowedFd::borrow_raw(fds[0]) };
             let a_end = rustix::net::getpeername(fd).unwrap().unwrap();
             let a_end = SocketAddr::try_from(a_end).unwrap();
-            // The kernel aborts the connection (SOCK_DESTROY: RST, queued bytes dropped), as a
-            // middlebox or a crashed NIC would.
+            // The kernel aborts one end of the connection (SOCK_DESTROY: RST, queued bytes
+            // dropped, in flight on the killed one never arrives), as a middlebox or a crashed
+            // NIC would: the receiver's end (its peer is `a_end`) or the sender's (`a_end`).
             let mut ss = std::process::Command::new("nsenter");
-            if let Some(ns) = &tb.b {
+            if let Some(ns) = if kill_sender_end { &tb.a } else { &tb.b } {
                 ss.arg(format!("--net={}", ns.display()));
             }
+            let (addr, port) = if kill_sender_end { ("src", "sport") } else { ("dst", "dport") };
             ss.args([
                 "ss",
                 "-K",
-                "dst",
+                addr,
                 &a_end.ip().to_string(),
-                "dport",
+                port,
                 "=",
                 &format!(":{}", a_end.port()),
             ]);
@@ -397,7 +406,9 @@ fn killing_one_channel_mid_transfer_loses_nothing(hosts: Hosts) {
     let resent = a.stats().retransmitted_bytes + b.stats().retransmitted_bytes;
     // How much was in flight on the killed connection depends on timing (often nothing on
     // loopback, where the reader keeps up); the core's tests assert the resend itself.
-    eprintln!("channel killed mid-transfer: {resent} bytes sent again");
+    eprintln!(
+        "channel killed mid-transfer (sender's end: {kill_sender_end}): {resent} bytes sent again"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let st = a.stats();
