@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, Tc
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use netchannel::sys::{Epoll, EventFd, ShedOnFork, EDGE, PEER_SHUTDOWN, READABLE, WRITABLE};
 use netchannel::{Poller, VSocket};
@@ -121,6 +121,9 @@ struct Conn {
     down: Vec<u8>,
     up_done: bool,
     down_done: bool,
+    /// When a shared connection's taker's end of stream came while it still seemed to hold
+    /// its end (`LAST_CLOSE_GRACE`); nothing moves until that is settled.
+    ended_at: Option<Instant>,
 }
 
 impl Drop for Conn {
@@ -133,6 +136,16 @@ impl Drop for Conn {
 
 /// Kernel events the loop takes per round.
 const EVENTS_PER_ROUND: usize = 256;
+/// How long a shared connection's taker may look as if it still held its end after its end of
+/// stream came, before the relay takes that for a half close. A process's last `close` sends
+/// the FIN before the kernel orphans the socket (as we read `__tcp_close`: `tcp_send_fin`, then
+/// `sock_orphan`), so the relay can read the end of stream and ask while the socket still has
+/// its inode: taken for a half close, the FIN went on to the peer, and a parent that had
+/// waited for its forked child to exit read end of stream instead of its answer (1 round in
+/// about 200 of `process_rounds` beside another test).
+const LAST_CLOSE_GRACE: Duration = Duration::from_millis(20);
+/// How often a connection in that grace is looked at again.
+const LAST_CLOSE_RECHECK: Duration = Duration::from_micros(200);
 
 fn run(lp: &Loop, ep: Epoll, poller: Poller) {
     // The loop sleeps in the poller (so it serves its virtual sockets' channels itself, one
@@ -145,10 +158,19 @@ fn run(lp: &Loop, ep: Epoll, poller: Poller) {
     let mut events: Vec<(u64, u32)> = Vec::with_capacity(EVENTS_PER_ROUND);
     let mut tokens = Vec::new();
     let mut due: Vec<u64> = Vec::new();
+    // Connections whose taker's end of stream waits for its verdict (`Conn::ended_at`).
+    let mut recheck: Vec<u64> = Vec::new();
     let mut sleep = false;
     loop {
         due.clear();
-        let _ = poller.wait(&mut tokens, (!sleep).then_some(Duration::ZERO));
+        let timeout = if !sleep {
+            Some(Duration::ZERO)
+        } else if !recheck.is_empty() {
+            Some(LAST_CLOSE_RECHECK)
+        } else {
+            None
+        };
+        let _ = poller.wait(&mut tokens, timeout);
         due.extend_from_slice(&tokens);
         events.clear();
         // An interrupted wait reports no event (the round goes on); other errors end the loop.
@@ -191,18 +213,32 @@ fn run(lp: &Loop, ep: Epoll, poller: Poller) {
                 if let Held::Shared(c) = &vs {
                     TAKEN_OVER.lock().push(c.clone());
                 }
-                let c = Conn { app, vs, up: Vec::new(), down, up_done: false, down_done: false };
+                let c = Conn {
+                    app,
+                    vs,
+                    up: Vec::new(),
+                    down,
+                    up_done: false,
+                    down_done: false,
+                    ended_at: None,
+                };
                 conns.insert(id, c);
                 due.push(id);
             }
         }
         // A full batch of kernel events may have left more: go round without sleeping.
         sleep = due.is_empty() && n < EVENTS_PER_ROUND;
+        // Looked at again on this round without keeping the next from sleeping (it sleeps
+        // `LAST_CLOSE_RECHECK` at most while any wait).
+        due.append(&mut recheck);
         due.sort_unstable();
         due.dedup();
         for id in &due {
             let Some(c) = conns.get_mut(id) else { continue };
             drive(c, &mut scratch);
+            if c.ended_at.is_some() {
+                recheck.push(*id);
+            }
             if c.up_done && c.down_done {
                 // Closing the kernel end takes it out of the epoll set; dropping the virtual
                 // socket closes it (delivering what is queued, or resetting if bytes were
@@ -287,10 +323,19 @@ fn drive(c: &mut Conn, scratch: &mut [u8]) {
             Stop::Ended => match &shared {
                 // The taker closed its end (its last copy): what it wrote came first.
                 Some(carried) if taker_holds(app) != Some(true) => {
+                    c.ended_at = None;
                     return give_back(c, carried);
+                }
+                // It may be closing still (`LAST_CLOSE_GRACE`): looked at again before anything
+                // moves, bytes for it included (written into a closing socket, they are lost).
+                Some(_)
+                    if c.ended_at.get_or_insert_with(Instant::now).elapsed() < LAST_CLOSE_GRACE =>
+                {
+                    return;
                 }
                 // A half close: the taker still holds its end and reads on.
                 _ => {
+                    c.ended_at = None;
                     let _ = c.vs.vs().shutdown();
                     c.up_done = true;
                 }
@@ -365,8 +410,8 @@ fn give_back(c: &mut Conn, carried: &Arc<Carried>) {
 
 /// Whether a process still holds the other end of `app` (a TCP connection within this host),
 /// as the kernel's socket diagnostics tell: a socket is orphaned (inode 0) at its last close,
-/// before its FIN leaves, or gone (and `app` closed, when it reset). `None` when the kernel does
-/// not say.
+/// just after its FIN leaves (`LAST_CLOSE_GRACE`), or gone (and `app` closed, when it reset).
+/// `None` when the kernel does not say.
 fn taker_holds(app: &TcpStream) -> Option<bool> {
     let ours = app.local_addr().ok()?;
     // No peer: `app` is closed (the other end reset it).

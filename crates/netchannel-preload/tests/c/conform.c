@@ -189,10 +189,30 @@ static int quiet_receiver;
 static void raw_syscalls(const char *host, int port);
 static void connect_in_progress(const char *host, int port);
 
+/* The result of the read that ended `read_full` short (0: end of stream, -1: errno), for a line
+ * that shows why; never printed when every byte came, so kernel and carried lines still match. */
+static ssize_t short_read;
+static int short_errno;
+
 static int read_full(int s, char *b, int len) {
     int got = 0;
-    while (got < len) { ssize_t r = read(s, b + got, len - got); if (r <= 0) break; got += r; }
+    while (got < len) {
+        ssize_t r = read(s, b + got, len - got);
+        if (r <= 0) { short_read = r; short_errno = errno; break; }
+        got += r;
+    }
     return got;
+}
+
+static const char *en(int e);
+
+/* " (short: RESULT)" after a read_full that got `n` of `want` bytes; "" when it got them all. */
+static const char *why_short(int n, int want) {
+    static char b[64];
+    if (n >= want) return "";
+    if (short_read < 0) snprintf(b, sizeof b, " (short: -1 %s)", en(short_errno));
+    else snprintf(b, sizeof b, " (short: end of stream)");
+    return b;
 }
 
 static volatile sig_atomic_t pipes, alarms;
@@ -1328,7 +1348,8 @@ static void spawn_round(const char *host, int port, const char *self, char *line
     cmd(s, "eafta");
     int n = read_full(s, b, 4);
     snprintf(line, len, "posix_spawn child echoing through stdin/stdout: spawn=%d exit=%d\n"
-             "  parent after the spawned child: %.*s\n", sr, WIFEXITED(st) ? WEXITSTATUS(st) : -1, n, b);
+             "  parent after the spawned child: %.*s%s\n", sr, WIFEXITED(st) ? WEXITSTATUS(st) : -1, n, b,
+             why_short(n, 4));
     close(s);
 }
 
@@ -1345,8 +1366,8 @@ static void child_round(const char *host, int port, char *line, size_t len) {
     waitpid(pid, &st, 0);
     cmd(s, "eprnt");
     int n = read_full(s, b, 4);
-    snprintf(line, len, "forked child echoing: exit=%d\n  parent after the child exited: %.*s\n",
-             WIFEXITED(st) ? WEXITSTATUS(st) : -1, n, b);
+    snprintf(line, len, "forked child echoing: exit=%d\n  parent after the child exited: %.*s%s\n",
+             WIFEXITED(st) ? WEXITSTATUS(st) : -1, n, b, why_short(n, 4));
     close(s);
 }
 
