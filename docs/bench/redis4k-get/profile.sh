@@ -3,16 +3,12 @@
 # stack: shares by comm,dso and the top symbols. Usage: profile.sh [NETCHANNEL] OUT_DIR
 set -uo pipefail
 nc=$(realpath "${1:-target/release/netchannel}"); out=${2:-docs/bench/redis4k-get}
+. "$(dirname "$0")/common.sh"
 port=6460
 for stack in linux netchannel; do
   pre=""; [ "$stack" = netchannel ] && pre="$nc run --"
   port=$((port + 1))
-  ip netns exec ncperf-b $pre redis-server --bind 10.214.0.2 --port $port --save "" \
-    --appendonly no --protected-mode no >/dev/null 2>&1 &
-  spid=$!
-  sleep 2
-  ip netns exec ncperf-a $pre redis-benchmark -h 10.214.0.2 -p $port -c 50 -P 16 -t set \
-    -n 1000 -d 4096 -q >/dev/null 2>&1
+  start_server_with_key "$pre" $port
   ip netns exec ncperf-a $pre redis-benchmark -h 10.214.0.2 -p $port -c 50 -P 16 -t get \
     -n 3000000 -d 4096 -q >/dev/null 2>&1 &
   cpid=$!

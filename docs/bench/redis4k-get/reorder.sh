@@ -7,18 +7,14 @@
 set -uo pipefail
 nc=${1:-target/release/netchannel}; rounds=${2:-3}
 nc=$(realpath "$nc")
+. "$(dirname "$0")/common.sh"
 port=6420
 one() { # stack
   local pre="" cpre="" spid r0 r1 t0 t1 i0 i1 out u n s i w q sq st carried=""
   rm -f /tmp/redis4k-get-stats.txt
   [ "$1" = netchannel ] && pre="$nc run --" && cpre="$nc run --stats-file /tmp/redis4k-get-stats.txt --"
   port=$((port + 1))
-  ip netns exec ncperf-b $pre redis-server --bind 10.214.0.2 --port $port --save "" \
-    --appendonly no --protected-mode no >/dev/null 2>&1 &
-  spid=$!
-  sleep 2
-  ip netns exec ncperf-a $pre redis-benchmark -h 10.214.0.2 -p $port -c 50 -P 16 -t set \
-    -n 1000 -d 4096 -q >/dev/null 2>&1
+  start_server_with_key "$pre" $port
   r0=$(ip netns exec ncperf-b awk '/^Tcp: [0-9]/{print $13}' /proc/net/snmp)
   read -r _ u n s i w q sq st _ </proc/stat; t0=$((u+n+s+i+w+q+sq+st)); i0=$((i+w))
   out=$(ip netns exec ncperf-a $cpre redis-benchmark -h 10.214.0.2 -p $port -c 50 -P 16 \
@@ -35,12 +31,7 @@ for r in $(seq 1 "$rounds"); do one linux; one netchannel; done
 [ "${3:-}" = netchannel-only ] && { one netchannel; exit 0; }
 # The server's busiest channel mid-run, both ends.
 port=$((port + 1))
-ip netns exec ncperf-b "$nc" run -- redis-server --bind 10.214.0.2 --port $port --save "" \
-  --appendonly no --protected-mode no >/dev/null 2>&1 &
-spid=$!
-sleep 2
-ip netns exec ncperf-a "$nc" run -- redis-benchmark -h 10.214.0.2 -p $port -c 50 -P 16 -t set \
-  -n 1000 -d 4096 -q >/dev/null 2>&1
+start_server_with_key "$nc run --" $port
 ip netns exec ncperf-a "$nc" run -- redis-benchmark -h 10.214.0.2 -p $port -c 50 -P 16 -t get \
   -n 1000000 -d 4096 -q >/dev/null 2>&1 &
 cpid=$!
