@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, RawFd};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -64,12 +64,20 @@ fn poll_for() -> Duration {
     }
 }
 /// Waits in a row that ended within `POLL_FOR` before a thread polls: a thread whose waits
-/// are long (a blocked sender, one of many threads taking turns on few cores) never polls,
-/// and one long wait stops it polling until this many short ones came again. A poll that
-/// found nothing (its time spent for nothing) doubles the number, up to `POLL_AFTER_MAX`;
-/// one that found its event halves it.
+/// are long (a blocked sender, one of many threads taking turns on few cores) polls only as a
+/// probe (`PROBE_EVERY`), and one long wait stops it polling until this many short ones came
+/// again (or a probe found its event). A poll that found nothing (its time spent for nothing)
+/// doubles the number, up to `POLL_AFTER_MAX`; one that found its event halves it.
 const POLL_AFTER: u8 = 2;
 const POLL_AFTER_MAX: u8 = 64;
+/// A thread that has not polled for `PROBE_EVERY` times its `polls_after` waits polls once all
+/// the same (a probe). Without it, where a wake-up is slow, polling could never start: two
+/// sleeping ends answer each other in two wake-ups, longer than `POLL_FOR`, so no wait counts
+/// as short, though one end's poll would make both ends' waits short (its peer's answer costs it
+/// no wake-up, and its own answer comes without one). A probe that finds its event lets the
+/// thread poll from then on; one that finds nothing doubles `polls_after`, which spaces the
+/// next probe twice as far (at most one in `PROBE_EVERY * POLL_AFTER_MAX` waits).
+const PROBE_EVERY: u16 = 4;
 
 /// Polls before a sleep in this process, and those that found what they waited for
 /// (`poll_counts`).
@@ -107,6 +115,12 @@ fn core_free(now: Instant) -> bool {
     runnable <= cores
 }
 
+/// Whether a thread's next wait polls first (where a core is free): it had `need` short waits in
+/// a row, or it is `PROBE_EVERY * need` waits since it last polled (a probe).
+fn poll_earned(short_waits: u8, need: u8, since_poll: u16) -> bool {
+    short_waits >= need || since_poll >= PROBE_EVERY * u16::from(need)
+}
+
 /// A channel event a waiting thread received and must handle.
 pub(crate) struct ChannelEvent {
     pub channel: Arc<Channel>,
@@ -140,6 +154,8 @@ pub(crate) struct Waiter {
     /// poll needs (`POLL_AFTER` to `POLL_AFTER_MAX`): the owning thread's alone.
     short_waits: AtomicU8,
     polls_after: AtomicU8,
+    /// Waits since this thread last polled (at most `PROBE_EVERY * POLL_AFTER_MAX`).
+    since_poll: AtomicU16,
 }
 
 /// How a poll before a sleep ended.
@@ -168,6 +184,7 @@ impl Waiter {
             companion: Mutex::new(None),
             short_waits: AtomicU8::new(0),
             polls_after: AtomicU8::new(POLL_AFTER),
+            since_poll: AtomicU16::new(0),
         }))
     }
 
@@ -205,8 +222,9 @@ impl Waiter {
         let started = Instant::now();
         let window = poll_for();
         let need = self.polls_after.load(Ordering::Relaxed);
+        let since_poll = self.since_poll.load(Ordering::Relaxed);
         let poll = !window.is_zero()
-            && self.short_waits.load(Ordering::Relaxed) >= need
+            && poll_earned(self.short_waits.load(Ordering::Relaxed), need, since_poll)
             && signals.may_poll_first()
             && deadline.is_none_or(|d| d > started)
             && core_free(started);
@@ -234,9 +252,18 @@ impl Waiter {
         });
         let short = started.elapsed() <= window.max(POLL_FOR);
         let n = self.short_waits.load(Ordering::Relaxed);
-        let next = if short { (n + 1).min(POLL_AFTER_MAX) } else { 0 };
+        let mut next = if short { (n + 1).min(POLL_AFTER_MAX) } else { 0 };
+        if poll && short {
+            // A poll that found its event (a probe's too) earns the next wait's poll.
+            next = next.max(need);
+        }
         if next != n {
             self.short_waits.store(next, Ordering::Relaxed);
+        }
+        let since =
+            if poll { 0 } else { (since_poll + 1).min(PROBE_EVERY * u16::from(POLL_AFTER_MAX)) };
+        if since != since_poll {
+            self.since_poll.store(since, Ordering::Relaxed);
         }
         if poll {
             POLLS[0].fetch_add(1, Ordering::Relaxed);
@@ -815,6 +842,22 @@ mod tests {
         w.begin();
         let _ = w.sleep(Some(Instant::now() + 4 * POLL_FOR), &mut out);
         assert_eq!(w.short_waits.load(Ordering::Relaxed), 0);
+    }
+
+    /// Two ends that sleep answer each other in two wake-ups each way; where a wake-up is slower
+    /// than half of `POLL_FOR` no wait is short, and only a probe starts polling: a probe's
+    /// success earns the next wait a poll, and a failure spaces the next probe out.
+    #[test]
+    fn long_waits_still_probe_and_a_probe_that_finds_its_event_keeps_polling() {
+        assert!(!poll_earned(0, POLL_AFTER, 0));
+        let first_probe = (0..=u16::MAX).find(|&n| poll_earned(0, POLL_AFTER, n)).unwrap();
+        assert_eq!(first_probe, PROBE_EVERY * u16::from(POLL_AFTER));
+        let after_failures = (0..=u16::MAX).find(|&n| poll_earned(0, POLL_AFTER_MAX, n)).unwrap();
+        assert_eq!(after_failures, PROBE_EVERY * u16::from(POLL_AFTER_MAX));
+        // The cap on the count of waits since a poll is a probe's distance at most.
+        assert!(poll_earned(0, POLL_AFTER_MAX, PROBE_EVERY * u16::from(POLL_AFTER_MAX)));
+        // What a found poll leaves (`short_waits` at least `need`) earns the next one.
+        assert!(poll_earned(POLL_AFTER, POLL_AFTER, 0));
     }
 
     /// With the window set to zero a thread whose waits are short sleeps at once: no poll (which
