@@ -64,19 +64,21 @@ fn poll_for() -> Duration {
     }
 }
 /// Waits in a row that ended within `POLL_FOR` before a thread polls: a thread whose waits
-/// are long (a blocked sender, one of many threads taking turns on few cores) polls only as a
-/// probe (`PROBE_EVERY`), and one long wait stops it polling until this many short ones came
+/// are long (a blocked sender, one of many threads taking turns on few cores) never polls
+/// (nor probes, `PROBE_EVERY`, once they are longer than twice the window), and one long wait stops it polling until this many short ones came
 /// again (or a probe found its event). A poll that found nothing (its time spent for nothing)
 /// doubles the number, up to `POLL_AFTER_MAX`; one that found its event halves it.
 const POLL_AFTER: u8 = 2;
 const POLL_AFTER_MAX: u8 = 64;
-/// A thread that has not polled for `PROBE_EVERY` times its `polls_after` waits polls once all
-/// the same (a probe). Without it, where a wake-up is slow, polling could never start: two
+/// A thread whose last `PROBE_EVERY` times its `polls_after` waits all ended within twice
+/// `POLL_FOR`, none of them polled, polls once all the same (a probe). Without it, where a wake-up is slow, polling could never start: two
 /// sleeping ends answer each other in two wake-ups, longer than `POLL_FOR`, so no wait counts
 /// as short, though one end's poll would make both ends' waits short (its peer's answer costs it
 /// no wake-up, and its own answer comes without one). A probe that finds its event lets the
 /// thread poll from then on; one that finds nothing doubles `polls_after`, which spaces the
-/// next probe twice as far (at most one in `PROBE_EVERY * POLL_AFTER_MAX` waits).
+/// next probe twice as far (at most one in `PROBE_EVERY * POLL_AFTER_MAX` waits). A thread
+/// whose waits are longer than that (a blocked sender, one of many threads taking turns on
+/// few cores) never probes: a poll would not have caught its events.
 const PROBE_EVERY: u16 = 4;
 
 /// Polls before a sleep in this process, and those that found what they waited for
@@ -116,7 +118,8 @@ fn core_free(now: Instant) -> bool {
 }
 
 /// Whether a thread's next wait polls first (where a core is free): it had `need` short waits in
-/// a row, or it is `PROBE_EVERY * need` waits since it last polled (a probe).
+/// a row, or `PROBE_EVERY * need` waits in a row that ended within twice `POLL_FOR`, none
+/// polled (a probe).
 fn poll_earned(short_waits: u8, need: u8, since_poll: u16) -> bool {
     short_waits >= need || since_poll >= PROBE_EVERY * u16::from(need)
 }
@@ -154,7 +157,8 @@ pub(crate) struct Waiter {
     /// poll needs (`POLL_AFTER` to `POLL_AFTER_MAX`): the owning thread's alone.
     short_waits: AtomicU8,
     polls_after: AtomicU8,
-    /// Waits since this thread last polled (at most `PROBE_EVERY * POLL_AFTER_MAX`).
+    /// Waits in a row, none polled, that ended within twice `POLL_FOR` (at most
+    /// `PROBE_EVERY * POLL_AFTER_MAX`).
     since_poll: AtomicU16,
 }
 
@@ -250,7 +254,10 @@ impl Waiter {
             r?;
             Ok(self.collect(raw, out))
         });
-        let short = started.elapsed() <= window.max(POLL_FOR);
+        let elapsed = started.elapsed();
+        let short = elapsed <= window.max(POLL_FOR);
+        // Within twice the window: slow wake-ups may be what made it long (`PROBE_EVERY`).
+        let near = elapsed <= 2 * window.max(POLL_FOR);
         let n = self.short_waits.load(Ordering::Relaxed);
         let mut next = if short { (n + 1).min(POLL_AFTER_MAX) } else { 0 };
         if poll && short {
@@ -260,8 +267,11 @@ impl Waiter {
         if next != n {
             self.short_waits.store(next, Ordering::Relaxed);
         }
-        let since =
-            if poll { 0 } else { (since_poll + 1).min(PROBE_EVERY * u16::from(POLL_AFTER_MAX)) };
+        let since = if poll || !near {
+            0
+        } else {
+            (since_poll + 1).min(PROBE_EVERY * u16::from(POLL_AFTER_MAX))
+        };
         if since != since_poll {
             self.since_poll.store(since, Ordering::Relaxed);
         }
