@@ -870,6 +870,21 @@ mod tests {
         assert!(poll_earned(POLL_AFTER, POLL_AFTER, 0));
     }
 
+    /// Waits longer than twice the window never add up to a probe: a thread blocked for long
+    /// (a sender waiting for room, one of many threads taking turns on few cores) keeps
+    /// sleeping at once.
+    #[test]
+    fn waits_beyond_twice_the_window_never_probe() {
+        let w = Waiter::new().unwrap();
+        let mut out = Vec::new();
+        for _ in 0..3 * PROBE_EVERY * u16::from(POLL_AFTER) {
+            w.begin();
+            let _ = w.sleep(Some(Instant::now() + 3 * POLL_FOR), &mut out);
+            assert_eq!(w.since_poll.load(Ordering::Relaxed), 0);
+        }
+        assert_eq!(w.polls_after.load(Ordering::Relaxed), POLL_AFTER, "polled");
+    }
+
     /// With the window set to zero a thread whose waits are short sleeps at once: no poll (which
     /// would double `polls_after`, finding nothing). The default is set back for the other
     /// tests of the process.
