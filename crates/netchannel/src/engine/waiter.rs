@@ -65,14 +65,15 @@ fn poll_for() -> Duration {
 }
 /// Waits in a row that ended within `POLL_FOR` before a thread polls: a thread whose waits
 /// are long (a blocked sender, one of many threads taking turns on few cores) never polls
-/// (nor probes, `PROBE_EVERY`, once they are longer than twice the window), and one long wait stops it polling until this many short ones came
-/// again (or a probe found its event). A poll that found nothing (its time spent for nothing)
-/// doubles the number, up to `POLL_AFTER_MAX`; one that found its event halves it.
+/// (nor probes, `PROBE_EVERY`, once they are longer than twice the window), and one long wait
+/// stops it polling until this many short ones came again (or a probe found its event). A
+/// poll that found nothing (its time spent for nothing) doubles the number, up to
+/// `POLL_AFTER_MAX`; one that found its event halves it.
 const POLL_AFTER: u8 = 2;
 const POLL_AFTER_MAX: u8 = 64;
 /// A thread whose last `PROBE_EVERY` times its `polls_after` waits all ended within twice
-/// `POLL_FOR`, none of them polled, polls once all the same (a probe). Without it, where a wake-up is slow, polling could never start: two
-/// sleeping ends answer each other in two wake-ups, longer than `POLL_FOR`, so no wait counts
+/// `POLL_FOR`, none of them polled, polls once all the same (a probe). Without it, where a
+/// wake-up is slow, polling could never start: two sleeping ends answer each other in two wake-ups, longer than `POLL_FOR`, so no wait counts
 /// as short, though one end's poll would make both ends' waits short (its peer's answer costs it
 /// no wake-up, and its own answer comes without one). A probe that finds its event lets the
 /// thread poll from then on; one that finds nothing doubles `polls_after`, which spaces the
