@@ -73,9 +73,10 @@ const POLL_AFTER: u8 = 2;
 const POLL_AFTER_MAX: u8 = 64;
 /// A thread whose last `PROBE_EVERY` times its `polls_after` waits all ended within twice
 /// `POLL_FOR`, none of them polled, polls once all the same (a probe). Without it, where a
-/// wake-up is slow, polling could never start: two sleeping ends answer each other in two wake-ups, longer than `POLL_FOR`, so no wait counts
-/// as short, though one end's poll would make both ends' waits short (its peer's answer costs it
-/// no wake-up, and its own answer comes without one). A probe that finds its event lets the
+/// wake-up is slow, polling could never start: two sleeping ends answer each other in two
+/// wake-ups, longer than `POLL_FOR`, so no wait counts as short, though one end's poll would
+/// make both ends' waits short (its peer's answer costs it no wake-up, and its own answer comes
+/// without one). A probe that finds its event lets the
 /// thread poll from then on; one that finds nothing doubles `polls_after`, which spaces the
 /// next probe twice as far (at most one in `PROBE_EVERY * POLL_AFTER_MAX` waits). A thread
 /// whose waits are longer than that (a blocked sender, one of many threads taking turns on
