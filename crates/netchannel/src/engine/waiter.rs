@@ -76,10 +76,9 @@ const POLL_AFTER_MAX: u8 = 64;
 /// wake-up is slow, polling could never start: two sleeping ends answer each other in two
 /// wake-ups, longer than `POLL_FOR`, so no wait counts as short, though one end's poll would
 /// make both ends' waits short (its peer's answer costs it no wake-up, and its own answer comes
-/// without one). A probe that finds its event lets the
-/// thread poll from then on; one that finds nothing doubles `polls_after`, which spaces the
-/// next probe twice as far (at most one in `PROBE_EVERY * POLL_AFTER_MAX` waits). A thread
-/// whose waits are longer than that (a blocked sender, one of many threads taking turns on
+/// without one). A probe that finds its event lets the thread poll from then on; one that
+/// finds nothing doubles `polls_after`, which spaces the next probe twice as far (at most one
+/// in `PROBE_EVERY * POLL_AFTER_MAX` waits). A thread whose waits are longer than that (a blocked sender, one of many threads taking turns on
 /// few cores) never probes: a poll would not have caught its events.
 const PROBE_EVERY: u16 = 4;
 
