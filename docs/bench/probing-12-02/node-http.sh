@@ -3,6 +3,7 @@
 # curl downloads and uploads 50 MB (checked by SHA-256 on both ends), then ab (20,000 requests,
 # 50 concurrent; Node answers ab's HTTP/1.0 requests with a close, so a connection each) on
 # kernel TCP and under netchannel, ROUNDS rounds interleaved. Usage: node-http.sh [ROUNDS]
+# Needs node (Debian's nodejs; scripts/setup.sh does not install it: no test uses it).
 set -euo pipefail
 cd "$(dirname "$0")"
 NC=${NC:-../../../target/release/netchannel}; rounds=${1:-3}

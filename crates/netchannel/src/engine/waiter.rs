@@ -78,8 +78,9 @@ const POLL_AFTER_MAX: u8 = 64;
 /// make both ends' waits short (its peer's answer costs it no wake-up, and its own answer comes
 /// without one). A probe that finds its event lets the thread poll from then on; one that
 /// finds nothing doubles `polls_after`, which spaces the next probe twice as far (at most one
-/// in `PROBE_EVERY * POLL_AFTER_MAX` waits). A thread whose waits are longer than that (a blocked sender, one of many threads taking turns on
-/// few cores) never probes: a poll would not have caught its events.
+/// in `PROBE_EVERY * POLL_AFTER_MAX` waits). A thread whose waits are longer than that (a
+/// blocked sender, one of many threads taking turns on few cores) never probes: a poll would
+/// not have caught its events.
 const PROBE_EVERY: u16 = 4;
 
 /// Polls before a sleep in this process, and those that found what they waited for
@@ -255,10 +256,10 @@ impl Waiter {
             r?;
             Ok(self.collect(raw, out))
         });
-        let elapsed = started.elapsed();
-        let short = elapsed <= window.max(POLL_FOR);
+        let (elapsed, short_bound) = (started.elapsed(), window.max(POLL_FOR));
+        let short = elapsed <= short_bound;
         // Within twice the window: slow wake-ups may be what made it long (`PROBE_EVERY`).
-        let near = elapsed <= 2 * window.max(POLL_FOR);
+        let near = elapsed <= 2 * short_bound;
         let n = self.short_waits.load(Ordering::Relaxed);
         let mut next = if short { (n + 1).min(POLL_AFTER_MAX) } else { 0 };
         if poll && short {
