@@ -10,11 +10,28 @@
 //! case. Such a pair is copied here in pieces below the size where glibc switches to
 //! `rep movsb`, which it copies with vector moves at full speed whatever the distance.
 //!
+//! Only where the slow case exists: the pieces cost a quarter of the copy's speed on a CPU
+//! without it (an Intel Xeon of this class: 64 KiB in 2 KiB pieces 13.6 GB/s, in one call
+//! 17.9 at any distance; docs/BENCHMARKS.md, "The slow memcpy's workaround, only where it is
+//! slow"). The engine says which at start (`split_near_copies`, from
+//! `sys::memcpy_slow_just_above`); until then, and on its word, pairs are split.
+//!
 //! The kernel's copies from a socket into a channel's read buffer have the same slow case, and
 //! there the engine chooses the destination: an empty read buffer starts its reads clear of
 //! it (`clear_of_page_start`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use bytes::BytesMut;
+
+/// Whether this machine's `memcpy` has the slow case (set by `split_near_copies`).
+static SPLIT_NEAR: AtomicBool = AtomicBool::new(true);
+
+/// Says whether pairs in the slow case are copied in pieces: `true` where the C library's
+/// `memcpy` is slow for them, `false` where the pieces would only slow the copy down.
+pub fn split_near_copies(on: bool) {
+    SPLIT_NEAR.store(on, Ordering::Relaxed);
+}
 
 /// Destinations this close above their source (modulo a page) are the slow case. The
 /// measured penalty is largest below 32 bytes and gone at 64.
@@ -30,9 +47,14 @@ fn near_above(dst: usize, src: usize, len: usize) -> bool {
     len > PIECE && distance != 0 && distance < NEAR
 }
 
+/// Whether a copy of `len` bytes from `src` to `dst` goes in pieces here.
+fn split(dst: usize, src: usize, len: usize) -> bool {
+    near_above(dst, src, len) && SPLIT_NEAR.load(Ordering::Relaxed)
+}
+
 /// `dst.copy_from_slice(src)` (the lengths must be equal).
 pub fn copy(dst: &mut [u8], src: &[u8]) {
-    if near_above(dst.as_ptr().addr(), src.as_ptr().addr(), src.len()) {
+    if split(dst.as_ptr().addr(), src.as_ptr().addr(), src.len()) {
         assert_eq!(dst.len(), src.len(), "copy: lengths differ");
         for (d, s) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
             d.copy_from_slice(s);
@@ -75,7 +97,7 @@ impl Append for Vec<u8> {
 /// `buf.extend_from_slice(data)`.
 pub fn extend<B: Append>(buf: &mut B, data: &[u8]) {
     let at = buf.room_for(data.len());
-    if near_above(at, data.as_ptr().addr(), data.len()) {
+    if split(at, data.as_ptr().addr(), data.len()) {
         for piece in data.chunks(PIECE) {
             buf.append(piece);
         }
