@@ -10,7 +10,9 @@
 //! there until the peer acknowledges them, so a lost channel loses nothing); the kernel then
 //! copies them into the channel socket. `recv` copies small messages once, out of the buffer
 //! the channel was read into; large payloads are read by the kernel straight into the caller's
-//! buffer (direct placement: no user-space copy).
+//! buffer (direct placement: no user-space copy) when the reader is at hand as the payload
+//! arrives, and are otherwise staged and copied out once as small ones are (ARCHITECTURE.md,
+//! "Copies per byte").
 
 use std::cell::Cell;
 use std::io;
