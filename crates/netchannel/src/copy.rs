@@ -12,26 +12,17 @@
 //!
 //! Only where the slow case exists: the pieces cost a quarter of the copy's speed on a CPU
 //! without it (an Intel Xeon of this class: 64 KiB in 2 KiB pieces 13.6 GB/s, in one call
-//! 17.9 at any distance; docs/BENCHMARKS.md, "The slow memcpy's workaround, only where it is
-//! slow"). The engine says which at start (`split_near_copies`, from
-//! `sys::memcpy_slow_just_above`); until then, and on its word, pairs are split.
-//!
+//! 17.9 at any distance; docs/BENCHMARKS.md, "An Intel machine"). AMD's CPUs (and Hygon's,
+//! Zen underneath) are told apart by SSE4a, an AMD extension no Intel CPU has, which the
+//! standard library detects once and caches; the C library's version is not asked (this layer
+//! makes no calls into it), so an AMD machine with glibc 2.39 or later still copies such pairs
+//! in pieces, at three quarters of full speed.
+
 //! The kernel's copies from a socket into a channel's read buffer have the same slow case, and
 //! there the engine chooses the destination: an empty read buffer starts its reads clear of
 //! it (`clear_of_page_start`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use bytes::BytesMut;
-
-/// Whether this machine's `memcpy` has the slow case (set by `split_near_copies`).
-static SPLIT_NEAR: AtomicBool = AtomicBool::new(true);
-
-/// Says whether pairs in the slow case are copied in pieces: `true` where the C library's
-/// `memcpy` is slow for them, `false` where the pieces would only slow the copy down.
-pub fn split_near_copies(on: bool) {
-    SPLIT_NEAR.store(on, Ordering::Relaxed);
-}
 
 /// Destinations this close above their source (modulo a page) are the slow case. The
 /// measured penalty is largest below 32 bytes and gone at 64.
@@ -49,12 +40,28 @@ fn near_above(dst: usize, src: usize, len: usize) -> bool {
 
 /// Whether a copy of `len` bytes from `src` to `dst` goes in pieces here.
 fn split(dst: usize, src: usize, len: usize) -> bool {
-    near_above(dst, src, len) && SPLIT_NEAR.load(Ordering::Relaxed)
+    near_above(dst, src, len) && slow_case_here()
+}
+
+/// Whether this CPU's `rep movsb` has the slow case: an AMD (or Hygon) CPU.
+fn slow_case_here() -> bool {
+    #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+    {
+        std::is_x86_feature_detected!("sse4a")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+    {
+        false
+    }
 }
 
 /// `dst.copy_from_slice(src)` (the lengths must be equal).
 pub fn copy(dst: &mut [u8], src: &[u8]) {
-    if split(dst.as_ptr().addr(), src.as_ptr().addr(), src.len()) {
+    copy_in_pieces_if(split(dst.as_ptr().addr(), src.as_ptr().addr(), src.len()), dst, src);
+}
+
+fn copy_in_pieces_if(pieces: bool, dst: &mut [u8], src: &[u8]) {
+    if pieces {
         assert_eq!(dst.len(), src.len(), "copy: lengths differ");
         for (d, s) in dst.chunks_mut(PIECE).zip(src.chunks(PIECE)) {
             d.copy_from_slice(s);
@@ -97,7 +104,11 @@ impl Append for Vec<u8> {
 /// `buf.extend_from_slice(data)`.
 pub fn extend<B: Append>(buf: &mut B, data: &[u8]) {
     let at = buf.room_for(data.len());
-    if split(at, data.as_ptr().addr(), data.len()) {
+    extend_in_pieces_if(split(at, data.as_ptr().addr(), data.len()), buf, data);
+}
+
+fn extend_in_pieces_if<B: Append>(pieces: bool, buf: &mut B, data: &[u8]) {
+    if pieces {
         for piece in data.chunks(PIECE) {
             buf.append(piece);
         }
@@ -176,6 +187,19 @@ mod tests {
     }
 
     #[test]
+    fn pairs_are_split_on_amd_cpus_only() {
+        let Ok(cpuinfo) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+        let Some(vendor) = cpuinfo.lines().find_map(|l| l.strip_prefix("vendor_id")) else {
+            return; // not x86
+        };
+        let vendor = vendor.trim_start_matches([' ', '\t', ':']).trim();
+        let amd = vendor == "AuthenticAMD" || vendor == "HygonGenuine";
+        assert_eq!(slow_case_here(), amd, "{vendor}");
+        assert_eq!(split(0x10010, 0x10000, PIECE + 1), amd);
+        assert!(!split(0x10040, 0x10000, PIECE + 1));
+    }
+
+    #[test]
     fn only_destinations_just_above_their_source_modulo_a_page_are_split() {
         let big = PIECE + 1;
         assert!(near_above(0x10010, 0x10000, big));
@@ -228,6 +252,21 @@ mod tests {
         let mut pool = vec![0u8; 2 * PAGE];
         let mut d = vec![0u8; PIECE + 10];
         let src = source_at(&mut pool, d.as_ptr().addr(), 16, PIECE + 11);
-        copy(&mut d, src);
+        copy_in_pieces_if(true, &mut d, src);
+    }
+
+    #[test]
+    fn pieces_copy_and_append_every_byte_in_order_on_any_cpu() {
+        let len = 3 * PIECE + 123;
+        let mut pool = vec![0u8; len + PAGE];
+        let mut d = vec![0u8; len];
+        let src = source_at(&mut pool, d.as_ptr().addr(), 16, len);
+        copy_in_pieces_if(true, &mut d, src);
+        assert_eq!(d, src);
+        let mut b = BytesMut::with_capacity(7);
+        b.extend_from_slice(b"front");
+        extend_in_pieces_if(true, &mut b, src);
+        assert_eq!(&b[..5], b"front");
+        assert_eq!(&b[5..], src, "a buffer that grows while it is appended to in pieces");
     }
 }

@@ -173,7 +173,6 @@ impl Engine {
     /// `config.accept_channels` is false).
     pub fn new(config: Config) -> io::Result<Engine> {
         config.validate()?;
-        crate::copy::split_near_copies(crate::sys::memcpy_slow_just_above());
         let addr = config.listen_addr;
         let listener = if config.accept_channels {
             let l = in_netns(config.netns.clone(), move || crate::sys::tcp_listen(&addr)).map_err(

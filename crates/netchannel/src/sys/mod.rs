@@ -736,26 +736,6 @@ mod tests {
         (policy, rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap())
     }
 
-    #[test]
-    fn glibc_versions_2_33_to_2_38_have_the_slow_copy() {
-        for v in ["2.33", "2.36", "2.38", "2.36.1", "junk", ""] {
-            assert!(glibc_version_has_alias(v), "{v}");
-        }
-        for v in ["2.32", "2.39", "2.41", "3.36"] {
-            assert!(!glibc_version_has_alias(v), "{v}");
-        }
-    }
-
-    #[test]
-    fn the_cpu_vendor_is_the_kernels() {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
-        let Some(vendor) = cpuinfo.lines().find_map(|l| l.strip_prefix("vendor_id")) else {
-            return; // not x86
-        };
-        let vendor = vendor.trim_start_matches([' ', '\t', ':']).trim();
-        assert_eq!(amd_cpu(), vendor == "AuthenticAMD" || vendor == "HygonGenuine", "{vendor}");
-    }
-
     /// Whether `fd` is a socket, in the calling process.
     fn is_socket(fd: RawFd) -> bool {
         // SAFETY: a borrow for the duration of the call; the kernel checks the number.
@@ -1103,54 +1083,6 @@ pub fn runnable_threads() -> Option<u32> {
     // "0.52 0.58 0.59 3/245 12345": runnable/total.
     let text = std::str::from_utf8(&buf[..n]).ok()?;
     text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
-}
-
-/// Whether the C library's `memcpy` is slow when the destination lies a few bytes above the
-/// source modulo a page (`copy.rs`): glibc 2.33 to 2.38 (bug 30994, fixed in 2.39) on an AMD
-/// or Hygon CPU (Zen), whose `rep movsb` has the slow case. Intel CPUs copy such pairs at full
-/// speed (docs/BENCHMARKS.md, "The slow memcpy's workaround, only where it is slow").
-pub fn memcpy_slow_just_above() -> bool {
-    amd_cpu() && glibc_with_rep_movsb_alias()
-}
-
-#[cfg(target_arch = "x86_64")]
-fn amd_cpu() -> bool {
-    // SAFETY: every x86_64 CPU has `cpuid`, and leaf 0 (the vendor) reads nothing else. The
-    // intrinsic is safe from Rust 1.92; the block keeps older compilers (rust-version) able.
-    #[allow(unused_unsafe)]
-    let r = unsafe { std::arch::x86_64::__cpuid(0) };
-    let mut vendor = [0u8; 12];
-    for (i, word) in [r.ebx, r.edx, r.ecx].into_iter().enumerate() {
-        vendor[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
-    }
-    &vendor == b"AuthenticAMD" || &vendor == b"HygonGenuine"
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn amd_cpu() -> bool {
-    false
-}
-
-#[cfg(target_env = "gnu")]
-fn glibc_with_rep_movsb_alias() -> bool {
-    // SAFETY: `gnu_get_libc_version` takes nothing and returns a static NUL-terminated string.
-    let v = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
-    glibc_version_has_alias(v.to_str().unwrap_or(""))
-}
-
-#[cfg(not(target_env = "gnu"))]
-fn glibc_with_rep_movsb_alias() -> bool {
-    false
-}
-
-/// Whether glibc `version` ("2.36") is one of those with the slow case (2.33 to 2.38); an
-/// unreadable version counts as one (the pieces are the safe side).
-fn glibc_version_has_alias(version: &str) -> bool {
-    let mut parts = version.split('.').map(|p| p.parse::<u32>());
-    match (parts.next(), parts.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => major == 2 && (33..=38).contains(&minor),
-        _ => true,
-    }
 }
 
 /// The calling thread's id (as in /proc/self/task).
