@@ -16,8 +16,9 @@
 //! Zen underneath) are told apart by SSE4a, an AMD extension no Intel CPU has, which the
 //! standard library detects once and caches; the C library's version is not asked (this layer
 //! makes no calls into it), so an AMD machine with glibc 2.39 or later still copies such pairs
-//! in pieces, at three quarters of full speed.
-
+//! in pieces, at about four fifths of full speed (29 against 36 GB/s on the machine of "A slow
+//! memcpy").
+//!
 //! The kernel's copies from a socket into a channel's read buffer have the same slow case, and
 //! there the engine chooses the destination: an empty read buffer starts its reads clear of
 //! it (`clear_of_page_start`).
@@ -194,8 +195,14 @@ mod tests {
         };
         let vendor = vendor.trim_start_matches([' ', '\t', ':']).trim();
         let amd = vendor == "AuthenticAMD" || vendor == "HygonGenuine";
-        assert_eq!(slow_case_here(), amd, "{vendor}");
-        assert_eq!(split(0x10010, 0x10000, PIECE + 1), amd);
+        // A hypervisor may hide SSE4a from an AMD guest (then it copies in one call, as
+        // before the workaround); it cannot show it on an Intel CPU.
+        let shown = cpuinfo
+            .lines()
+            .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "sse4a"));
+        assert_eq!(slow_case_here(), amd && shown, "{vendor}, sse4a shown: {shown}");
+        assert!(amd || !shown, "SSE4a on a {vendor} CPU");
+        assert_eq!(split(0x10010, 0x10000, PIECE + 1), amd && shown);
         assert!(!split(0x10040, 0x10000, PIECE + 1));
     }
 
